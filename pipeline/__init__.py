@@ -1,0 +1,1 @@
+"""Ferry runtime: device, memory, operators, graphs, executor, batching. Never imports ray.serve."""

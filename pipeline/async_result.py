@@ -1,0 +1,199 @@
+"""AsyncResult: the handle a commit returns, completed from a CUDA event.
+
+Completion is driven by one ``CompletionWatcher`` thread per executor: it blocks on each
+batch's last event (``cudaEventSynchronize`` releases the GIL) in the order batches were
+committed, then runs the batch's finishing step and completes its result. No request
+polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+from .device import Event
+from .errors import DeviceError, FerryError
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+_PENDING = object()
+
+
+class AsyncResult(Generic[T]):
+    """A value that arrives later, from another thread. Thread-safe and awaitable."""
+
+    __slots__ = ("_cond", "_value", "_exc", "_callbacks", "label")
+
+    def __init__(self, label: str = "") -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._value: Any = _PENDING
+        self._exc: BaseException | None = None
+        self._callbacks: list[Callable[[AsyncResult[T]], Any]] = []
+        self.label = label
+
+    # -- constructors for results known at once
+    @classmethod
+    def completed(cls, value: T, label: str = "") -> AsyncResult[T]:
+        r: AsyncResult[T] = cls(label)
+        r.set_result(value)
+        return r
+
+    @classmethod
+    def failed(cls, exc: BaseException, label: str = "") -> AsyncResult[T]:
+        r: AsyncResult[T] = cls(label)
+        r.set_exception(exc)
+        return r
+
+    # -- producer side
+    def set_result(self, value: T) -> bool:
+        return self._finish(value, None)
+
+    def set_exception(self, exc: BaseException) -> bool:
+        return self._finish(None, exc)
+
+    def _finish(self, value: Any, exc: BaseException | None) -> bool:
+        with self._cond:
+            if self.done():
+                return False
+            if exc is not None:
+                self._exc = exc
+                self._value = None
+            else:
+                self._value = value
+            callbacks, self._callbacks = self._callbacks, []
+            self._cond.notify_all()
+        for cb in callbacks:
+            self._run_callback(cb)
+        return True
+
+    def _run_callback(self, cb: Callable[[AsyncResult[T]], Any]) -> None:
+        try:
+            cb(self)
+        except Exception:
+            logger.exception("done-callback of %s raised", self.label or "an AsyncResult")
+
+    # -- consumer side
+    def done(self) -> bool:
+        return self._value is not _PENDING or self._exc is not None
+
+    def wait_for(self, timeout: float | None) -> bool:
+        """Wait up to ``timeout`` seconds; True when the result is complete."""
+        with self._cond:
+            return self._cond.wait_for(self.done, timeout=timeout)
+
+    def wait(self, timeout: float | None = None) -> T:
+        """The value, or the commit's exception re-raised; ``TimeoutError`` after ``timeout``."""
+        if not self.wait_for(timeout):
+            raise TimeoutError(f"{self.label or 'result'} not complete after {timeout} s")
+        return self.result()
+
+    def result(self) -> T:
+        if not self.done():
+            raise RuntimeError("result is not complete yet")
+        if self._exc is not None:
+            raise self._exc
+        return self._value
+
+    def exception(self) -> BaseException | None:
+        if not self.done():
+            raise RuntimeError("result is not complete yet")
+        return self._exc
+
+    def add_done_callback(self, cb: Callable[[AsyncResult[T]], Any]) -> None:
+        """Run ``cb(self)`` when complete -- at once, in this thread, if it already is."""
+        with self._cond:
+            if not self.done():
+                self._callbacks.append(cb)
+                return
+        self._run_callback(cb)
+
+    def __await__(self):
+        if self.done():
+            return self.result()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+
+        def transfer(r: AsyncResult[T]) -> None:
+            def settle() -> None:
+                if fut.cancelled():
+                    return
+                if r._exc is not None:
+                    fut.set_exception(r._exc)
+                else:
+                    fut.set_result(r._value)
+
+            loop.call_soon_threadsafe(settle)
+
+        self.add_done_callback(transfer)
+        return (yield from fut.__await__())
+
+    def __repr__(self) -> str:
+        state = "pending" if not self.done() else ("failed" if self._exc else "done")
+        return f"AsyncResult({self.label!r}, {state})"
+
+
+class CompletionWatcher:
+    """One thread that turns device events into completed ``AsyncResult``s, in order."""
+
+    _STOP = object()
+
+    def __init__(self, name: str = "ferry-completion") -> None:
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._name = name
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def watch(self, event: Event, finish: Callable[[], T], result: AsyncResult[T],
+              on_error: Callable[[BaseException], Any] | None = None) -> None:
+        """When ``event`` completes, ``result`` gets ``finish()`` (or its exception).
+
+        An event that is already complete (the CPU backend's) is finished inline: the
+        CPU backend then needs no thread at all.
+        """
+        if event.raw is None:
+            _complete(event, finish, result, on_error)
+            return
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("completion watcher is closed")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+        self._q.put((event, finish, result, on_error))
+
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is self._STOP:
+                return
+            _complete(*item)
+
+    def close(self, timeout: float = 10.0) -> None:
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+        if thread is not None:
+            self._q.put(self._STOP)
+            thread.join(timeout)
+
+
+def _complete(event: Event, finish: Callable[[], Any], result: AsyncResult,
+              on_error: Callable[[BaseException], Any] | None) -> None:
+    try:
+        event.synchronize()
+        value = finish()
+    except BaseException as exc:  # a CUDA error surfaces here, or the finishing step failed
+        err = exc if isinstance(exc, FerryError) else DeviceError(f"{type(exc).__name__}: {exc}")
+        if on_error is not None:
+            try:
+                on_error(err)
+            except Exception:
+                logger.exception("error handler of %s raised", result.label)
+        result.set_exception(err)
+        return
+    result.set_result(value)

@@ -1,0 +1,275 @@
+"""Backend choice and the device's fixed streams and events.
+
+``cupy`` on a CUDA device, ``numpy`` otherwise. The CPU backend has the same surface:
+its streams run work inline, its events are complete the moment they are recorded. Code
+above this module never branches on "is there a GPU" except through ``Backend.is_cuda``
+and ``Stream.is_cuda``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from .errors import DeviceError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import cupy
+
+logger = logging.getLogger(__name__)
+
+BackendName = Literal["auto", "cupy", "numpy"]
+CUBLAS_WORKSPACE_BYTES = 32 << 20
+
+
+@functools.lru_cache(maxsize=1)
+def cuda_device_count() -> int:
+    """How many CUDA devices cupy sees; 0 when cupy is missing or finds no driver."""
+    try:
+        import cupy  # noqa: F401
+        from cupy.cuda import runtime
+
+        return int(runtime.getDeviceCount())
+    except Exception as exc:  # ImportError, CUDARuntimeError (no driver), ...
+        logger.debug("no CUDA device: %s", exc)
+        return 0
+
+
+def cuda_available() -> bool:
+    return cuda_device_count() > 0
+
+
+@dataclass(frozen=True)
+class Backend:
+    """The array library and device a component computes with."""
+
+    name: Literal["cupy", "numpy"]
+    device_id: int = 0
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.name == "cupy"
+
+    @property
+    def xp(self) -> Any:
+        if self.is_cuda:
+            import cupy
+
+            return cupy
+        return np
+
+    @property
+    def compute_dtype(self) -> np.dtype:
+        """fp16 on the GPU, fp32 on the CPU (numpy's fp16 GEMM is emulated and slow)."""
+        return np.dtype(np.float16 if self.is_cuda else np.float32)
+
+    def activate(self) -> None:
+        """Make this backend's device current for the calling thread."""
+        if self.is_cuda:
+            import cupy
+
+            cupy.cuda.Device(self.device_id).use()
+
+    def total_memory(self) -> int:
+        if self.is_cuda:
+            import cupy
+
+            with cupy.cuda.Device(self.device_id):
+                _free, total = cupy.cuda.runtime.memGetInfo()
+            return int(total)
+        try:
+            import os
+
+            return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        except (ValueError, OSError, AttributeError):
+            return 8 << 30
+
+    def to_host(self, array: Any) -> np.ndarray:
+        """A host copy (synchronous: never on a request's path in the real mode)."""
+        if self.is_cuda:
+            return array.get()
+        return np.asarray(array)
+
+    def describe(self) -> str:
+        if not self.is_cuda:
+            return "numpy (CPU)"
+        import cupy
+
+        props = cupy.cuda.runtime.getDeviceProperties(self.device_id)
+        name = props["name"]
+        return f"cupy on {name.decode() if isinstance(name, bytes) else name} (device {self.device_id})"
+
+
+def select_backend(kind: BackendName = "auto", device_id: int = 0) -> Backend:
+    """``auto`` takes cupy when a CUDA device is visible, numpy otherwise."""
+    if kind == "numpy":
+        return Backend("numpy", device_id)
+    if kind == "cupy":
+        if not cuda_available():
+            raise DeviceError("backend 'cupy' asked for, but no CUDA device is visible", device_id=device_id)
+        return Backend("cupy", device_id)
+    if kind != "auto":
+        raise ValueError(f"backend must be 'auto', 'cupy' or 'numpy', not {kind!r}")
+    return Backend("cupy" if cuda_available() else "numpy", device_id)
+
+
+# --------------------------------------------------------------------------- events
+
+
+class Event:
+    """A point in a stream's work. ``done()`` polls, ``synchronize()`` blocks (GIL released)."""
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, raw: Any = None) -> None:
+        self._raw = raw  # a cupy.cuda.Event, or None for an event that is already complete
+
+    @property
+    def raw(self) -> Any:
+        return self._raw
+
+    def done(self) -> bool:
+        return True if self._raw is None else bool(self._raw.done)
+
+    def synchronize(self) -> None:
+        if self._raw is not None:
+            self._raw.synchronize()
+
+
+COMPLETE = Event(None)
+
+
+# --------------------------------------------------------------------------- streams
+
+
+class Stream:
+    """A named CUDA stream with its own cuBLAS handle, or an inline stream on the CPU.
+
+    A stream is fed by one thread at a time (the executor holds its lock while it
+    enqueues); that is what lets it own one cuBLAS handle without locking.
+    """
+
+    def __init__(self, name: str, backend: Backend) -> None:
+        self.name = name
+        self.backend = backend
+        self.is_cuda = backend.is_cuda
+        self._raw: cupy.cuda.Stream | None = None
+        self._cublas: int | None = None
+        self._cublas_ws: Any = None
+        if self.is_cuda:
+            import cupy
+
+            with cupy.cuda.Device(backend.device_id):
+                self._raw = cupy.cuda.Stream(non_blocking=True)
+
+    @property
+    def raw(self) -> Any:
+        return self._raw
+
+    @property
+    def ptr(self) -> int:
+        return 0 if self._raw is None else int(self._raw.ptr)
+
+    @property
+    def cublas_handle(self) -> int:
+        """This stream's own cuBLAS handle, bound to it, with a fixed workspace.
+
+        A fixed workspace keeps cuBLAS from allocating on its own, which would break
+        CUDA graph capture and the no-allocation rule of commit.
+        """
+        if self._cublas is None:
+            from cupy_backends.cuda.libs import cublas
+
+            import cupy
+
+            with cupy.cuda.Device(self.backend.device_id):
+                handle = cublas.create()
+                cublas.setStream(handle, self.ptr)
+                set_ws = getattr(cublas, "setWorkspace", None)
+                if set_ws is not None:
+                    self._cublas_ws = cupy.cuda.Memory(CUBLAS_WORKSPACE_BYTES)
+                    set_ws(handle, self._cublas_ws.ptr, CUBLAS_WORKSPACE_BYTES)
+            self._cublas = handle
+        return self._cublas
+
+    def record(self) -> Event:
+        if self._raw is None:
+            return COMPLETE
+        import cupy
+
+        ev = cupy.cuda.Event(block=False, disable_timing=True)
+        ev.record(self._raw)
+        return Event(ev)
+
+    def wait(self, event: Event) -> None:
+        """Future work on this stream waits for ``event`` (on the device, not the host)."""
+        if self._raw is not None and event.raw is not None:
+            self._raw.wait_event(event.raw)
+
+    def synchronize(self) -> None:
+        if self._raw is not None:
+            self._raw.synchronize()
+
+    def __enter__(self) -> Stream:
+        if self._raw is not None:
+            self._raw.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._raw is not None:
+            self._raw.__exit__(*exc)
+
+    def close(self) -> None:
+        if self._cublas is not None:
+            from cupy_backends.cuda.libs import cublas
+
+            try:
+                cublas.destroy(self._cublas)
+            except Exception:  # pragma: no cover - teardown
+                logger.debug("cublas destroy failed", exc_info=True)
+            self._cublas = None
+            self._cublas_ws = None
+
+    def __repr__(self) -> str:
+        kind = "cuda" if self.is_cuda else "inline"
+        return f"Stream({self.name!r}, {kind})"
+
+
+@dataclass
+class StreamSet:
+    """The executor's fixed streams: host-to-device, compute (one or more), device-to-host."""
+
+    backend: Backend
+    n_compute: int = 1
+    h2d: Stream = field(init=False)
+    compute: list[Stream] = field(init=False)
+    d2h: Stream = field(init=False)
+    _rr: int = field(default=0, init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+
+    def __post_init__(self) -> None:
+        self.h2d = Stream("h2d", self.backend)
+        self.compute = [Stream(f"compute{i}", self.backend) for i in range(self.n_compute)]
+        self.d2h = Stream("d2h", self.backend)
+
+    def next_compute(self) -> Stream:
+        with self._lock:
+            s = self.compute[self._rr % len(self.compute)]
+            self._rr += 1
+            return s
+
+    def all(self) -> list[Stream]:
+        return [self.h2d, *self.compute, self.d2h]
+
+    def synchronize(self) -> None:
+        for s in self.all():
+            s.synchronize()
+
+    def close(self) -> None:
+        for s in self.all():
+            s.close()

@@ -1,0 +1,439 @@
+"""Device memory: a pool with a hard limit, reservations that always come back, pinned staging.
+
+* ``CupyPool`` sits on cupy's ``MemoryPool`` (blocks that come back are kept and handed out
+  again without a driver call) and adds what serving needs: a hard limit that refuses a
+  reservation at once (``ResourceExhausted``) instead of growing, reservations that are
+  returned on every path, and statistics -- bytes in use, bytes held from the driver,
+  the high-water mark, the hit ratio and the count of allocations that reached the driver.
+* ``HostArena`` is the same interface over numpy buffers, for the CPU backend.
+* ``PinnedRing`` is a ring of page-locked host slots (optionally mapped into the device's
+  address space for zero-copy reads of small inputs) sized to the in-flight depth.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from .device import Backend
+from .errors import ResourceExhausted
+
+logger = logging.getLogger(__name__)
+
+ALIGN = 512  # cupy's pool rounds to 512 bytes; we count the same way
+
+
+def round_up(n: int, align: int = ALIGN) -> int:
+    return (int(n) + align - 1) // align * align
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    limit_bytes: int
+    bytes_in_use: int
+    bytes_held: int
+    high_water_bytes: int
+    reservations: int
+    hits: int
+    driver_allocs: int
+    refused: int
+
+    @property
+    def hit_ratio(self) -> float:
+        return self.hits / self.reservations if self.reservations else 1.0
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["hit_ratio"] = self.hit_ratio
+        return d
+
+
+class Reservation:
+    """Bytes held for one piece of work. Release it exactly once; every path does.
+
+    Use it as a context manager (sync or async) or call :meth:`release` from a completion
+    callback. Releasing twice is harmless; a reservation that is garbage-collected while
+    still held is released and logged as a leak.
+    """
+
+    __slots__ = ("pool", "nbytes", "_buffer", "_token", "_lock", "_released", "__weakref__")
+
+    def __init__(self, pool: _PoolBase, nbytes: int, buffer: Any, token: Any) -> None:
+        self.pool = pool
+        self.nbytes = nbytes
+        self._buffer = buffer
+        self._token = token
+        self._lock = threading.Lock()
+        self._released = False
+
+    @property
+    def buffer(self) -> Any:
+        """A flat uint8 array (cupy or numpy) of ``nbytes`` bytes."""
+        if self._released:
+            raise RuntimeError("reservation already released")
+        return self._buffer
+
+    @property
+    def ptr(self) -> int:
+        """The device (or host) address of the first byte."""
+        buf = self.buffer
+        return int(buf.data.ptr) if hasattr(buf.data, "ptr") else int(buf.ctypes.data)
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def release(self) -> bool:
+        """Return the bytes to the pool. True the first time, False after."""
+        with self._lock:
+            if self._released:
+                return False
+            self._released = True
+        buf, token = self._buffer, self._token
+        self._buffer = self._token = None
+        self.pool._give_back(self.nbytes, buf, token)
+        return True
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+    async def __aenter__(self) -> Reservation:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:  # cancellation included
+        self.release()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_released", True):
+            logger.warning("reservation of %d bytes was never released; releasing it now", self.nbytes)
+            try:
+                self.release()
+            except Exception:  # pragma: no cover - interpreter teardown
+                pass
+
+
+class _PoolBase:
+    """Accounting shared by the device pool and the host arena."""
+
+    def __init__(self, backend: Backend, limit_bytes: int) -> None:
+        if limit_bytes <= 0:
+            raise ValueError(f"limit_bytes must be positive, got {limit_bytes}")
+        self.backend = backend
+        self.limit_bytes = int(limit_bytes)
+        self._lock = threading.Lock()
+        self._in_use = 0
+        self._high_water = 0
+        self._reservations = 0
+        self._hits = 0
+        self._driver_allocs = 0
+        self._refused = 0
+
+    # -- the public surface
+    def reserve(self, nbytes: int) -> Reservation:
+        """Hold ``nbytes`` (rounded up to 512) or raise ``ResourceExhausted`` at once."""
+        if nbytes < 0:
+            raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+        size = round_up(max(int(nbytes), 1))
+        with self._lock:
+            if self._in_use + size > self.limit_bytes:
+                self._refused += 1
+                in_use = self._in_use
+                refuse = True
+            else:
+                self._in_use += size
+                self._high_water = max(self._high_water, self._in_use)
+                refuse = False
+        if refuse:
+            raise ResourceExhausted(
+                "memory pool limit reached",
+                requested_bytes=size,
+                in_use_bytes=in_use,
+                limit_bytes=self.limit_bytes,
+            )
+        try:
+            buf, token, hit = self._take(size)
+        except ResourceExhausted:
+            self._undo(size)
+            raise
+        except Exception:
+            self._undo(size)
+            raise
+        with self._lock:
+            self._reservations += 1
+            if hit:
+                self._hits += 1
+        return Reservation(self, size, buf, token)
+
+    def stats(self) -> PoolStats:
+        with self._lock:
+            return PoolStats(
+                limit_bytes=self.limit_bytes,
+                bytes_in_use=self._in_use,
+                bytes_held=self._held_bytes(),
+                high_water_bytes=self._high_water,
+                reservations=self._reservations,
+                hits=self._hits,
+                driver_allocs=self._driver_allocs,
+                refused=self._refused,
+            )
+
+    @property
+    def bytes_in_use(self) -> int:
+        return self._in_use
+
+    def trim(self) -> None:
+        """Give cached blocks that nobody holds back to the driver (or the OS)."""
+
+    # -- for subclasses
+    def _undo(self, size: int) -> None:
+        with self._lock:
+            self._in_use -= size
+            self._refused += 1
+
+    def _give_back(self, size: int, buf: Any, token: Any) -> None:
+        self._put(size, buf, token)
+        with self._lock:
+            self._in_use -= size
+
+    def _take(self, size: int) -> tuple[Any, Any, bool]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _put(self, size: int, buf: Any, token: Any) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _held_bytes(self) -> int:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class CupyPool(_PoolBase):
+    """Reservations carved from a private cupy ``MemoryPool`` with a counting allocator.
+
+    Blocks are always taken with the null stream current, so every reservation draws on
+    one free list whatever stream the caller had current; that is safe because a
+    reservation is only released after the work that used it has completed.
+    """
+
+    def __init__(self, backend: Backend, limit_bytes: int) -> None:
+        super().__init__(backend, limit_bytes)
+        import cupy
+
+        self._cupy = cupy
+        self._tls = threading.local()
+        self._pool = cupy.cuda.MemoryPool(allocator=self._driver_malloc)
+        # cupy's own limit is a second fence: it frees cached blocks and retries before
+        # it gives up, so fragmentation cannot push the pool past the limit either.
+        self._pool.set_limit(size=self.limit_bytes)
+
+    def _driver_malloc(self, size: int) -> Any:
+        cupy = self._cupy
+        mem = cupy.cuda.Memory(size)  # cudaMalloc: the call the pool exists to avoid
+        self._tls.reached_driver = True
+        with self._lock:
+            self._driver_allocs += 1
+        return cupy.cuda.MemoryPointer(mem, 0)
+
+    def _take(self, size: int) -> tuple[Any, Any, bool]:
+        cupy = self._cupy
+        self._tls.reached_driver = False
+        try:
+            with cupy.cuda.Device(self.backend.device_id), cupy.cuda.Stream.null:
+                ptr = self._pool.malloc(size)
+        except cupy.cuda.memory.OutOfMemoryError as exc:
+            raise ResourceExhausted(
+                "device out of memory below the pool limit",
+                requested_bytes=size,
+                limit_bytes=self.limit_bytes,
+                detail=str(exc),
+            ) from None
+        # The array handed out does not own the block: views cached by the executor (keyed
+        # by address) must not keep a released block out of the pool. ``ptr`` owns it and
+        # lives exactly as long as the reservation.
+        unowned = cupy.cuda.UnownedMemory(ptr.ptr, size, self, self.backend.device_id)
+        buf = cupy.ndarray((size,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(unowned, 0))
+        return buf, ptr, not self._tls.reached_driver
+
+    def _put(self, size: int, buf: Any, token: Any) -> None:
+        # Dropping the last reference to the owning MemoryPointer hands the block back to
+        # the cupy pool's free list (no cudaFree).
+        del buf, token
+
+    def _held_bytes(self) -> int:
+        return int(self._pool.total_bytes())
+
+    def trim(self) -> None:
+        self._pool.free_all_blocks()
+
+
+class HostArena(_PoolBase):
+    """The CPU backend's pool: numpy buffers kept on free lists by size."""
+
+    def __init__(self, backend: Backend, limit_bytes: int) -> None:
+        super().__init__(backend, limit_bytes)
+        self._free: dict[int, list[np.ndarray]] = defaultdict(list)
+        self._held = 0
+
+    def _take(self, size: int) -> tuple[Any, Any, bool]:
+        with self._lock:
+            lst = self._free.get(size)
+            if lst:
+                return lst.pop(), None, True
+            self._held += size
+            self._driver_allocs += 1
+        return np.empty(size, dtype=np.uint8), None, False
+
+    def _put(self, size: int, buf: Any, token: Any) -> None:
+        with self._lock:
+            self._free[size].append(buf)
+
+    def _held_bytes(self) -> int:
+        return self._held
+
+    def trim(self) -> None:
+        with self._lock:
+            for size, lst in self._free.items():
+                self._held -= size * len(lst)
+            self._free.clear()
+
+
+def make_pool(backend: Backend, limit_bytes: int | None = None, limit_fraction: float | None = None) -> _PoolBase:
+    """A pool for ``backend`` limited to ``limit_bytes``, or to a fraction of its memory."""
+    if limit_bytes is None:
+        frac = 0.5 if limit_fraction is None else float(limit_fraction)
+        if not 0.0 < frac <= 1.0:
+            raise ValueError(f"limit_fraction must be in (0, 1], got {frac}")
+        total = backend.total_memory()
+        if not backend.is_cuda:
+            total = min(total, 64 << 30)
+        limit_bytes = int(total * frac)
+    return CupyPool(backend, limit_bytes) if backend.is_cuda else HostArena(backend, limit_bytes)
+
+
+DevicePool = _PoolBase  # the type to annotate with
+
+
+# --------------------------------------------------------------------------- pinned staging
+
+
+class PinnedSlot:
+    """One slot of the ring: a page-locked host buffer (and its device alias when mapped)."""
+
+    __slots__ = ("index", "host", "device_ptr", "ring")
+
+    def __init__(self, ring: PinnedRing, index: int, host: np.ndarray, device_ptr: int) -> None:
+        self.ring = ring
+        self.index = index
+        self.host = host
+        self.device_ptr = device_ptr
+
+    def view(self, offset: int, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        dt = np.dtype(dtype)
+        n = int(np.prod(shape)) * dt.itemsize
+        if offset + n > self.host.nbytes:
+            raise ValueError(f"view of {n} bytes at {offset} exceeds the slot ({self.host.nbytes} bytes)")
+        return self.host[offset : offset + n].view(dt).reshape(shape)
+
+    def device_view(self, offset: int, shape: tuple[int, ...], dtype: Any) -> Any:
+        """The same bytes seen from the device (mapped rings only): no copy at all."""
+        if not self.device_ptr:
+            raise RuntimeError("this ring is not mapped into the device's address space")
+        import cupy
+
+        dt = np.dtype(dtype)
+        n = int(np.prod(shape)) * dt.itemsize
+        mem = cupy.cuda.UnownedMemory(self.device_ptr + offset, n, self)
+        return cupy.ndarray(shape, dtype=dt, memptr=cupy.cuda.MemoryPointer(mem, 0))
+
+    def release(self) -> None:
+        self.ring.release(self)
+
+
+class PinnedRing:
+    """``slots`` page-locked buffers of ``slot_bytes`` each, handed out one batch at a time.
+
+    On the CPU backend the buffers are ordinary numpy memory, so the same code runs.
+    """
+
+    def __init__(self, backend: Backend, slot_bytes: int, slots: int, mapped: bool = False) -> None:
+        if slots < 1 or slot_bytes < 1:
+            raise ValueError(f"need slots >= 1 and slot_bytes >= 1, got {slots}, {slot_bytes}")
+        self.backend = backend
+        self.slot_bytes = round_up(slot_bytes, 4096)
+        self.mapped = bool(mapped and backend.is_cuda)
+        self._cond = threading.Condition()
+        self._keep: list[Any] = []
+        self._host_ptrs: list[int] = []
+        self._slots: list[PinnedSlot] = []
+        for i in range(slots):
+            host, dptr = self._alloc(self.slot_bytes)
+            self._slots.append(PinnedSlot(self, i, host, dptr))
+        self._free = list(reversed(self._slots))
+        self.waits = 0
+
+    def _alloc(self, n: int) -> tuple[np.ndarray, int]:
+        if not self.backend.is_cuda:
+            return np.zeros(n, dtype=np.uint8), 0
+        import cupy
+        from cupy.cuda import runtime
+
+        with cupy.cuda.Device(self.backend.device_id):
+            if self.mapped:
+                ptr = runtime.hostAlloc(n, runtime.hostAllocMapped)
+                self._host_ptrs.append(ptr)
+                dptr = runtime.hostGetDevicePointer(ptr, 0)
+                host = np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(ptr))
+                return host, int(dptr)
+            mem = cupy.cuda.alloc_pinned_memory(n)
+            self._keep.append(mem)
+            return np.frombuffer(mem, dtype=np.uint8, count=n), 0
+
+    @property
+    def slots(self) -> int:
+        return len(self._slots)
+
+    def available(self) -> int:
+        with self._cond:
+            return len(self._free)
+
+    def acquire(self, timeout: float | None = None) -> PinnedSlot:
+        """A free slot; waits up to ``timeout`` seconds, then ``ResourceExhausted``."""
+        with self._cond:
+            if not self._free:
+                self.waits += 1
+                if not self._cond.wait_for(lambda: bool(self._free), timeout=timeout):
+                    raise ResourceExhausted(
+                        "no pinned staging slot came free in time",
+                        slots=len(self._slots),
+                        timeout_s=timeout,
+                    )
+            return self._free.pop()
+
+    def try_acquire(self) -> PinnedSlot | None:
+        with self._cond:
+            return self._free.pop() if self._free else None
+
+    def release(self, slot: PinnedSlot) -> None:
+        with self._cond:
+            if slot in self._free:
+                raise RuntimeError(f"pinned slot {slot.index} released twice")
+            self._free.append(slot)
+            self._cond.notify()
+
+    def close(self) -> None:
+        if self._host_ptrs:
+            from cupy.cuda import runtime
+
+            for p in self._host_ptrs:
+                runtime.freeHost(p)
+            self._host_ptrs.clear()
+        self._keep.clear()
+        self._slots.clear()
+        self._free.clear()

@@ -1,0 +1,108 @@
+"""Compiling and launching Ferry's CUDA kernels (cupy ``RawModule``), and cuBLAS GEMM.
+
+Each op family keeps its CUDA source as a string; ``kernel(source, name, dtype)`` compiles
+it once per (source, dtype, device) with ``T`` bound to ``__half`` or ``float``. Launches
+go on the stream passed to ``commit`` (cupy's current stream inside ``with stream``).
+Nothing here runs unless a CUDA device is in use.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from ..errors import DeviceError
+
+_PRELUDE = r"""
+#include <cuda_fp16.h>
+typedef {ctype} T;
+#define FERRY_INF (__int_as_float(0x7f800000))
+template <typename X> __device__ __forceinline__ float tof(X v) {{ return static_cast<float>(v); }}
+template <> __device__ __forceinline__ float tof<__half>(__half v) {{ return __half2float(v); }}
+__device__ __forceinline__ T fromf(float v) {{ return static_cast<T>(v); }}
+template <int V> struct alignas(16) VecT {{ T v[V]; }};
+constexpr int VEC = 16 / sizeof(T);
+"""
+
+_CTYPE = {"float16": "__half", "float32": "float"}
+_lock = threading.Lock()
+_modules: dict[tuple[int, str, int], Any] = {}
+
+THREADS = 256
+
+
+def ctype(dtype: Any) -> str:
+    name = np.dtype(dtype).name
+    if name not in _CTYPE:
+        raise DeviceError("no CUDA kernel for this dtype", dtype=name)
+    return _CTYPE[name]
+
+
+def kernel(source: str, name: str, dtype: Any = "float32") -> Any:
+    """The compiled kernel ``name`` of ``source`` with ``T`` = ``dtype`` on the current device."""
+    import cupy
+
+    dev = cupy.cuda.Device().id
+    key = (id(source), np.dtype(dtype).name, dev)
+    mod = _modules.get(key)
+    if mod is None:
+        with _lock:
+            mod = _modules.get(key)
+            if mod is None:
+                code = _PRELUDE.format(ctype=ctype(dtype)) + source
+                mod = cupy.RawModule(code=code, options=("-std=c++17",))
+                _modules[key] = mod
+    return mod.get_function(name)
+
+
+def full_source(source: str, dtype: Any) -> str:
+    """The exact text ``kernel`` compiles (for offline checks with nvcc)."""
+    return _PRELUDE.format(ctype=ctype(dtype)) + source
+
+
+def grid_for(n: int, threads: int = THREADS, cap: int = 132 * 16) -> int:
+    """Blocks for ``n`` threads' worth of work; kernels use grid-stride loops past ``cap``."""
+    return max(1, min((int(n) + threads - 1) // threads, cap))
+
+
+def launch(kern: Any, n: int, args: tuple, threads: int = THREADS, cap: int = 132 * 16) -> None:
+    if n <= 0:
+        return
+    kern((grid_for(n, threads, cap),), (threads,), args)
+
+
+# --------------------------------------------------------------------------- cuBLAS
+
+_CUDA_R_16F = 2
+_CUDA_R_32F = 0
+_CUBLAS_COMPUTE_32F = 68
+_CUBLAS_GEMM_DEFAULT = -1
+_CUDA_DT = {"float16": _CUDA_R_16F, "float32": _CUDA_R_32F}
+_ONE = np.ones(1, dtype=np.float32)
+_ZERO = np.zeros(1, dtype=np.float32)
+
+
+def gemm_rowmajor(stream: Any, a_ptr: int, b_ptr: int, c_ptr: int, m: int, n: int, k: int,
+                  dtype: Any, lda: int | None = None, ldb: int | None = None,
+                  ldc: int | None = None) -> None:
+    """C[m, n] = A[m, k] @ B[k, n], all row-major, fp32 accumulation, on ``stream``.
+
+    cuBLAS is column-major, so this computes C^T = B^T A^T: the row-major B seen
+    column-major *is* B^T, and likewise for A and C; no transposes are needed.
+    """
+    from cupy_backends.cuda.libs import cublas
+
+    dt = _CUDA_DT[np.dtype(dtype).name]
+    cublas.gemmEx(
+        stream.cublas_handle, 0, 0, int(n), int(m), int(k),
+        _ONE.ctypes.data, int(b_ptr), dt, int(ldb or n),
+        int(a_ptr), dt, int(lda or k),
+        _ZERO.ctypes.data, int(c_ptr), dt, int(ldc or n),
+        _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT,
+    )
+
+
+def ptr(array: Any) -> int:
+    return int(array.data.ptr)

@@ -1,0 +1,182 @@
+"""Image ops for preprocessing: uint8 HWC -> normalized float (NHWC or NCHW), bilinear resize.
+
+``normalize`` computes ``(x / 255 - mean) / std`` per channel (mean and std on the [0, 1]
+scale, as torchvision gives them) and can pad NHWC output with zero channels.
+``resize_bilinear`` uses half-pixel centres (OpenCV's INTER_LINEAR, PyTorch's
+``align_corners=False`` without antialiasing) and rounds to the nearest uint8.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidInput
+from . import _cuda
+from .base import Op, OpPlan, TensorSpec, check_dtype, check_positive, check_rank
+
+SOURCE = r"""
+// per-channel scale s and shift t come by value (at most 4 channels): no table, no copy
+extern "C" __global__ void normalize_u8(const unsigned char* __restrict__ x, T* __restrict__ y,
+    float s0, float s1, float s2, float s3, float t0, float t1, float t2, float t3,
+    long long total, int HW, int C, int Cp, int nchw) {
+  const float s[4] = {s0, s1, s2, s3};
+  const float t[4] = {t0, t1, t2, t3};
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+       i += (long long)gridDim.x * blockDim.x) {
+    int c; long long p;  // output channel, pixel index n*HW + hw
+    if (nchw) { long long q = i / HW; c = (int)(q % Cp); p = (q / Cp) * HW + i % HW; }
+    else { c = (int)(i % Cp); p = i / Cp; }
+    float v = 0.f;
+    if (c < C) v = (float)x[p * C + c] * s[c] + t[c];
+    y[i] = fromf(v);
+  }
+}
+
+extern "C" __global__ void resize_bilinear_u8(const unsigned char* __restrict__ x,
+    unsigned char* __restrict__ y, long long total, int H, int W, int C, int OH, int OW,
+    float sy, float sx) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+       i += (long long)gridDim.x * blockDim.x) {
+    int c = (int)(i % C);
+    long long t = i / C;
+    int ox = (int)(t % OW); t /= OW;
+    int oy = (int)(t % OH);
+    long long n = t / OH;
+    float fy = fminf(fmaxf((oy + 0.5f) * sy - 0.5f, 0.f), (float)(H - 1));
+    float fx = fminf(fmaxf((ox + 0.5f) * sx - 0.5f, 0.f), (float)(W - 1));
+    int y0 = (int)fy, x0 = (int)fx;
+    int y1 = min(y0 + 1, H - 1), x1 = min(x0 + 1, W - 1);
+    float wy = fy - y0, wx = fx - x0;
+    const unsigned char* b = x + n * (long long)H * W * C;
+    float v00 = b[((long long)y0 * W + x0) * C + c], v01 = b[((long long)y0 * W + x1) * C + c];
+    float v10 = b[((long long)y1 * W + x0) * C + c], v11 = b[((long long)y1 * W + x1) * C + c];
+    float v = (v00 * (1.f - wx) + v01 * wx) * (1.f - wy) + (v10 * (1.f - wx) + v11 * wx) * wy;
+    y[i] = (unsigned char)fminf(fmaxf(floorf(v + 0.5f), 0.f), 255.f);
+  }
+}
+"""
+
+
+def _floats(v: Any, n: int, what: str) -> tuple[float, ...]:
+    t = tuple(float(e) for e in (v if isinstance(v, list | tuple) else [v] * n))
+    if len(t) != n:
+        raise InvalidInput(f"normalize: {what} needs one value per channel", values=t, channels=n)
+    return t
+
+
+class Normalize(Op):
+    name = "normalize"
+
+    def _plan(self, specs: tuple[TensorSpec, ...], attrs: dict[str, Any]) -> OpPlan:
+        (x,) = specs
+        check_rank(self.name, "x", x, 4)
+        check_positive(self.name, "x", x)
+        check_dtype(self.name, "x", x, ("uint8",))
+        n, h, w, c = x.shape
+        if c > 4:
+            raise InvalidInput("normalize: images have 1 to 4 channels", channels=c)
+        mean = _floats(attrs.get("mean", 0.0), c, "mean")
+        std = _floats(attrs.get("std", 1.0), c, "std")
+        if any(s <= 0 for s in std):
+            raise InvalidInput("normalize: std must be positive", std=std)
+        layout = attrs.get("layout", "nhwc")
+        if layout not in ("nhwc", "nchw"):
+            raise InvalidInput("normalize: layout must be 'nhwc' or 'nchw'", layout=layout)
+        dtype = attrs.get("dtype", "float32")
+        if dtype not in ("float16", "float32"):
+            raise InvalidInput("normalize: dtype must be float16 or float32", dtype=dtype)
+        cp = int(attrs.get("pad_channels", c))
+        if cp < c:
+            raise InvalidInput("normalize: pad_channels must be >= the input's channels", pad_channels=cp, channels=c)
+        shape = (n, h, w, cp) if layout == "nhwc" else (n, cp, h, w)
+        out = TensorSpec(shape, dtype)
+        scale = np.array([1.0 / (255.0 * s) for s in std] + [0.0] * (cp - c), dtype=np.float32)
+        shift = np.array([-m / s for m, s in zip(mean, std, strict=True)] + [0.0] * (cp - c), dtype=np.float32)
+        return OpPlan(self.name, specs, (out,), 0, flops=2 * out.size,
+                      bytes_moved=x.nbytes + out.nbytes,
+                      attrs=(("dtype", dtype), ("layout", layout), ("mean", mean), ("pad_channels", cp), ("std", std)),
+                      detail=(scale, shift, layout))
+
+    def _run_host(self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any) -> None:
+        scale, shift, layout = plan.detail
+        x, y = inputs[0], outputs[0]
+        c = x.shape[3]
+        v = x.astype(np.float32) * scale[:c] + shift[:c]
+        if layout == "nhwc":
+            y[..., :c] = v
+            y[..., c:] = 0
+        else:
+            y[:, :c] = v.transpose(0, 3, 1, 2)
+            y[:, c:] = 0
+
+    def _run_cuda(self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any, stream: Any) -> None:
+        scale, shift, layout = plan.detail
+        x, y = inputs[0], outputs[0]
+        n, h, w, c = x.shape
+        cp = len(scale)
+        affine = np.zeros(8, dtype=np.float32)
+        affine[:c], affine[4 : 4 + c] = scale[:c], shift[:c]
+        kern = _cuda.kernel(SOURCE, "normalize_u8", y.dtype)
+        total = int(y.size)
+        _cuda.launch(kern, total, (x, y, *(np.float32(v) for v in affine), np.int64(total), np.int32(h * w),
+                                   np.int32(c), np.int32(cp), np.int32(layout == "nchw")))
+
+
+class ResizeBilinear(Op):
+    name = "resize_bilinear"
+
+    def _plan(self, specs: tuple[TensorSpec, ...], attrs: dict[str, Any]) -> OpPlan:
+        (x,) = specs
+        check_rank(self.name, "x", x, 4)
+        check_positive(self.name, "x", x)
+        check_dtype(self.name, "x", x, ("uint8",))
+        size = attrs.get("size")
+        try:
+            oh, ow = (int(size), int(size)) if isinstance(size, int | np.integer) else (int(size[0]), int(size[1]))
+        except (TypeError, IndexError, ValueError):
+            raise InvalidInput("resize_bilinear: size must be an int or (height, width)", size=size) from None
+        if oh < 1 or ow < 1 or oh > 16384 or ow > 16384:
+            raise InvalidInput("resize_bilinear: size out of range [1, 16384]", size=(oh, ow))
+        n, h, w, c = x.shape
+        out = TensorSpec((n, oh, ow, c), "uint8")
+        return OpPlan(self.name, specs, (out,), 0, flops=out.size * 8, bytes_moved=x.nbytes + out.nbytes,
+                      attrs=(("size", (oh, ow)),), detail=(oh, ow))
+
+    def _run_host(self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any) -> None:
+        outputs[0][...] = resize_bilinear_reference(inputs[0], *plan.detail)
+
+    def _run_cuda(self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any, stream: Any) -> None:
+        x, y = inputs[0], outputs[0]
+        n, h, w, c = x.shape
+        oh, ow = plan.detail
+        kern = _cuda.kernel(SOURCE, "resize_bilinear_u8", "float32")
+        total = int(y.size)
+        _cuda.launch(kern, total, (x, y, np.int64(total), np.int32(h), np.int32(w), np.int32(c),
+                                   np.int32(oh), np.int32(ow), np.float32(h / oh), np.float32(w / ow)))
+
+
+def _axis_weights(size: int, out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    f = np.clip((np.arange(out, dtype=np.float32) + 0.5) * np.float32(size / out) - 0.5, 0, size - 1)
+    i0 = f.astype(np.int64)
+    i1 = np.minimum(i0 + 1, size - 1)
+    return i0, i1, (f - i0).astype(np.float32)
+
+
+def resize_bilinear_reference(x: np.ndarray, oh: int, ow: int) -> np.ndarray:
+    """numpy bilinear resize of uint8 [N, H, W, C] with half-pixel centres."""
+    y0, y1, wy = _axis_weights(x.shape[1], oh)
+    x0, x1, wx = _axis_weights(x.shape[2], ow)
+    xf = x.astype(np.float32)
+    wx_ = wx[None, None, :, None]
+    top = xf[:, y0][:, :, x0] * (1 - wx_) + xf[:, y0][:, :, x1] * wx_
+    bot = xf[:, y1][:, :, x0] * (1 - wx_) + xf[:, y1][:, :, x1] * wx_
+    wy_ = wy[None, :, None, None]
+    v = top * (1 - wy_) + bot * wy_
+    return np.clip(np.floor(v + 0.5), 0, 255).astype(np.uint8)
+
+
+NORMALIZE = Normalize()
+RESIZE_BILINEAR = ResizeBilinear()

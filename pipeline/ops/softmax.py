@@ -1,0 +1,138 @@
+"""Softmax over the last axis (float32 out) and top-k (values float32, indices int32).
+
+Top-k breaks ties by the lower index, like a stable descending sort; NaNs are never picked
+ahead of numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidInput
+from . import _cuda
+from .base import FLOAT_DTYPES, Op, OpPlan, TensorSpec, check_dtype, check_positive, check_rank
+
+MAX_K = 64
+
+SOURCE = r"""
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+  return v;
+}
+
+// one block of 256 threads per row
+extern "C" __global__ void softmax_rows(const T* __restrict__ x, float* __restrict__ y, int C) {
+  __shared__ float red[32];
+  const T* xr = x + (long long)blockIdx.x * C;
+  float* yr = y + (long long)blockIdx.x * C;
+  int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  float m = -FERRY_INF;
+  for (int i = threadIdx.x; i < C; i += blockDim.x) m = fmaxf(m, tof(xr[i]));
+  m = warp_max(m);
+  if (lane == 0) red[wid] = m;
+  __syncthreads();
+  m = lane < nw ? red[lane] : -FERRY_INF;
+  m = warp_max(m);
+  __syncthreads();
+  float s = 0.f;
+  for (int i = threadIdx.x; i < C; i += blockDim.x) s += __expf(tof(xr[i]) - m);
+  s = warp_sum(s);
+  if (lane == 0) red[wid] = s;
+  __syncthreads();
+  s = lane < nw ? red[lane] : 0.f;
+  s = warp_sum(s);
+  float inv = 1.f / s;
+  for (int i = threadIdx.x; i < C; i += blockDim.x) yr[i] = __expf(tof(xr[i]) - m) * inv;
+}
+
+// one thread per row; k <= 64
+extern "C" __global__ void topk_rows(const T* __restrict__ x, float* __restrict__ vals,
+    int* __restrict__ idx, int N, int C, int k) {
+  int row = blockIdx.x * blockDim.x + threadIdx.x;
+  if (row >= N) return;
+  float bv[64];
+  int bi[64];
+  int filled = 0;
+  const T* xr = x + (long long)row * C;
+  for (int c = 0; c < C; ++c) {
+    float v = tof(xr[c]);
+    if (v != v) continue;  // NaN
+    if (filled == k && !(v > bv[k - 1])) continue;
+    int j = filled < k ? filled++ : k - 1;
+    while (j > 0 && v > bv[j - 1]) { bv[j] = bv[j - 1]; bi[j] = bi[j - 1]; --j; }
+    bv[j] = v; bi[j] = c;
+  }
+  for (int j = 0; j < k; ++j) {
+    vals[(long long)row * k + j] = j < filled ? bv[j] : -FERRY_INF;
+    idx[(long long)row * k + j] = j < filled ? bi[j] : -1;
+  }
+}
+"""
+
+
+class Softmax(Op):
+    name = "softmax"
+
+    def _plan(self, specs: tuple[TensorSpec, ...], attrs: dict[str, Any]) -> OpPlan:
+        (x,) = specs
+        check_rank(self.name, "x", x, 2)
+        check_positive(self.name, "x", x)
+        check_dtype(self.name, "x", x, FLOAT_DTYPES)
+        out = TensorSpec(x.shape, "float32")
+        return OpPlan(self.name, specs, (out,), 0, flops=x.size * 5, bytes_moved=2 * x.nbytes + out.nbytes)
+
+    def _run_host(self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any) -> None:
+        x, y = inputs[0], outputs[0]
+        np.subtract(x, np.max(x, axis=1, keepdims=True), out=y, dtype=np.float32)
+        np.exp(y, out=y)
+        y /= np.sum(y, axis=1, keepdims=True)
+
+    def _run_cuda(self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any, stream: Any) -> None:
+        x, y = inputs[0], outputs[0]
+        n, c = x.shape
+        kern = _cuda.kernel(SOURCE, "softmax_rows", x.dtype)
+        kern((n,), (256,), (x, y, np.int32(c)))
+
+
+class TopK(Op):
+    name = "topk"
+
+    def _plan(self, specs: tuple[TensorSpec, ...], attrs: dict[str, Any]) -> OpPlan:
+        (x,) = specs
+        check_rank(self.name, "x", x, 2)
+        check_positive(self.name, "x", x)
+        check_dtype(self.name, "x", x, FLOAT_DTYPES)
+        k = attrs.get("k")
+        n, c = x.shape
+        if not isinstance(k, int | np.integer) or not 1 <= int(k) <= min(c, MAX_K):
+            raise InvalidInput("topk: k must be an integer in [1, min(classes, 64)]", k=k, classes=c)
+        k = int(k)
+        return OpPlan(self.name, specs, (TensorSpec((n, k), "float32"), TensorSpec((n, k), "int32")), 0,
+                      flops=x.size * k, bytes_moved=x.nbytes + n * k * 8, attrs=(("k", k),))
+
+    def _run_host(self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any) -> None:
+        x = inputs[0].astype(np.float32, copy=False)
+        k = plan.attr("k")
+        key = np.where(np.isnan(x), np.inf, -x)  # NaN sorts last
+        order = np.argsort(key, axis=1, kind="stable")[:, :k]
+        outputs[1][...] = order
+        outputs[0][...] = np.take_along_axis(x, order, axis=1)
+
+    def _run_cuda(self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any, stream: Any) -> None:
+        x = inputs[0]
+        n, c = x.shape
+        kern = _cuda.kernel(SOURCE, "topk_rows", x.dtype)
+        threads = 128
+        kern(((n + threads - 1) // threads,), (threads,),
+             (x, outputs[0], outputs[1], np.int32(n), np.int32(c), np.int32(plan.attr("k"))))
+
+
+SOFTMAX = Softmax()
+TOPK = TopK()

@@ -1,0 +1,1 @@
+"""Moving tensors between actors: NCCL, the Ray object store, in-process."""

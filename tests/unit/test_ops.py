@@ -1,0 +1,209 @@
+"""Every op against a plain numpy reference, on the CPU backend."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.errors import InvalidInput
+from pipeline.ops import (
+    ADD_RELU,
+    BIAS_ACT,
+    CONV2D,
+    GEMM,
+    GLOBAL_AVG_POOL,
+    MAXPOOL2D,
+    NORMALIZE,
+    RESHAPE,
+    RESIZE_BILINEAR,
+    SOFTMAX,
+    TOPK,
+    TensorSpec,
+    weights_to_matrix,
+)
+from pipeline.ops.base import eager
+from tests.reference import conv2d_direct, maxpool_direct, resize_direct, softmax_ref
+
+rng = np.random.default_rng(1234)
+
+CONV_CASES = [
+    # n, h, w, c, cout, k, stride, pad
+    (2, 7, 9, 3, 5, 3, 1, 1),  # odd sizes, scalar im2col
+    (2, 8, 8, 8, 4, 3, 2, 1),  # stride 2, vector im2col
+    (1, 5, 6, 16, 8, 1, 1, 0),  # 1x1 as a GEMM
+    (2, 9, 7, 8, 6, 1, 2, 0),  # 1x1 stride 2 (ResNet v1.5 downsample)
+    (2, 15, 13, 3, 8, 7, 2, 3),  # the 7x7 stride-2 stem on 3 channels
+    (1, 6, 6, 4, 3, 3, 1, 0),  # no padding
+    (1, 4, 4, 2, 2, 5, 1, 2),  # kernel larger than half the image
+]
+
+
+@pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: "n{}h{}w{}c{}o{}k{}s{}p{}".format(*c))
+@pytest.mark.parametrize("residual", [False, True])
+def test_conv2d_matches_direct_loops(case, residual):
+    n, h, w, c, cout, k, s, p = case
+    x = rng.standard_normal((n, h, w, c)).astype(np.float32)
+    w_oihw = rng.standard_normal((cout, c, k, k)).astype(np.float32)
+    b = rng.standard_normal(cout).astype(np.float32)
+    ref = conv2d_direct(x, w_oihw, b, s, p)
+    args = [x, weights_to_matrix(w_oihw), b]
+    if residual:
+        r = rng.standard_normal(ref.shape).astype(np.float32)
+        args.append(r)
+        ref = ref + r
+    ref = np.maximum(ref, 0)
+    # a small workspace forces the chunked path
+    (out,) = eager(CONV2D, *args, kernel=(k, k), stride=s, padding=p, act="relu",
+                   target="host", max_workspace_bytes=2048)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_conv2d_plan_reports_cost_and_workspace():
+    plan = CONV2D.prepare(TensorSpec((2, 8, 8, 8), "float16"), TensorSpec((72, 16), "float16"),
+                          TensorSpec((16,), "float32"), kernel=3, stride=1, padding=1)
+    assert plan.outputs == (TensorSpec((2, 8, 8, 16), "float16"),)
+    m = 2 * 8 * 8
+    assert plan.flops == 2 * m * 16 * 72
+    assert plan.workspace_bytes == m * 72 * 2  # the whole column matrix fits under the cap
+    direct = CONV2D.prepare(TensorSpec((2, 8, 8, 8), "float16"), TensorSpec((8, 16), "float16"),
+                            TensorSpec((16,), "float32"), kernel=1)
+    assert direct.workspace_bytes == 0 and direct.detail.direct
+
+
+def test_conv2d_chunks_bound_the_workspace():
+    big = CONV2D.prepare(TensorSpec((256, 224, 224, 3), "float16"), TensorSpec((152, 64), "float16"),
+                         TensorSpec((64,), "float32"), kernel=7, stride=2, padding=3,
+                         max_workspace_bytes=64 << 20)
+    assert big.workspace_bytes <= 64 << 20
+    assert big.detail.rows_per_chunk < big.detail.m
+
+
+@pytest.mark.parametrize(
+    "specs, attrs, field",
+    [
+        ((TensorSpec((2, 8, 8), "float32"), TensorSpec((72, 4), "float32"), TensorSpec((4,), "float32")),
+         {"kernel": 3}, "shape"),
+        ((TensorSpec((2, 8, 8, 8), "int32"), TensorSpec((72, 4), "int32"), TensorSpec((4,), "float32")),
+         {"kernel": 3}, "dtype"),
+        ((TensorSpec((2, 8, 8, 8), "float32"), TensorSpec((70, 4), "float32"), TensorSpec((4,), "float32")),
+         {"kernel": 3}, "expected_rows"),
+        ((TensorSpec((2, 8, 8, 8), "float32"), TensorSpec((72, 4), "float32"), TensorSpec((5,), "float32")),
+         {"kernel": 3}, "bias"),
+        ((TensorSpec((2, 2, 2, 8), "float32"), TensorSpec((200, 4), "float32"), TensorSpec((4,), "float32")),
+         {"kernel": 5}, "kernel"),
+        ((TensorSpec((2, 8, 8, 8), "float32"), TensorSpec((72, 4), "float32"), TensorSpec((4,), "float32")),
+         {"kernel": 3, "stride": 0}, "stride"),
+        ((TensorSpec((2, 8, 8, 8), "float32"), TensorSpec((72, 4), "float32"), TensorSpec((4,), "float32")),
+         {"kernel": 3, "act": "gelu"}, "act"),
+    ],
+)
+def test_conv2d_rejects_bad_specs_naming_the_values(specs, attrs, field):
+    with pytest.raises(InvalidInput) as info:
+        CONV2D.prepare(*specs, **attrs)
+    assert field in info.value.fields
+
+
+def test_prepare_is_cached_by_specs_and_attrs():
+    specs = (TensorSpec((4, 8), "float32"), TensorSpec((8, 3), "float32"))
+    a = GEMM.prepare(*specs, act="relu")
+    b = GEMM.prepare(*specs, act="relu")
+    c = GEMM.prepare(*specs, act="none")
+    assert a is b and a is not c
+
+
+def test_prepare_rejects_wrong_arity_and_non_specs():
+    with pytest.raises(InvalidInput):
+        GEMM.prepare(TensorSpec((4, 8), "float32"))
+    with pytest.raises(InvalidInput):
+        GEMM.prepare(np.zeros((4, 8)), np.zeros((8, 3)))
+
+
+def test_gemm_with_bias_and_relu():
+    a = rng.standard_normal((5, 7)).astype(np.float32)
+    b = rng.standard_normal((7, 3)).astype(np.float32)
+    bias = rng.standard_normal(3).astype(np.float32)
+    (out,) = eager(GEMM, a, b, bias, act="relu")
+    np.testing.assert_allclose(out, np.maximum(a.astype(np.float64) @ b + bias, 0), rtol=1e-5, atol=1e-5)
+    with pytest.raises(InvalidInput) as info:
+        GEMM.prepare(TensorSpec((5, 7), "float32"), TensorSpec((6, 3), "float32"))
+    assert info.value.fields["a"] == (5, 7)
+
+
+def test_bias_act_and_add_relu():
+    x = rng.standard_normal((2, 3, 3, 8)).astype(np.float32)
+    r = rng.standard_normal(x.shape).astype(np.float32)
+    b = rng.standard_normal(8).astype(np.float32)
+    (y,) = eager(BIAS_ACT, x, b, r, act="relu")
+    np.testing.assert_allclose(y, np.maximum(x + b + r, 0), rtol=1e-6)
+    (y,) = eager(BIAS_ACT, x, b, act="none")
+    np.testing.assert_allclose(y, x + b, rtol=1e-6)
+    (y,) = eager(ADD_RELU, x, r)
+    np.testing.assert_allclose(y, np.maximum(x + r, 0), rtol=1e-6)
+    with pytest.raises(InvalidInput):
+        ADD_RELU.prepare(TensorSpec((2, 3), "float32"), TensorSpec((3, 2), "float32"))
+
+
+@pytest.mark.parametrize("k, s, p, hw", [(3, 2, 1, (9, 8)), (2, 2, 0, (6, 6)), (3, 1, 1, (5, 7))])
+def test_maxpool_matches_loops(k, s, p, hw):
+    x = rng.standard_normal((2, *hw, 5)).astype(np.float32)
+    (y,) = eager(MAXPOOL2D, x, kernel=k, stride=s, padding=p)
+    np.testing.assert_array_equal(y, maxpool_direct(x, k, s, p))
+
+
+def test_global_avg_pool():
+    x = rng.standard_normal((3, 7, 5, 6)).astype(np.float32)
+    (y,) = eager(GLOBAL_AVG_POOL, x)
+    np.testing.assert_allclose(y, x.astype(np.float64).mean(axis=(1, 2)), rtol=1e-5, atol=1e-6)
+
+
+def test_softmax_rows_sum_to_one():
+    x = (rng.standard_normal((4, 1000)) * 10).astype(np.float32)
+    (y,) = eager(SOFTMAX, x)
+    assert y.dtype == np.float32
+    np.testing.assert_allclose(y, softmax_ref(x), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(y.sum(axis=1), 1.0, rtol=1e-5)
+
+
+def test_topk_order_ties_and_nan():
+    x = np.array([[1.0, 5.0, 5.0, 3.0, np.nan, 4.0], [0.0, -1.0, 2.0, 2.0, 2.0, 1.0]], dtype=np.float32)
+    vals, idx = eager(TOPK, x, k=3)
+    np.testing.assert_array_equal(idx, [[1, 2, 5], [2, 3, 4]])
+    np.testing.assert_array_equal(vals, [[5, 5, 4], [2, 2, 2]])
+    with pytest.raises(InvalidInput) as info:
+        TOPK.prepare(TensorSpec((2, 6), "float32"), k=7)
+    assert info.value.fields["k"] == 7
+
+
+@pytest.mark.parametrize("layout", ["nhwc", "nchw"])
+def test_normalize(layout):
+    x = rng.integers(0, 256, (2, 4, 5, 3), dtype=np.uint8)
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    (y,) = eager(NORMALIZE, x, mean=mean, std=std, layout=layout, dtype="float32",
+                 pad_channels=4 if layout == "nhwc" else 3)
+    ref = (x / 255.0 - np.array(mean)) / np.array(std)
+    if layout == "nhwc":
+        np.testing.assert_allclose(y[..., :3], ref, rtol=1e-5, atol=1e-5)
+        assert np.all(y[..., 3] == 0)
+    else:
+        np.testing.assert_allclose(y, ref.transpose(0, 3, 1, 2), rtol=1e-5, atol=1e-5)
+    with pytest.raises(InvalidInput):
+        NORMALIZE.prepare(TensorSpec((2, 4, 5, 3), "float32"))
+    with pytest.raises(InvalidInput):
+        NORMALIZE.prepare(TensorSpec((2, 4, 5, 3), "uint8"), std=(1.0, 0.0, 1.0))
+
+
+@pytest.mark.parametrize("size", [(7, 5), (20, 31), (4, 4)])
+def test_resize_bilinear_matches_per_pixel_loops(size):
+    x = rng.integers(0, 256, (2, 9, 11, 3), dtype=np.uint8)
+    (y,) = eager(RESIZE_BILINEAR, x, size=size)
+    for b in range(2):
+        ref = resize_direct(x[b].astype(np.float64), *size)
+        assert np.abs(y[b].astype(int) - ref.astype(int)).max() <= 1  # float32 vs float64 rounding
+
+
+def test_reshape_view_and_checks():
+    x = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    (y,) = eager(RESHAPE, x, shape=(2, -1))
+    np.testing.assert_array_equal(y, x.reshape(2, 12))
+    with pytest.raises(InvalidInput):
+        RESHAPE.prepare(TensorSpec((2, 3, 4), "float32"), shape=(5, -1))
