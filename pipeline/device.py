@@ -183,9 +183,8 @@ class Stream:
         CUDA graph capture and the no-allocation rule of commit.
         """
         if self._cublas is None:
-            from cupy_backends.cuda.libs import cublas
-
             import cupy
+            from cupy_backends.cuda.libs import cublas
 
             with cupy.cuda.Device(self.backend.device_id):
                 handle = cublas.create()
@@ -214,6 +213,26 @@ class Stream:
     def synchronize(self) -> None:
         if self._raw is not None:
             self._raw.synchronize()
+
+    def copy_h2d(self, dst: Any, src: np.ndarray) -> None:
+        """Enqueue host -> device (asynchronous when ``src`` is pinned). Inline on the CPU."""
+        if self._raw is None:
+            np.copyto(dst, src.reshape(dst.shape))
+            return
+        from cupy.cuda import runtime
+
+        runtime.memcpyAsync(int(dst.data.ptr), int(src.ctypes.data), int(src.nbytes),
+                            runtime.memcpyHostToDevice, self.ptr)
+
+    def copy_d2h(self, dst: np.ndarray, src: Any) -> None:
+        """Enqueue device -> host (asynchronous when ``dst`` is pinned). Inline on the CPU."""
+        if self._raw is None:
+            np.copyto(dst, src.reshape(dst.shape))
+            return
+        from cupy.cuda import runtime
+
+        runtime.memcpyAsync(int(dst.ctypes.data), int(src.data.ptr), int(dst.nbytes),
+                            runtime.memcpyDeviceToHost, self.ptr)
 
     def __enter__(self) -> Stream:
         if self._raw is not None:

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import threading
@@ -115,10 +116,8 @@ class Reservation:
     def __del__(self) -> None:
         if not getattr(self, "_released", True):
             logger.warning("reservation of %d bytes was never released; releasing it now", self.nbytes)
-            try:
+            with contextlib.suppress(Exception):  # interpreter teardown
                 self.release()
-            except Exception:  # pragma: no cover - interpreter teardown
-                pass
 
 
 class _PoolBase:

@@ -97,6 +97,8 @@ class Op:
 
     name: ClassVar[str] = "op"
     n_inputs: ClassVar[tuple[int, int]] = (1, 1)  # (min, max)
+    is_view: ClassVar[bool] = False  # output aliases the input's bytes (reshape)
+    planning_attrs: ClassVar[tuple[str, ...]] = ()  # attrs a graph fills in: "target", ...
 
     def __init__(self) -> None:
         self._prepare_cached = functools.lru_cache(maxsize=4096)(self._prepare_uncached)

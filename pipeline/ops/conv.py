@@ -23,7 +23,17 @@ import numpy as np
 
 from ..errors import InvalidInput
 from . import _cuda
-from .base import FLOAT_DTYPES, Op, OpPlan, TensorSpec, align, check_dtype, check_positive, check_rank, workspace_view
+from .base import (
+    FLOAT_DTYPES,
+    Op,
+    OpPlan,
+    TensorSpec,
+    align,
+    check_dtype,
+    check_positive,
+    check_rank,
+    workspace_view,
+)
 from .elementwise import bias_act_cuda, bias_act_host
 
 DEFAULT_MAX_WORKSPACE = 256 << 20
@@ -136,6 +146,7 @@ class ConvGeometry:
 class Conv2d(Op):
     name = "conv2d"
     n_inputs = (3, 4)
+    planning_attrs = ("target", "max_workspace_bytes")
 
     def _plan(self, specs: tuple[TensorSpec, ...], attrs: dict[str, Any]) -> OpPlan:
         x, w, b = specs[0], specs[1], specs[2]

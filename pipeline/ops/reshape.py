@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
@@ -13,7 +13,7 @@ from .base import Op, OpPlan, TensorSpec
 
 class Reshape(Op):
     name = "reshape"
-    is_view: ClassVar[bool] = True
+    is_view = True
 
     def _plan(self, specs: tuple[TensorSpec, ...], attrs: dict[str, Any]) -> OpPlan:
         (x,) = specs

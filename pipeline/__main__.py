@@ -1,0 +1,93 @@
+"""Ferry's command line.
+
+    python -m pipeline classify IMAGE [--model resnet50|digits] [--weights FILE] [--top-k 5]
+    python -m pipeline models
+
+``classify`` runs one image through decoding, the model's preprocessing and the executor
+(the GPU when there is one, numpy otherwise) and prints the top classes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+
+import numpy as np
+
+
+def _classify(args: argparse.Namespace) -> int:
+    from .config import ExecutorConfig
+    from .executor import GpuExecutor
+    from .imaging import decode
+    from .models.registry import labels, model_info
+    from .ops import SOFTMAX, TOPK
+    from .ops.base import eager
+
+    info = model_info(args.model)
+    with open(args.image, "rb") as f:
+        data = f.read()
+    t0 = time.perf_counter()
+    img = decode(data, None, info.target(), max_pixels=40_000_000)
+    t1 = time.perf_counter()
+    ex = GpuExecutor(ExecutorConfig(backend=args.backend, buckets=(1,), pool_limit_fraction=0.25))
+    try:
+        loaded = ex.load_model(args.model, args.model, args.weights, args.seed)
+        logits = ex.infer(args.model, img[None])
+        t2 = time.perf_counter()
+    finally:
+        ex.close()
+    probs = eager(SOFTMAX, logits.astype(np.float32))[0]
+    vals, idx = eager(TOPK, probs, k=min(args.top_k, info.num_classes))
+    names = labels(info.arch)
+    out = {
+        "model": args.model,
+        "random_weights": loaded.random_weights,
+        "backend": ex.backend.name,
+        "top_k": [{"label": names[i], "class": int(i), "score": round(float(v), 6)} for v, i in zip(vals[0], idx[0], strict=True)],
+        "timings_ms": {"decode": round((t1 - t0) * 1e3, 2), "inference": round((t2 - t1) * 1e3, 2)},
+    }
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+def _models(_args: argparse.Namespace) -> int:
+    from .models.registry import REGISTRY
+
+    for name, info in REGISTRY.items():
+        print(f"{name}: input {info.input_size[0]}x{info.input_size[1]}x{info.channels} ({info.fit}), "
+              f"{info.num_classes} classes, weights: {info.default_weights or 'random unless given'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("classify", help="classify one image file")
+    c.add_argument("image")
+    c.add_argument("--model", default="resnet50")
+    c.add_argument("--weights", default=None, help=".npz or .safetensors (default: the model's own)")
+    c.add_argument("--seed", type=int, default=0, help="seed of random weights when none are given")
+    c.add_argument("--top-k", type=int, default=5)
+    c.add_argument("--backend", default="auto", choices=["auto", "cupy", "numpy"])
+    c.set_defaults(fn=_classify)
+    m = sub.add_parser("models", help="list the models Ferry knows")
+    m.set_defaults(fn=_models)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.fn(args)
+    except Exception as exc:  # a CLI answers with a message, not a trace
+        from .errors import FerryError
+
+        if isinstance(exc, FerryError):
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""Pydantic configuration of a whole Ferry pipeline.
+
+Bounds are enforced with ``Field(ge=..., le=...)``; cross-field checks raise ``ValueError``
+naming the values. Process-level switches come from the environment, read here and
+nowhere else (``Settings.from_env``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ExecutorConfig(_Strict):
+    """The GPU actor's core: device, pool, streams, buckets, graphs."""
+
+    backend: Literal["auto", "cupy", "numpy"] = "auto"
+    """``auto``: cupy when a CUDA device is visible, numpy otherwise."""
+    device_id: int = Field(0, ge=0, le=63)
+    """CUDA device ordinal (within the devices the process sees)."""
+    mode: Literal["real", "naive"] = "real"
+    """``naive`` is the baseline: cudaMalloc, synchronous pageable copies, eager compute, cudaFree."""
+    buckets: tuple[int, ...] = DEFAULT_BUCKETS
+    """Batch sizes are padded up to one of these; one CUDA graph is captured per bucket."""
+    max_in_flight: int = Field(3, ge=1, le=16)
+    """Batches staged or running at once (pinned staging slots); 2-3 overlaps copies with compute."""
+    compute_streams: int = Field(1, ge=1, le=4)
+    """Compute streams; batches are spread over them round-robin."""
+    pool_limit_bytes: int | None = Field(None, ge=1 << 20)
+    """Hard limit of the device pool in bytes; overrides ``pool_limit_fraction``."""
+    pool_limit_fraction: float = Field(0.5, gt=0.0, le=0.95)
+    """Hard limit of the device pool as a fraction of the device's memory."""
+    cuda_graphs: bool = True
+    """Capture a CUDA graph per (bucket, arena) at warm-up and replay it."""
+    max_workspace_bytes: int = Field(256 << 20, ge=1 << 16, le=8 << 30)
+    """Cap on one op's workspace (im2col columns); larger convolutions run in chunks."""
+    staging_timeout_s: float = Field(30.0, gt=0.0, le=3600.0)
+    """How long ``prepare`` waits for a free pinned staging slot before ``ResourceExhausted``."""
+    dtype: Literal["auto", "float16", "float32"] = "auto"
+    """Compute dtype: ``auto`` is float16 on the GPU, float32 on the CPU."""
+
+    @field_validator("buckets")
+    @classmethod
+    def _buckets_sorted(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if not v:
+            raise ValueError("buckets must not be empty")
+        if any(b < 1 or b > 4096 for b in v):
+            raise ValueError(f"buckets must lie in [1, 4096], got {v}")
+        if list(v) != sorted(set(v)):
+            raise ValueError(f"buckets must be strictly increasing, got {v}")
+        return tuple(v)
+
+
+class BatchingConfig(_Strict):
+    """How the inference stage forms GPU batches: full, or the wait ran out."""
+
+    max_batch_size: int = Field(64, ge=1, le=4096)
+    """A batch leaves as soon as it holds this many items."""
+    max_wait_ms: float = Field(2.0, ge=0.0, le=10_000.0)
+    """...or when its oldest item has waited this long."""
+    max_queue: int = Field(2048, ge=1, le=1_000_000)
+    """Items waiting beyond this are refused at once with ``QueueFull`` (HTTP 503)."""
+    retry_after_s: float = Field(1.0, ge=0.0, le=600.0)
+    """``Retry-After`` sent with 503 answers."""
+    default_deadline_ms: float | None = Field(None, gt=0.0)
+    """Deadline given to requests that bring none; ``None``: no deadline."""
+
+
+class DeploymentOptions(_Strict):
+    """Ray Serve options of one stage."""
+
+    num_replicas: int | None = Field(1, ge=1, le=1024)
+    """Fixed replica count; ``None`` when ``autoscaling_config`` is given."""
+    autoscaling_config: dict[str, Any] | None = None
+    """Ray Serve autoscaling config (min_replicas, max_replicas, target_ongoing_requests, ...)."""
+    max_ongoing_requests: int = Field(256, ge=1, le=100_000)
+    """Requests one replica works on at once; keep >= the batch size where batching happens."""
+    max_queued_requests: int = Field(-1, ge=-1, le=1_000_000)
+    """Requests queued in callers for this stage before Serve answers 503; -1: unbounded."""
+    num_cpus: float = Field(1.0, ge=0.0, le=256.0)
+    """CPUs reserved per replica."""
+    num_gpus: float = Field(0.0, ge=0.0, le=8.0)
+    """GPUs per replica; fractions share one device."""
+
+    @model_validator(mode="after")
+    def _replicas_or_autoscaling(self) -> DeploymentOptions:
+        if self.autoscaling_config is not None and self.num_replicas is not None:
+            raise ValueError(
+                f"give num_replicas ({self.num_replicas}) or autoscaling_config, not both"
+            )
+        if self.autoscaling_config is None and self.num_replicas is None:
+            raise ValueError("one of num_replicas or autoscaling_config is required")
+        return self
+
+    def serve_options(self) -> dict[str, Any]:
+        opts: dict[str, Any] = {
+            "max_ongoing_requests": self.max_ongoing_requests,
+            "max_queued_requests": self.max_queued_requests,
+            "ray_actor_options": {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus},
+        }
+        if self.autoscaling_config is not None:
+            opts["autoscaling_config"] = self.autoscaling_config
+        else:
+            opts["num_replicas"] = self.num_replicas
+        return opts
+
+
+class ModelConfig(_Strict):
+    """One served model."""
+
+    name: str = Field(..., min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    """The name in URLs (``/v1/models/{name}/classify``)."""
+    arch: Literal["resnet50", "digits"]
+    """Which architecture from the model registry."""
+    weights: str | None = None
+    """Path of an ``.npz`` or ``.safetensors`` file; ``None``: the model's default (random for resnet50)."""
+    seed: int = Field(0, ge=0)
+    """Seed of random weights when none are given."""
+
+
+class IngressConfig(_Strict):
+    """The HTTP front."""
+
+    coalesce_window_ms: float = Field(1.0, ge=0.0, le=100.0)
+    """Requests arriving within this window go downstream as one call."""
+    max_coalesce: int = Field(64, ge=1, le=4096)
+    """Most requests in one downstream call."""
+    max_body_bytes: int = Field(8 << 20, ge=1024, le=1 << 30)
+    """Bodies over this get 413."""
+    max_pixels: int = Field(40_000_000, ge=1, le=1 << 31)
+    """Images whose header declares more pixels get 413 before any decoding."""
+    default_top_k: int = Field(5, ge=1, le=64)
+    """``top_k`` when the request gives none."""
+    request_timeout_s: float = Field(60.0, gt=0.0, le=3600.0)
+    """A request that has no answer after this gets 504."""
+
+
+class PreprocessConfig(_Strict):
+    """CPU decoding and resizing."""
+
+    threads: int = Field(4, ge=1, le=256)
+    """Worker threads per replica for decode + resize (simplejpeg and Pillow release the GIL)."""
+
+
+class PipelineConfig(_Strict):
+    """A whole Ferry application: models, executor, batching and the four stages."""
+
+    models: list[ModelConfig] = Field(
+        default_factory=lambda: [ModelConfig(name="digits", arch="digits"), ModelConfig(name="resnet50", arch="resnet50")]
+    )
+    """Models served; each is loaded into every inference replica."""
+    executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
+    batching: BatchingConfig = Field(default_factory=BatchingConfig)
+    ingress: IngressConfig = Field(default_factory=IngressConfig)
+    preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
+    ingress_deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
+    preprocess_deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
+    inference_deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
+    postprocess_deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
+    warmup: bool = True
+    """Plan every bucket (and capture its CUDA graph) before the inference replica reports healthy."""
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> PipelineConfig:
+        names = [m.name for m in self.models]
+        if len(set(names)) != len(names):
+            raise ValueError(f"model names must be unique, got {names}")
+        if not self.models:
+            raise ValueError("at least one model is required")
+        mb = self.batching.max_batch_size
+        if mb > self.executor.buckets[-1]:
+            raise ValueError(
+                f"batching.max_batch_size ({mb}) exceeds the largest bucket ({self.executor.buckets[-1]})"
+            )
+        ongoing = self.inference_deployment.max_ongoing_requests
+        if ongoing < mb // max(1, self.ingress.max_coalesce):
+            raise ValueError(
+                f"inference_deployment.max_ongoing_requests ({ongoing}) is too small to fill a batch of "
+                f"{mb} with calls of up to {self.ingress.max_coalesce} items"
+            )
+        return self
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Process-level switches from the environment -- the only place that reads it."""
+
+    backend: str | None
+    auth_token: str | None
+    log_level: str
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        return cls(
+            backend=os.environ.get("FERRY_BACKEND") or None,
+            auth_token=os.environ.get("FERRY_AUTH_TOKEN") or None,
+            log_level=os.environ.get("FERRY_LOG_LEVEL", "INFO"),
+        )
