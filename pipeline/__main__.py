@@ -46,7 +46,10 @@ def _classify(args: argparse.Namespace) -> int:
         "model": args.model,
         "random_weights": loaded.random_weights,
         "backend": ex.backend.name,
-        "top_k": [{"label": names[i], "class": int(i), "score": round(float(v), 6)} for v, i in zip(vals[0], idx[0], strict=True)],
+        "top_k": [
+            {"label": names[i], "class": int(i), "score": round(float(v), 6)}
+            for v, i in zip(vals[0], idx[0], strict=True)
+        ],
         "timings_ms": {"decode": round((t1 - t0) * 1e3, 2), "inference": round((t2 - t1) * 1e3, 2)},
     }
     print(json.dumps(out, indent=2))
@@ -57,19 +60,26 @@ def _models(_args: argparse.Namespace) -> int:
     from .models.registry import REGISTRY
 
     for name, info in REGISTRY.items():
-        print(f"{name}: input {info.input_size[0]}x{info.input_size[1]}x{info.channels} ({info.fit}), "
-              f"{info.num_classes} classes, weights: {info.default_weights or 'random unless given'}")
+        print(
+            f"{name}: input {info.input_size[0]}x{info.input_size[1]}x{info.channels} ({info.fit}), "
+            f"{info.num_classes} classes, weights: {info.default_weights or 'random unless given'}"
+        )
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m pipeline",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("classify", help="classify one image file")
     c.add_argument("image")
     c.add_argument("--model", default="resnet50")
-    c.add_argument("--weights", default=None, help=".npz or .safetensors (default: the model's own)")
+    c.add_argument(
+        "--weights", default=None, help=".npz or .safetensors (default: the model's own)"
+    )
     c.add_argument("--seed", type=int, default=0, help="seed of random weights when none are given")
     c.add_argument("--top-k", type=int, default=5)
     c.add_argument("--backend", default="auto", choices=["auto", "cupy", "numpy"])

@@ -148,8 +148,13 @@ class CompletionWatcher:
         self._lock = threading.Lock()
         self._closed = False
 
-    def watch(self, event: Event, finish: Callable[[], T], result: AsyncResult[T],
-              on_error: Callable[[BaseException], Any] | None = None) -> None:
+    def watch(
+        self,
+        event: Event,
+        finish: Callable[[], T],
+        result: AsyncResult[T],
+        on_error: Callable[[BaseException], Any] | None = None,
+    ) -> None:
         """When ``event`` completes, ``result`` gets ``finish()`` (or its exception).
 
         An event that is already complete (the CPU backend's) is finished inline: the
@@ -182,8 +187,12 @@ class CompletionWatcher:
             thread.join(timeout)
 
 
-def _complete(event: Event, finish: Callable[[], Any], result: AsyncResult,
-              on_error: Callable[[BaseException], Any] | None) -> None:
+def _complete(
+    event: Event,
+    finish: Callable[[], Any],
+    result: AsyncResult,
+    on_error: Callable[[BaseException], Any] | None,
+) -> None:
     try:
         event.synchronize()
         value = finish()

@@ -155,7 +155,10 @@ class PipelineConfig(_Strict):
     """A whole Ferry application: models, executor, batching and the four stages."""
 
     models: list[ModelConfig] = Field(
-        default_factory=lambda: [ModelConfig(name="digits", arch="digits"), ModelConfig(name="resnet50", arch="resnet50")]
+        default_factory=lambda: [
+            ModelConfig(name="digits", arch="digits"),
+            ModelConfig(name="resnet50", arch="resnet50"),
+        ]
     )
     """Models served; each is loaded into every inference replica."""
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)

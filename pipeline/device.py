@@ -111,7 +111,9 @@ def select_backend(kind: BackendName = "auto", device_id: int = 0) -> Backend:
         return Backend("numpy", device_id)
     if kind == "cupy":
         if not cuda_available():
-            raise DeviceError("backend 'cupy' asked for, but no CUDA device is visible", device_id=device_id)
+            raise DeviceError(
+                "backend 'cupy' asked for, but no CUDA device is visible", device_id=device_id
+            )
         return Backend("cupy", device_id)
     if kind != "auto":
         raise ValueError(f"backend must be 'auto', 'cupy' or 'numpy', not {kind!r}")
@@ -221,8 +223,13 @@ class Stream:
             return
         from cupy.cuda import runtime
 
-        runtime.memcpyAsync(int(dst.data.ptr), int(src.ctypes.data), int(src.nbytes),
-                            runtime.memcpyHostToDevice, self.ptr)
+        runtime.memcpyAsync(
+            int(dst.data.ptr),
+            int(src.ctypes.data),
+            int(src.nbytes),
+            runtime.memcpyHostToDevice,
+            self.ptr,
+        )
 
     def copy_d2h(self, dst: np.ndarray, src: Any) -> None:
         """Enqueue device -> host (asynchronous when ``dst`` is pinned). Inline on the CPU."""
@@ -231,8 +238,13 @@ class Stream:
             return
         from cupy.cuda import runtime
 
-        runtime.memcpyAsync(int(dst.ctypes.data), int(src.data.ptr), int(dst.nbytes),
-                            runtime.memcpyDeviceToHost, self.ptr)
+        runtime.memcpyAsync(
+            int(dst.ctypes.data),
+            int(src.data.ptr),
+            int(dst.nbytes),
+            runtime.memcpyDeviceToHost,
+            self.ptr,
+        )
 
     def __enter__(self) -> Stream:
         if self._raw is not None:

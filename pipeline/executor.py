@@ -54,10 +54,29 @@ class _Model:
 class PreparedBatch:
     """What ``prepare`` reserved for one batch. Committing hands it over; else release it."""
 
-    __slots__ = ("model", "n", "bucket", "plan", "reservation", "slot", "naive", "_lock", "_released", "committed")
+    __slots__ = (
+        "model",
+        "n",
+        "bucket",
+        "plan",
+        "reservation",
+        "slot",
+        "naive",
+        "_lock",
+        "_released",
+        "committed",
+    )
 
-    def __init__(self, model: str, n: int, bucket: int, plan: GraphPlan,
-                 reservation: Reservation | None, slot: PinnedSlot | None, naive: bool) -> None:
+    def __init__(
+        self,
+        model: str,
+        n: int,
+        bucket: int,
+        plan: GraphPlan,
+        reservation: Reservation | None,
+        slot: PinnedSlot | None,
+        naive: bool,
+    ) -> None:
         self.model = model
         self.n = n
         self.bucket = bucket
@@ -95,14 +114,20 @@ class PreparedBatch:
 class GpuExecutor:
     """Runs model graphs on one device for many concurrent callers."""
 
-    def __init__(self, config: ExecutorConfig | None = None, backend: Backend | None = None) -> None:
+    def __init__(
+        self, config: ExecutorConfig | None = None, backend: Backend | None = None
+    ) -> None:
         self.config = config or ExecutorConfig()
         self.backend = backend or select_backend(self.config.backend, self.config.device_id)
         self.backend.activate()
-        self.dtype = self.backend.compute_dtype.name if self.config.dtype == "auto" else self.config.dtype
+        self.dtype = (
+            self.backend.compute_dtype.name if self.config.dtype == "auto" else self.config.dtype
+        )
         self.target = "cuda" if self.backend.is_cuda else "host"
         self.naive = self.config.mode == "naive"
-        self.pool = make_pool(self.backend, self.config.pool_limit_bytes, self.config.pool_limit_fraction)
+        self.pool = make_pool(
+            self.backend, self.config.pool_limit_bytes, self.config.pool_limit_fraction
+        )
         self.streams = StreamSet(self.backend, self.config.compute_streams)
         self.watcher = CompletionWatcher(f"ferry-completion-{self.backend.device_id}")
         self.ring: PinnedRing | None = None
@@ -111,12 +136,26 @@ class GpuExecutor:
         self._bound: OrderedDict[tuple, tuple[BoundGraph, Any]] = OrderedDict()
         self._tls = threading.local()
         self._stats_lock = threading.Lock()
-        self._n = {"batches": 0, "items": 0, "padded_items": 0, "graph_replays": 0, "eager_runs": 0,
-                   "captures": 0, "failed": 0, "in_flight": 0, "max_in_flight_seen": 0}
+        self._n = {
+            "batches": 0,
+            "items": 0,
+            "padded_items": 0,
+            "graph_replays": 0,
+            "eager_runs": 0,
+            "captures": 0,
+            "failed": 0,
+            "in_flight": 0,
+            "max_in_flight_seen": 0,
+        }
         self.warmed_up = False
         self._closed = False
-        logger.info("executor on %s, dtype %s, mode %s, pool limit %.1f GiB", self.backend.describe(),
-                    self.dtype, self.config.mode, self.pool.limit_bytes / 2**30)
+        logger.info(
+            "executor on %s, dtype %s, mode %s, pool limit %.1f GiB",
+            self.backend.describe(),
+            self.dtype,
+            self.config.mode,
+            self.pool.limit_bytes / 2**30,
+        )
 
     # ------------------------------------------------------------------ models
     def load(self, loaded: LoadedModel) -> None:
@@ -134,10 +173,17 @@ class GpuExecutor:
         with self._lock:
             self._models[loaded.name] = _Model(loaded, consts, wbytes)
             self._size_ring()
-        logger.info("loaded %s (%s, %s): %.1f MB of weights", loaded.name, loaded.info.arch,
-                    loaded.source, wbytes / 1e6)
+        logger.info(
+            "loaded %s (%s, %s): %.1f MB of weights",
+            loaded.name,
+            loaded.info.arch,
+            loaded.source,
+            wbytes / 1e6,
+        )
 
-    def load_model(self, name: str, arch: str, weights: str | None = None, seed: int = 0) -> LoadedModel:
+    def load_model(
+        self, name: str, arch: str, weights: str | None = None, seed: int = 0
+    ) -> LoadedModel:
         loaded = load_model(name, arch, weights, seed)
         self.load(loaded)
         return loaded
@@ -153,7 +199,9 @@ class GpuExecutor:
         return m
 
     def _size_ring(self) -> None:
-        need = max(self._slot_bytes(self.plan(name, self.config.buckets[-1])) for name in self._models)
+        need = max(
+            self._slot_bytes(self.plan(name, self.config.buckets[-1])) for name in self._models
+        )
         if self.ring is not None and self.ring.slot_bytes >= need:
             return
         if self.ring is not None and self.ring.available() != self.ring.slots:
@@ -165,17 +213,23 @@ class GpuExecutor:
 
     @staticmethod
     def _slot_bytes(plan: GraphPlan) -> int:
-        return round_up(plan.input_spec.nbytes, 256) + sum(round_up(s.nbytes, 256) for s in plan.output_specs)
+        return round_up(plan.input_spec.nbytes, 256) + sum(
+            round_up(s.nbytes, 256) for s in plan.output_specs
+        )
 
     # ------------------------------------------------------------------ planning
     def bucket_for(self, n: int) -> int:
         for b in self.config.buckets:
             if b >= n:
                 return b
-        raise InvalidInput("batch larger than the largest bucket", batch_size=n, max_bucket=self.config.buckets[-1])
+        raise InvalidInput(
+            "batch larger than the largest bucket", batch_size=n, max_bucket=self.config.buckets[-1]
+        )
 
     def plan(self, model: str, bucket: int) -> GraphPlan:
-        return self._model(model).loaded.graph.prepare(bucket, self.dtype, self.target, self.config.max_workspace_bytes)
+        return self._model(model).loaded.graph.prepare(
+            bucket, self.dtype, self.target, self.config.max_workspace_bytes
+        )
 
     # ------------------------------------------------------------------ phase one
     def prepare(self, model: str, batch_size: int, timeout: float | None = None) -> PreparedBatch:
@@ -198,7 +252,9 @@ class GpuExecutor:
         return PreparedBatch(model, int(batch_size), bucket, plan, res, slot, False)
 
     # ------------------------------------------------------------------ phase two
-    def commit(self, prepared: PreparedBatch, host_batch: np.ndarray, label: str = "") -> AsyncResult:
+    def commit(
+        self, prepared: PreparedBatch, host_batch: np.ndarray, label: str = ""
+    ) -> AsyncResult:
         """Enqueue the batch; the result is the model's output rows for the batch's items.
 
         Bad input raises ``InvalidInput`` here (the reservation already returned); a
@@ -219,7 +275,9 @@ class GpuExecutor:
         except BaseException as exc:
             prepared.release()
             self._count(failed=1)
-            err = exc if isinstance(exc, FerryError) else DeviceError(f"{type(exc).__name__}: {exc}")
+            err = (
+                exc if isinstance(exc, FerryError) else DeviceError(f"{type(exc).__name__}: {exc}")
+            )
             return AsyncResult.failed(err, label)
 
     def _check_input(self, p: PreparedBatch, x: Any) -> np.ndarray:
@@ -228,9 +286,15 @@ class GpuExecutor:
             raise InvalidInput("a batch must be a numpy array", got=type(x).__name__)
         want = (p.n, *spec.shape[1:])
         if tuple(x.shape) != want:
-            raise InvalidInput("batch shape does not match the prepared batch", shape=tuple(x.shape), expected=want)
+            raise InvalidInput(
+                "batch shape does not match the prepared batch", shape=tuple(x.shape), expected=want
+            )
         if x.dtype != spec.np_dtype:
-            raise InvalidInput("batch dtype does not match the model's input", dtype=x.dtype.name, expected=spec.dtype)
+            raise InvalidInput(
+                "batch dtype does not match the model's input",
+                dtype=x.dtype.name,
+                expected=spec.dtype,
+            )
         return x
 
     def _commit_real(self, p: PreparedBatch, x: np.ndarray, label: str) -> AsyncResult:
@@ -265,8 +329,14 @@ class GpuExecutor:
             for host, dev in zip(outs_host, bound.outputs, strict=True):
                 streams.d2h.copy_d2h(host, dev)
             done = streams.d2h.record()
-        self._count(batches=1, items=p.n, padded_items=p.bucket - p.n, in_flight=1,
-                    graph_replays=int(replay), eager_runs=int(not replay))
+        self._count(
+            batches=1,
+            items=p.n,
+            padded_items=p.bucket - p.n,
+            in_flight=1,
+            graph_replays=int(replay),
+            eager_runs=int(not replay),
+        )
         n = p.n
 
         def finish() -> Any:
@@ -303,7 +373,9 @@ class GpuExecutor:
         try:
             graph = bound.capture(compute)
         except Exception:
-            logger.exception("CUDA graph capture failed for %s bucket %d; staying eager", p.model, p.bucket)
+            logger.exception(
+                "CUDA graph capture failed for %s bucket %d; staying eager", p.model, p.bucket
+            )
             return
         self._bound[key] = (bound, graph)
         self._count(captures=1)
@@ -327,17 +399,25 @@ class GpuExecutor:
 
                 self.backend.activate()
                 mem = cupy.cuda.Memory(plan.arena_bytes)  # cudaMalloc
-                arena = cupy.ndarray((plan.arena_bytes,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(mem, 0))
+                arena = cupy.ndarray(
+                    (plan.arena_bytes,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(mem, 0)
+                )
                 bound = plan.bind(arena, model.constants)
-                runtime.memcpy(int(bound.input.data.ptr), int(padded.ctypes.data), padded.nbytes,
-                               runtime.memcpyHostToDevice)  # synchronous, pageable
+                runtime.memcpy(
+                    int(bound.input.data.ptr),
+                    int(padded.ctypes.data),
+                    padded.nbytes,
+                    runtime.memcpyHostToDevice,
+                )  # synchronous, pageable
                 stream = self._naive_stream()
                 bound.run(stream)
                 stream.synchronize()
                 rows = []
                 for o in bound.outputs:
                     h = np.empty(o.shape, dtype=o.dtype)
-                    runtime.memcpy(int(h.ctypes.data), int(o.data.ptr), h.nbytes, runtime.memcpyDeviceToHost)
+                    runtime.memcpy(
+                        int(h.ctypes.data), int(o.data.ptr), h.nbytes, runtime.memcpyDeviceToHost
+                    )
                     rows.append(h[: p.n])
                 del bound, arena, mem  # cudaFree
             else:
@@ -350,7 +430,9 @@ class GpuExecutor:
             return AsyncResult.completed(rows[0] if len(rows) == 1 else tuple(rows), label)
         except BaseException as exc:
             self._count(failed=1)
-            err = exc if isinstance(exc, FerryError) else DeviceError(f"{type(exc).__name__}: {exc}")
+            err = (
+                exc if isinstance(exc, FerryError) else DeviceError(f"{type(exc).__name__}: {exc}")
+            )
             return AsyncResult.failed(err, label)
         finally:
             p.release()
@@ -382,7 +464,9 @@ class GpuExecutor:
                     for r in [self.commit(p, zeros) for p in prepared]:
                         r.wait()
             times[name] = time.perf_counter() - t0
-            logger.info("warmed up %s: %d buckets in %.2f s", name, len(self.config.buckets), times[name])
+            logger.info(
+                "warmed up %s: %d buckets in %.2f s", name, len(self.config.buckets), times[name]
+            )
         self.warmed_up = True
         return times
 
@@ -398,8 +482,12 @@ class GpuExecutor:
         with self._stats_lock:
             out: dict[str, Any] = dict(self._n)
         out.update(
-            backend=self.backend.name, dtype=self.dtype, mode=self.config.mode, warmed_up=self.warmed_up,
-            pool=self.pool.stats().as_dict(), bound_graphs=len(self._bound),
+            backend=self.backend.name,
+            dtype=self.dtype,
+            mode=self.config.mode,
+            warmed_up=self.warmed_up,
+            pool=self.pool.stats().as_dict(),
+            bound_graphs=len(self._bound),
             staging_waits=self.ring.waits if self.ring else 0,
             weights_bytes=sum(m.weights_bytes for m in self._models.values()),
         )

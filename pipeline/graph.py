@@ -43,7 +43,9 @@ class Constant:
 class Graph:
     """Ops in execution order, named tensors, host constants and one batched input."""
 
-    def __init__(self, name: str, input_name: str, item_shape: Sequence[int], input_dtype: str) -> None:
+    def __init__(
+        self, name: str, input_name: str, item_shape: Sequence[int], input_dtype: str
+    ) -> None:
         self.name = name
         self.input_name = input_name
         self.item_shape = tuple(int(d) for d in item_shape)
@@ -86,14 +88,21 @@ class Graph:
 
     def constant_arrays(self, dtype: str) -> dict[str, np.ndarray]:
         """Host constants converted the way a backend of compute dtype ``dtype`` stores them."""
-        return {k: (c.array.astype(dtype) if c.cast else c.array) for k, c in self.constants.items()}
+        return {
+            k: (c.array.astype(dtype) if c.cast else c.array) for k, c in self.constants.items()
+        }
 
     def weights_bytes(self, dtype: str) -> int:
         return sum(self.constant_spec(k, dtype).nbytes for k in self.constants)
 
     # -- planning
-    def prepare(self, batch_size: int, dtype: str = "float32", target: str = "host",
-                max_workspace_bytes: int = 256 << 20) -> GraphPlan:
+    def prepare(
+        self,
+        batch_size: int,
+        dtype: str = "float32",
+        target: str = "host",
+        max_workspace_bytes: int = 256 << 20,
+    ) -> GraphPlan:
         """Plan a batch: every op's plan, the arena layout, and the costs. Cached."""
         if batch_size < 1:
             raise InvalidInput("batch_size must be >= 1", batch_size=batch_size)
@@ -137,7 +146,9 @@ class GraphPlan:
     def bind(self, arena: Any, constants: dict[str, Any]) -> BoundGraph:
         """Views of every tensor in ``arena`` (a flat uint8 array of >= ``arena_bytes``)."""
         if arena.nbytes < self.arena_bytes:
-            raise ValueError(f"arena of {arena.nbytes} bytes is smaller than the plan's {self.arena_bytes}")
+            raise ValueError(
+                f"arena of {arena.nbytes} bytes is smaller than the plan's {self.arena_bytes}"
+            )
         return BoundGraph(self, arena, constants)
 
 
@@ -155,8 +166,15 @@ class BoundGraph:
                 arrays[name] = constants[name]
         self.arrays = arrays
         self.steps = [
-            (node.op, op_plan, tuple(arrays[i] for i in node.inputs), tuple(arrays[o] for o in node.outputs),
-             arena[ws_off : ws_off + op_plan.workspace_bytes] if op_plan.workspace_bytes else None)
+            (
+                node.op,
+                op_plan,
+                tuple(arrays[i] for i in node.inputs),
+                tuple(arrays[o] for o in node.outputs),
+                arena[ws_off : ws_off + op_plan.workspace_bytes]
+                if op_plan.workspace_bytes
+                else None,
+            )
             for node, op_plan, ws_off in plan.steps
         ]
         self.input = arrays[plan.graph.input_name]
@@ -237,7 +255,9 @@ def _plan_graph(g: Graph, batch: int, dtype: str, target: str, max_ws: int) -> G
             exc.fields.setdefault("node", node.name)
             raise
         if len(plan.outputs) != len(node.outputs):
-            raise ValueError(f"node {node.name!r}: op gives {len(plan.outputs)} outputs, graph names {len(node.outputs)}")
+            raise ValueError(
+                f"node {node.name!r}: op gives {len(plan.outputs)} outputs, graph names {len(node.outputs)}"
+            )
         for o, s in zip(node.outputs, plan.outputs, strict=True):
             specs[o] = s
             root[o] = root[node.inputs[0]] if node.op.is_view else o
@@ -281,7 +301,16 @@ def _plan_graph(g: Graph, batch: int, dtype: str, target: str, max_ws: int) -> G
     for name, r in root.items():
         offsets[name] = offsets[r]
     return GraphPlan(
-        graph=g, batch_size=batch, dtype=dtype, target=target, specs=specs, steps=steps, offsets=offsets,
-        live={k: (v[0], v[1]) for k, v in live.items()}, arena_bytes=align(arena.top, ARENA_ALIGN),
-        total_tensor_bytes=total, flops=flops, bytes_moved=moved,
+        graph=g,
+        batch_size=batch,
+        dtype=dtype,
+        target=target,
+        specs=specs,
+        steps=steps,
+        offsets=offsets,
+        live={k: (v[0], v[1]) for k, v in live.items()},
+        arena_bytes=align(arena.top, ARENA_ALIGN),
+        total_tensor_bytes=total,
+        flops=flops,
+        bytes_moved=moved,
     )

@@ -41,13 +41,19 @@ def check_media(data: bytes, content_type: str | None) -> str:
         if ct not in ("application/octet-stream", ""):
             declared = MEDIA_TYPES.get(ct)
             if declared is None:
-                raise UnsupportedMediaType("unsupported content type; send image/jpeg or image/png", content_type=ct)
+                raise UnsupportedMediaType(
+                    "unsupported content type; send image/jpeg or image/png", content_type=ct
+                )
     if kind is None:
         if declared is not None:
-            raise InvalidInput("body is not a valid image of the declared type", content_type=content_type)
+            raise InvalidInput(
+                "body is not a valid image of the declared type", content_type=content_type
+            )
         raise UnsupportedMediaType("body is neither JPEG nor PNG")
     if declared is not None and declared != kind:
-        raise UnsupportedMediaType("body does not match its Content-Type", content_type=content_type, body=kind)
+        raise UnsupportedMediaType(
+            "body does not match its Content-Type", content_type=content_type, body=kind
+        )
     return kind
 
 
@@ -105,8 +111,14 @@ def _decode_jpeg(data: bytes, channels: int, min_h: int, min_w: int) -> np.ndarr
 
     try:
         # min_height/min_width: decode at the smallest DCT scale still >= the size we need
-        img = simplejpeg.decode_jpeg(data, colorspace="GRAY" if channels == 1 else "RGB",
-                                     fastdct=True, fastupsample=True, min_height=min_h, min_width=min_w)
+        img = simplejpeg.decode_jpeg(
+            data,
+            colorspace="GRAY" if channels == 1 else "RGB",
+            fastdct=True,
+            fastupsample=True,
+            min_height=min_h,
+            min_width=min_w,
+        )
     except ValueError as exc:
         msg = str(exc).lower()
         if "unsupported" in msg or "cmyk" in msg or "colorspace" in msg:
@@ -149,7 +161,9 @@ def encode_png(img: np.ndarray) -> bytes:
     from PIL import Image
 
     buf = io.BytesIO()
-    Image.fromarray(img[..., 0] if img.ndim == 3 and img.shape[2] == 1 else img).save(buf, format="PNG")
+    Image.fromarray(img[..., 0] if img.ndim == 3 and img.shape[2] == 1 else img).save(
+        buf, format="PNG"
+    )
     return buf.getvalue()
 
 

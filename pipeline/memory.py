@@ -115,7 +115,9 @@ class Reservation:
 
     def __del__(self) -> None:
         if not getattr(self, "_released", True):
-            logger.warning("reservation of %d bytes was never released; releasing it now", self.nbytes)
+            logger.warning(
+                "reservation of %d bytes was never released; releasing it now", self.nbytes
+            )
             with contextlib.suppress(Exception):  # interpreter teardown
                 self.release()
 
@@ -303,7 +305,9 @@ class HostArena(_PoolBase):
             self._free.clear()
 
 
-def make_pool(backend: Backend, limit_bytes: int | None = None, limit_fraction: float | None = None) -> _PoolBase:
+def make_pool(
+    backend: Backend, limit_bytes: int | None = None, limit_fraction: float | None = None
+) -> _PoolBase:
     """A pool for ``backend`` limited to ``limit_bytes``, or to a fraction of its memory."""
     if limit_bytes is None:
         frac = 0.5 if limit_fraction is None else float(limit_fraction)
@@ -337,7 +341,9 @@ class PinnedSlot:
         dt = np.dtype(dtype)
         n = int(np.prod(shape)) * dt.itemsize
         if offset + n > self.host.nbytes:
-            raise ValueError(f"view of {n} bytes at {offset} exceeds the slot ({self.host.nbytes} bytes)")
+            raise ValueError(
+                f"view of {n} bytes at {offset} exceeds the slot ({self.host.nbytes} bytes)"
+            )
         return self.host[offset : offset + n].view(dt).reshape(shape)
 
     def device_view(self, offset: int, shape: tuple[int, ...], dtype: Any) -> Any:

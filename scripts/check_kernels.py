@@ -81,11 +81,31 @@ def main() -> int:
                 path = os.path.join(tmp, f"{name}.{dtype}.cu")
                 with open(path, "w") as f:
                     f.write(_cuda.full_source(src, dtype))
-                r = subprocess.run([nvcc, "-std=c++17", "-arch=sm_90", "-c", "-Xptxas", "-v", path,
-                                    "-o", path + ".o"], capture_output=True, text=True)
+                r = subprocess.run(
+                    [
+                        nvcc,
+                        "-std=c++17",
+                        "-arch=sm_90",
+                        "-c",
+                        "-Xptxas",
+                        "-v",
+                        path,
+                        "-o",
+                        path + ".o",
+                    ],
+                    capture_output=True,
+                    text=True,
+                )
                 status = "ok" if r.returncode == 0 else "FAILED"
-                spills = [ln for ln in r.stderr.splitlines() if "spill" in ln and " 0 bytes spill" not in ln]
-                print(f"{status:6} {name} [{dtype}]" + (f"  ({len(spills)} kernels spill)" if spills else ""))
+                spills = [
+                    ln
+                    for ln in r.stderr.splitlines()
+                    if "spill" in ln and " 0 bytes spill" not in ln
+                ]
+                print(
+                    f"{status:6} {name} [{dtype}]"
+                    + (f"  ({len(spills)} kernels spill)" if spills else "")
+                )
                 if r.returncode:
                     failed += 1
                     print(r.stderr[-3000:])

@@ -9,7 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 
-def conv2d_direct(x: np.ndarray, w_oihw: np.ndarray, bias: np.ndarray | None, stride: int, pad: int) -> np.ndarray:
+def conv2d_direct(
+    x: np.ndarray, w_oihw: np.ndarray, bias: np.ndarray | None, stride: int, pad: int
+) -> np.ndarray:
     """x [N, H, W, C], w [Cout, Cin, KH, KW] -> [N, OH, OW, Cout], by loops."""
     n, h, wd, c = x.shape
     cout, cin, kh, kw = w_oihw.shape
@@ -63,7 +65,9 @@ def resize_direct(img: np.ndarray, oh: int, ow: int) -> np.ndarray:
             x0 = int(fx)
             x1 = min(x0 + 1, w - 1)
             wx = fx - x0
-            v = (img[y0, x0] * (1 - wx) + img[y0, x1] * wx) * (1 - wy) + (img[y1, x0] * (1 - wx) + img[y1, x1] * wx) * wy
+            v = (img[y0, x0] * (1 - wx) + img[y0, x1] * wx) * (1 - wy) + (
+                img[y1, x0] * (1 - wx) + img[y1, x1] * wx
+            ) * wy
             out[i, j] = np.clip(np.floor(v + 0.5), 0, 255)
     return out
 

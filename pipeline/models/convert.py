@@ -30,22 +30,30 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
         sd = torch.load(path, map_location="cpu", weights_only=True)
         if isinstance(sd, dict) and "state_dict" in sd:
             sd = sd["state_dict"]
-        return {k: v.detach().float().numpy() if v.is_floating_point() else v.numpy() for k, v in sd.items()}
+        return {
+            k: v.detach().float().numpy() if v.is_floating_point() else v.numpy()
+            for k, v in sd.items()
+        }
     return load_weights(path)
 
 
 def convert(arch: str, src: str, dst: str) -> dict[str, np.ndarray]:
     info = model_info(arch)
     sd = read_state_dict(src)
-    sd = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in sd.items()
-          if not k.endswith("num_batches_tracked")}
+    sd = {
+        k: np.ascontiguousarray(v, dtype=np.float32)
+        for k, v in sd.items()
+        if not k.endswith("num_batches_tracked")
+    }
     info.builder(sd, arch)  # raises if names or shapes do not fit the architecture
     save_weights(dst, sd)
     return sd
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("arch", help="architecture, e.g. resnet50")
     ap.add_argument("src", help=".pth/.pt/.npz/.safetensors state dict")
     ap.add_argument("dst", help="output .npz or .safetensors")

@@ -30,19 +30,24 @@ def load_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
 
     d = load_digits()
     images = to_uint8(d.images)
-    xtr, xte, ytr, yte = train_test_split(images, d.target, test_size=TEST_SIZE,
-                                          random_state=SPLIT_SEED, stratify=d.target)
+    xtr, xte, ytr, yte = train_test_split(
+        images, d.target, test_size=TEST_SIZE, random_state=SPLIT_SEED, stratify=d.target
+    )
     return xtr, ytr.astype(np.int64), xte, yte.astype(np.int64)
 
 
 def to_uint8(images16: np.ndarray) -> np.ndarray:
     """The data set's 0..16 values as served images: uint8 [N, 8, 8, 1], 16 -> 255."""
-    return np.round(np.asarray(images16, dtype=np.float64) * (255.0 / 16.0)).astype(np.uint8)[..., None]
+    return np.round(np.asarray(images16, dtype=np.float64) * (255.0 / 16.0)).astype(np.uint8)[
+        ..., None
+    ]
 
 
 def build(sd: dict[str, np.ndarray], name: str = "digits") -> Graph:
     g = Graph(name, "image", (8, 8, 1), "uint8")
-    x = g.add(NORMALIZE, ["image"], "normalize", mean=(0.0,), std=(1.0,), layout="nhwc", dtype="@compute")
+    x = g.add(
+        NORMALIZE, ["image"], "normalize", mean=(0.0,), std=(1.0,), layout="nhwc", dtype="@compute"
+    )
     x = conv(g, x, "conv1", sd["conv1.weight"], sd["conv1.bias"], stride=1, padding=1)
     x = conv(g, x, "conv2", sd["conv2.weight"], sd["conv2.bias"], stride=2, padding=1)
     x = g.add(RESHAPE, [x], "flatten", shape=(-1, 4 * 4 * 32))

@@ -10,8 +10,15 @@ from ..ops import CONV2D, weights_to_matrix
 BN_EPS = 1e-5
 
 
-def fold_bn(w_oihw: np.ndarray, conv_bias: np.ndarray | None, gamma: np.ndarray, beta: np.ndarray,
-            mean: np.ndarray, var: np.ndarray, eps: float = BN_EPS) -> tuple[np.ndarray, np.ndarray]:
+def fold_bn(
+    w_oihw: np.ndarray,
+    conv_bias: np.ndarray | None,
+    gamma: np.ndarray,
+    beta: np.ndarray,
+    mean: np.ndarray,
+    var: np.ndarray,
+    eps: float = BN_EPS,
+) -> tuple[np.ndarray, np.ndarray]:
     """Fold an eval-mode batch norm into the conv before it: w' = w * s, b' = (b - mean) * s + beta."""
     scale = gamma.astype(np.float64) / np.sqrt(var.astype(np.float64) + eps)
     w = w_oihw.astype(np.float64) * scale[:, None, None, None]
@@ -20,8 +27,17 @@ def fold_bn(w_oihw: np.ndarray, conv_bias: np.ndarray | None, gamma: np.ndarray,
     return w.astype(np.float32), b.astype(np.float32)
 
 
-def conv(g: Graph, x: str, name: str, w_oihw: np.ndarray, bias: np.ndarray, stride: int = 1,
-         padding: int = 0, act: str = "relu", residual: str | None = None) -> str:
+def conv(
+    g: Graph,
+    x: str,
+    name: str,
+    w_oihw: np.ndarray,
+    bias: np.ndarray,
+    stride: int = 1,
+    padding: int = 0,
+    act: str = "relu",
+    residual: str | None = None,
+) -> str:
     """Add a conv2d node (weights as a [Kp, Cout] matrix constant, bias float32)."""
     kh, kw = w_oihw.shape[2:]
     wname = g.const(f"{name}.w", weights_to_matrix(w_oihw))

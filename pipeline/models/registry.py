@@ -45,14 +45,30 @@ class ModelInfo:
 
 REGISTRY: dict[str, ModelInfo] = {
     "resnet50": ModelInfo(
-        arch="resnet50", input_size=(224, 224), channels=3, mean=resnet50.MEAN, std=resnet50.STD,
-        layout="nhwc", num_classes=1000, labels_file=os.path.join(DATA, "imagenet_classes.txt"),
-        default_weights=None, builder=resnet50.build, random_state=resnet50.random_state_dict,
+        arch="resnet50",
+        input_size=(224, 224),
+        channels=3,
+        mean=resnet50.MEAN,
+        std=resnet50.STD,
+        layout="nhwc",
+        num_classes=1000,
+        labels_file=os.path.join(DATA, "imagenet_classes.txt"),
+        default_weights=None,
+        builder=resnet50.build,
+        random_state=resnet50.random_state_dict,
         fit="center_crop",
     ),
     "digits": ModelInfo(
-        arch="digits", input_size=(8, 8), channels=1, mean=(0.0,), std=(1.0,), layout="nhwc",
-        num_classes=10, labels_file=None, default_weights=digits.WEIGHTS, builder=digits.build,
+        arch="digits",
+        input_size=(8, 8),
+        channels=1,
+        mean=(0.0,),
+        std=(1.0,),
+        layout="nhwc",
+        num_classes=10,
+        labels_file=None,
+        default_weights=digits.WEIGHTS,
+        builder=digits.build,
     ),
 }
 
@@ -70,7 +86,9 @@ def model_info(arch: str) -> ModelInfo:
     try:
         return REGISTRY[arch]
     except KeyError:
-        raise InvalidInput("unknown model architecture", arch=arch, known=sorted(REGISTRY)) from None
+        raise InvalidInput(
+            "unknown model architecture", arch=arch, known=sorted(REGISTRY)
+        ) from None
 
 
 def load_model(name: str, arch: str, weights: str | None = None, seed: int = 0) -> LoadedModel:
@@ -85,7 +103,11 @@ def load_model(name: str, arch: str, weights: str | None = None, seed: int = 0) 
         raise InvalidInput("this model has no default weights; give a weights file", arch=arch)
     logger.warning(
         "model %s (%s): no weights given, using seeded RANDOM weights (seed=%d); answers are "
-        "not meaningful. Convert real ones with `python -m pipeline.models.convert`.", name, arch, seed)
+        "not meaningful. Convert real ones with `python -m pipeline.models.convert`.",
+        name,
+        arch,
+        seed,
+    )
     graph = info.builder(info.random_state(seed), name)
     return LoadedModel(name, info, graph, True, f"random(seed={seed})")
 
@@ -99,5 +121,10 @@ def labels(arch: str) -> tuple[str, ...]:
             names = tuple(ln.strip() for ln in f if ln.strip() and not ln.startswith("#"))
         if len(names) == info.num_classes:
             return names
-        logger.warning("%s has %d names, expected %d; using numbers", info.labels_file, len(names), info.num_classes)
+        logger.warning(
+            "%s has %d names, expected %d; using numbers",
+            info.labels_file,
+            len(names),
+            info.num_classes,
+        )
     return tuple(str(i) for i in range(info.num_classes))

@@ -45,7 +45,9 @@ def random_state_dict(seed: int = 0) -> dict[str, np.ndarray]:
     sd: dict[str, np.ndarray] = {}
 
     def conv_w(name: str, cout: int, cin: int, k: int) -> None:
-        sd[f"{name}.weight"] = (rng.standard_normal((cout, cin, k, k)) * np.sqrt(2.0 / (cout * k * k))).astype(np.float32)
+        sd[f"{name}.weight"] = (
+            rng.standard_normal((cout, cin, k, k)) * np.sqrt(2.0 / (cout * k * k))
+        ).astype(np.float32)
 
     def bn(name: str, c: int, gamma: float = 1.0) -> None:
         sd[f"{name}.weight"] = np.full(c, gamma, np.float32)
@@ -72,7 +74,12 @@ def random_state_dict(seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def _bn(sd: dict[str, np.ndarray], name: str) -> tuple[np.ndarray, ...]:
-    return (sd[f"{name}.weight"], sd[f"{name}.bias"], sd[f"{name}.running_mean"], sd[f"{name}.running_var"])
+    return (
+        sd[f"{name}.weight"],
+        sd[f"{name}.bias"],
+        sd[f"{name}.running_mean"],
+        sd[f"{name}.running_var"],
+    )
 
 
 def build(sd: dict[str, np.ndarray], name: str = "resnet50", image_size: int = 224) -> Graph:
@@ -81,7 +88,9 @@ def build(sd: dict[str, np.ndarray], name: str = "resnet50", image_size: int = 2
     if missing:
         raise KeyError(f"not a ResNet-50 state dict: missing {missing}")
     g = Graph(name, "image", (image_size, image_size, 3), "uint8")
-    x = g.add(NORMALIZE, ["image"], "normalize", mean=MEAN, std=STD, layout="nhwc", dtype="@compute")
+    x = g.add(
+        NORMALIZE, ["image"], "normalize", mean=MEAN, std=STD, layout="nhwc", dtype="@compute"
+    )
     w, b = fold_bn(sd["conv1.weight"], None, *_bn(sd, "bn1"))
     x = conv(g, x, "conv1", w, b, stride=2, padding=3)
     x = g.add(MAXPOOL2D, [x], "maxpool", kernel=3, stride=2, padding=1)
@@ -92,7 +101,9 @@ def build(sd: dict[str, np.ndarray], name: str = "resnet50", image_size: int = 2
         w2, b2 = fold_bn(sd[f"{prefix}.conv2.weight"], None, *_bn(sd, f"{prefix}.bn2"))
         y = conv(g, y, f"{prefix}.conv2", w2, b2, stride=stride, padding=1)
         if down:
-            wd, bd = fold_bn(sd[f"{prefix}.downsample.0.weight"], None, *_bn(sd, f"{prefix}.downsample.1"))
+            wd, bd = fold_bn(
+                sd[f"{prefix}.downsample.0.weight"], None, *_bn(sd, f"{prefix}.downsample.1")
+            )
             identity = conv(g, x, f"{prefix}.downsample", wd, bd, stride=stride, act="none")
         w3, b3 = fold_bn(sd[f"{prefix}.conv3.weight"], None, *_bn(sd, f"{prefix}.bn3"))
         x = conv(g, y, f"{prefix}.conv3", w3, b3, act="relu", residual=identity)

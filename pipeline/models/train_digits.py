@@ -30,7 +30,9 @@ def im2col(x: np.ndarray, k: int, s: int, p: int) -> tuple[np.ndarray, int, int]
     return cols.reshape(n * oh * ow, k * k * c), oh, ow
 
 
-def col2im(dcols: np.ndarray, shape: tuple[int, ...], k: int, s: int, p: int, oh: int, ow: int) -> np.ndarray:
+def col2im(
+    dcols: np.ndarray, shape: tuple[int, ...], k: int, s: int, p: int, oh: int, ow: int
+) -> np.ndarray:
     n, h, w, c = shape
     dxp = np.zeros((n, h + 2 * p, w + 2 * p, c), dtype=dcols.dtype)
     d = dcols.reshape(n, oh, ow, k, k, c)
@@ -50,9 +52,12 @@ class Net:
 
         # conv weights kept as [k*k*cin, cout] in (kh, kw, c) order while training
         self.p = {
-            "w1": he(16, 9).T.copy(), "b1": np.zeros(16, np.float32),
-            "w2": he(32, 144).T.copy(), "b2": np.zeros(32, np.float32),
-            "wf": he(10, 512).T.copy(), "bf": np.zeros(10, np.float32),
+            "w1": he(16, 9).T.copy(),
+            "b1": np.zeros(16, np.float32),
+            "w2": he(32, 144).T.copy(),
+            "b2": np.zeros(32, np.float32),
+            "wf": he(10, 512).T.copy(),
+            "bf": np.zeros(10, np.float32),
         }
 
     def forward(self, x: np.ndarray) -> tuple[np.ndarray, dict]:
@@ -64,8 +69,17 @@ class Net:
         z2 = c2 @ p["w2"] + p["b2"]
         a2 = np.maximum(z2, 0).reshape(x.shape[0], -1)
         logits = a2 @ p["wf"] + p["bf"]
-        return logits, {"x": x, "c1": c1, "z1": z1, "a1": a1, "c2": c2, "z2": z2, "a2": a2,
-                        "s1": (oh1, ow1), "s2": (oh2, ow2)}
+        return logits, {
+            "x": x,
+            "c1": c1,
+            "z1": z1,
+            "a1": a1,
+            "c2": c2,
+            "z2": z2,
+            "a2": a2,
+            "s1": (oh1, ow1),
+            "s2": (oh2, ow2),
+        }
 
     def backward(self, dlogits: np.ndarray, cache: dict) -> dict[str, np.ndarray]:
         p = self.p
@@ -114,8 +128,9 @@ def shift_augment(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return out
 
 
-def train(epochs: int = 40, batch: int = 64, lr: float = 3e-3, seed: int = 0,
-          weight_decay: float = 1e-4) -> tuple[Net, float]:
+def train(
+    epochs: int = 40, batch: int = 64, lr: float = 3e-3, seed: int = 0, weight_decay: float = 1e-4
+) -> tuple[Net, float]:
     xtr, ytr, xte, yte = load_split()
     xtr = xtr.astype(np.float32) / 255.0
     xte = xte.astype(np.float32) / 255.0
@@ -139,14 +154,20 @@ def train(epochs: int = 40, batch: int = 64, lr: float = 3e-3, seed: int = 0,
                 v[k] = b2 * v[k] + (1 - b2) * gk * gk
                 mh = m[k] / (1 - b1**t)
                 vh = v[k] / (1 - b2**t)
-                net.p[k] -= (lr * (mh / (np.sqrt(vh) + 1e-8) + weight_decay * net.p[k])).astype(np.float32)
+                net.p[k] -= (lr * (mh / (np.sqrt(vh) + 1e-8) + weight_decay * net.p[k])).astype(
+                    np.float32
+                )
         acc = float((net.forward(xte)[0].argmax(1) == yte).mean())
-        logger.info("epoch %d/%d loss %.4f held-out accuracy %.4f", ep + 1, epochs, total / len(xtr), acc)
+        logger.info(
+            "epoch %d/%d loss %.4f held-out accuracy %.4f", ep + 1, epochs, total / len(xtr), acc
+        )
     return net, acc
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--epochs", type=int, default=40)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=WEIGHTS)
@@ -155,7 +176,9 @@ def main() -> None:
     t0 = time.time()
     net, acc = train(args.epochs, seed=args.seed)
     np.savez_compressed(args.out, **net.state_dict())
-    logger.info("held-out accuracy %.4f in %.1f s; weights written to %s", acc, time.time() - t0, args.out)
+    logger.info(
+        "held-out accuracy %.4f in %.1f s; weights written to %s", acc, time.time() - t0, args.out
+    )
 
 
 if __name__ == "__main__":

@@ -16,8 +16,15 @@ import numpy as np
 from ..errors import InvalidInput
 
 _ST_DTYPES = {
-    "F64": np.float64, "F32": np.float32, "F16": np.float16,
-    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_,
+    "F64": np.float64,
+    "F32": np.float32,
+    "F16": np.float16,
+    "I64": np.int64,
+    "I32": np.int32,
+    "I16": np.int16,
+    "I8": np.int8,
+    "U8": np.uint8,
+    "BOOL": np.bool_,
 }
 _ST_NAMES = {np.dtype(v).name: k for k, v in _ST_DTYPES.items()}
 
@@ -75,7 +82,11 @@ def _write_safetensors(path: str, arrays: dict[str, np.ndarray]) -> None:
         if a.dtype.name not in _ST_NAMES:
             raise InvalidInput("unsupported dtype for safetensors", tensor=name, dtype=a.dtype.name)
         b = a.tobytes()
-        header[name] = {"dtype": _ST_NAMES[a.dtype.name], "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        header[name] = {
+            "dtype": _ST_NAMES[a.dtype.name],
+            "shape": list(a.shape),
+            "data_offsets": [off, off + len(b)],
+        }
         blobs.append(b)
         off += len(b)
     h = json.dumps(header).encode()

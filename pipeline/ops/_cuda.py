@@ -84,9 +84,19 @@ _ONE = np.ones(1, dtype=np.float32)
 _ZERO = np.zeros(1, dtype=np.float32)
 
 
-def gemm_rowmajor(stream: Any, a_ptr: int, b_ptr: int, c_ptr: int, m: int, n: int, k: int,
-                  dtype: Any, lda: int | None = None, ldb: int | None = None,
-                  ldc: int | None = None) -> None:
+def gemm_rowmajor(
+    stream: Any,
+    a_ptr: int,
+    b_ptr: int,
+    c_ptr: int,
+    m: int,
+    n: int,
+    k: int,
+    dtype: Any,
+    lda: int | None = None,
+    ldb: int | None = None,
+    ldc: int | None = None,
+) -> None:
     """C[m, n] = A[m, k] @ B[k, n], all row-major, fp32 accumulation, on ``stream``.
 
     cuBLAS is column-major, so this computes C^T = B^T A^T: the row-major B seen
@@ -96,11 +106,25 @@ def gemm_rowmajor(stream: Any, a_ptr: int, b_ptr: int, c_ptr: int, m: int, n: in
 
     dt = _CUDA_DT[np.dtype(dtype).name]
     cublas.gemmEx(
-        stream.cublas_handle, 0, 0, int(n), int(m), int(k),
-        _ONE.ctypes.data, int(b_ptr), dt, int(ldb or n),
-        int(a_ptr), dt, int(lda or k),
-        _ZERO.ctypes.data, int(c_ptr), dt, int(ldc or n),
-        _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT,
+        stream.cublas_handle,
+        0,
+        0,
+        int(n),
+        int(m),
+        int(k),
+        _ONE.ctypes.data,
+        int(b_ptr),
+        dt,
+        int(ldb or n),
+        int(a_ptr),
+        dt,
+        int(lda or k),
+        _ZERO.ctypes.data,
+        int(c_ptr),
+        dt,
+        int(ldc or n),
+        _CUBLAS_COMPUTE_32F,
+        _CUBLAS_GEMM_DEFAULT,
     )
 
 

@@ -114,29 +114,47 @@ class Op:
         frozen = tuple(sorted((k, _freeze(v)) for k, v in attrs.items()))
         return self._prepare_cached(specs, frozen)
 
-    def _prepare_uncached(self, specs: tuple[TensorSpec, ...], attrs: tuple[tuple[str, Any], ...]) -> OpPlan:
+    def _prepare_uncached(
+        self, specs: tuple[TensorSpec, ...], attrs: tuple[tuple[str, Any], ...]
+    ) -> OpPlan:
         return self._plan(specs, dict(attrs))
 
     def cache_info(self) -> Any:
         return self._prepare_cached.cache_info()
 
-    def _plan(self, specs: tuple[TensorSpec, ...], attrs: dict[str, Any]) -> OpPlan:  # pragma: no cover
+    def _plan(
+        self, specs: tuple[TensorSpec, ...], attrs: dict[str, Any]
+    ) -> OpPlan:  # pragma: no cover
         raise NotImplementedError
 
     # -- phase two
-    def commit(self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any],
-               workspace: Any, stream: Stream) -> None:
+    def commit(
+        self,
+        plan: OpPlan,
+        inputs: Sequence[Any],
+        outputs: Sequence[Any],
+        workspace: Any,
+        stream: Stream,
+    ) -> None:
         if stream.is_cuda:
             with stream:
                 self._run_cuda(plan, inputs, outputs, workspace, stream)
         else:
             self._run_host(plan, inputs, outputs, workspace)
 
-    def _run_host(self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any) -> None:  # pragma: no cover
+    def _run_host(
+        self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any
+    ) -> None:  # pragma: no cover
         raise NotImplementedError
 
-    def _run_cuda(self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any],
-                  workspace: Any, stream: Stream) -> None:  # pragma: no cover
+    def _run_cuda(
+        self,
+        plan: OpPlan,
+        inputs: Sequence[Any],
+        outputs: Sequence[Any],
+        workspace: Any,
+        stream: Stream,
+    ) -> None:  # pragma: no cover
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -151,7 +169,9 @@ FLOAT_DTYPES = ("float16", "float32")
 
 def check_dtype(op: str, what: str, spec: TensorSpec, allowed: Sequence[str]) -> None:
     if spec.dtype not in allowed:
-        raise InvalidInput(f"{op}: {what} has an unsupported dtype", dtype=spec.dtype, allowed=tuple(allowed))
+        raise InvalidInput(
+            f"{op}: {what} has an unsupported dtype", dtype=spec.dtype, allowed=tuple(allowed)
+        )
 
 
 def check_rank(op: str, what: str, spec: TensorSpec, rank: int) -> None:
@@ -183,7 +203,11 @@ def eager(op: Op, *arrays: Any, stream: Stream | None = None, **attrs: Any) -> t
     """
     from ..device import Backend
 
-    is_cuda = bool(arrays) and hasattr(arrays[0], "device") and type(arrays[0]).__module__.startswith("cupy")
+    is_cuda = (
+        bool(arrays)
+        and hasattr(arrays[0], "device")
+        and type(arrays[0]).__module__.startswith("cupy")
+    )
     backend = Backend("cupy" if is_cuda else "numpy")
     xp = backend.xp
     plan = op.prepare(*(TensorSpec.of(a) for a in arrays), **attrs)

@@ -163,8 +163,12 @@ class Conv2d(Op):
         sh, sw = _pair(attrs.get("stride", 1), "stride")
         ph, pw = _pair(attrs.get("padding", 0), "padding")
         if min(kh, kw, sh, sw) < 1 or min(ph, pw) < 0:
-            raise InvalidInput("conv2d: kernel and stride must be >= 1, padding >= 0",
-                               kernel=(kh, kw), stride=(sh, sw), padding=(ph, pw))
+            raise InvalidInput(
+                "conv2d: kernel and stride must be >= 1, padding >= 0",
+                kernel=(kh, kw),
+                stride=(sh, sw),
+                padding=(ph, pw),
+            )
         act = attrs.get("act", "none")
         if act not in ("relu", "none"):
             raise InvalidInput("conv2d: act must be 'relu' or 'none'", act=act)
@@ -175,19 +179,30 @@ class Conv2d(Op):
         oh = (h + 2 * ph - kh) // sh + 1
         ow = (wd + 2 * pw - kw) // sw + 1
         if oh < 1 or ow < 1:
-            raise InvalidInput("conv2d: the kernel does not fit the padded input",
-                               input_hw=(h, wd), kernel=(kh, kw), padding=(ph, pw))
+            raise InvalidInput(
+                "conv2d: the kernel does not fit the padded input",
+                input_hw=(h, wd),
+                kernel=(kh, kw),
+                padding=(ph, pw),
+            )
         k = kh * kw * c
         kp = padded_k(kh, kw, c)
         cout = w.shape[1]
         if w.shape != (kp, cout):
-            raise InvalidInput("conv2d: weights must be [Kp, Cout] with Kp = KH*KW*C rounded up to 8",
-                               w=w.shape, expected_rows=kp, kernel=(kh, kw), channels=c)
+            raise InvalidInput(
+                "conv2d: weights must be [Kp, Cout] with Kp = KH*KW*C rounded up to 8",
+                w=w.shape,
+                expected_rows=kp,
+                kernel=(kh, kw),
+                channels=c,
+            )
         if b.shape != (cout,):
             raise InvalidInput("conv2d: bias must be [Cout]", bias=b.shape, cout=cout)
         out = TensorSpec((n, oh, ow, cout), x.dtype)
         if len(specs) == 4 and specs[3] != out:
-            raise InvalidInput("conv2d: residual must match the output", residual=str(specs[3]), output=str(out))
+            raise InvalidInput(
+                "conv2d: residual must match the output", residual=str(specs[3]), output=str(out)
+            )
 
         item = x.np_dtype.itemsize
         max_ws = int(attrs.get("max_workspace_bytes", DEFAULT_MAX_WORKSPACE))
@@ -209,16 +224,28 @@ class Conv2d(Op):
             if ph or pw:
                 pad_bytes = align(n * (h + 2 * ph) * (wd + 2 * pw) * c * item)
             ws = pad_bytes + rows * kp * item
-        geo = ConvGeometry(n, h, wd, c, kh, kw, sh, sw, ph, pw, oh, ow, cout, k, kp, direct, vec, rows, pad_bytes)
+        geo = ConvGeometry(
+            n, h, wd, c, kh, kw, sh, sw, ph, pw, oh, ow, cout, k, kp, direct, vec, rows, pad_bytes
+        )
         flops = 2 * m * cout * k
         moved = x.nbytes + w.nbytes + out.nbytes * (3 if len(specs) == 4 else 2)
         if not direct:
             moved += 2 * m * kp * item
-        return OpPlan(self.name, specs, (out,), ws, flops=flops, bytes_moved=moved,
-                      attrs=tuple(sorted(attrs.items())), detail=geo)
+        return OpPlan(
+            self.name,
+            specs,
+            (out,),
+            ws,
+            flops=flops,
+            bytes_moved=moved,
+            attrs=tuple(sorted(attrs.items())),
+            detail=geo,
+        )
 
     # -- CPU
-    def _run_host(self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any) -> None:
+    def _run_host(
+        self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any
+    ) -> None:
         g: ConvGeometry = plan.detail
         x, w, b = inputs[0], inputs[1], inputs[2]
         res = inputs[3] if len(inputs) == 4 else None
@@ -244,18 +271,36 @@ class Conv2d(Op):
                 n1 = min(g.n, n0 + imgs)
                 r = (n1 - n0) * g.oh * g.ow
                 src = np.lib.stride_tricks.as_strided(
-                    xp[n0:n1], shape=(n1 - n0, g.oh, g.ow, g.kh, g.kw, g.c),
-                    strides=(sn, g.sh * sh_, g.sw * sw_, sh_, sw_, sc), writeable=False)
+                    xp[n0:n1],
+                    shape=(n1 - n0, g.oh, g.ow, g.kh, g.kw, g.c),
+                    strides=(sn, g.sh * sh_, g.sw * sw_, sh_, sw_, sc),
+                    writeable=False,
+                )
                 dst = np.lib.stride_tricks.as_strided(
-                    cols, shape=(n1 - n0, g.oh, g.ow, g.kh, g.kw, g.c),
-                    strides=(g.oh * g.ow * g.kp * dt.itemsize, g.ow * g.kp * dt.itemsize,
-                             g.kp * dt.itemsize, g.kw * g.c * dt.itemsize, g.c * dt.itemsize, dt.itemsize))
+                    cols,
+                    shape=(n1 - n0, g.oh, g.ow, g.kh, g.kw, g.c),
+                    strides=(
+                        g.oh * g.ow * g.kp * dt.itemsize,
+                        g.ow * g.kp * dt.itemsize,
+                        g.kp * dt.itemsize,
+                        g.kw * g.c * dt.itemsize,
+                        g.c * dt.itemsize,
+                        dt.itemsize,
+                    ),
+                )
                 np.copyto(dst, src)
                 np.matmul(cols[:r], w, out=out2[n0 * g.oh * g.ow : n0 * g.oh * g.ow + r])
         bias_act_host(out, out, b, res, plan.attr("act", "none") == "relu")
 
     # -- CUDA
-    def _run_cuda(self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any, stream: Any) -> None:
+    def _run_cuda(
+        self,
+        plan: OpPlan,
+        inputs: Sequence[Any],
+        outputs: Sequence[Any],
+        workspace: Any,
+        stream: Any,
+    ) -> None:
         g: ConvGeometry = plan.detail
         x, w, b = inputs[0], inputs[1], inputs[2]
         res = inputs[3] if len(inputs) == 4 else None
@@ -263,12 +308,24 @@ class Conv2d(Op):
         dt = x.dtype
         item = dt.itemsize
         if g.direct:
-            _cuda.gemm_rowmajor(stream, _cuda.ptr(x), _cuda.ptr(w), _cuda.ptr(out), g.m, g.cout, g.k, dt)
+            _cuda.gemm_rowmajor(
+                stream, _cuda.ptr(x), _cuda.ptr(w), _cuda.ptr(out), g.m, g.cout, g.k, dt
+            )
         else:
             cols = workspace_view(workspace, 0, (g.rows_per_chunk, g.kp), dt)
-            geo = (np.int32(g.h), np.int32(g.w), np.int32(g.c), np.int32(g.kh), np.int32(g.kw),
-                   np.int32(g.sh), np.int32(g.sw), np.int32(g.ph), np.int32(g.pw),
-                   np.int32(g.oh), np.int32(g.ow))
+            geo = (
+                np.int32(g.h),
+                np.int32(g.w),
+                np.int32(g.c),
+                np.int32(g.kh),
+                np.int32(g.kw),
+                np.int32(g.sh),
+                np.int32(g.sw),
+                np.int32(g.ph),
+                np.int32(g.pw),
+                np.int32(g.oh),
+                np.int32(g.ow),
+            )
             if g.vec:
                 kern = _cuda.kernel(SOURCE, "im2col_vec", dt)
                 per_row = g.kh * g.kw * (g.c // (16 // item))
@@ -282,9 +339,12 @@ class Conv2d(Op):
             w_ptr = _cuda.ptr(w)
             for row0 in range(0, g.m, g.rows_per_chunk):
                 rows = min(g.rows_per_chunk, g.m - row0)
-                _cuda.launch(kern, rows * per_row, (x, cols, np.int64(row0), np.int64(rows), *geo, *extra))
-                _cuda.gemm_rowmajor(stream, cols_ptr, w_ptr, out_ptr + row0 * g.cout * item,
-                                    rows, g.cout, g.kp, dt)
+                _cuda.launch(
+                    kern, rows * per_row, (x, cols, np.int64(row0), np.int64(rows), *geo, *extra)
+                )
+                _cuda.gemm_rowmajor(
+                    stream, cols_ptr, w_ptr, out_ptr + row0 * g.cout * item, rows, g.cout, g.kp, dt
+                )
         bias_act_cuda(out, out, b, res, plan.attr("act", "none") == "relu")
 
 

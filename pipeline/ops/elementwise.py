@@ -70,8 +70,9 @@ def bias_act_cuda(y: Any, x: Any, bias: Any | None, residual: Any | None, relu: 
         _cuda.launch(k, n, (y, x, dummy_f, dummy_r, np.int64(n), np.int32(C), *flags))
 
 
-def bias_act_host(y: np.ndarray, x: np.ndarray, bias: np.ndarray | None,
-                  residual: np.ndarray | None, relu: bool) -> None:
+def bias_act_host(
+    y: np.ndarray, x: np.ndarray, bias: np.ndarray | None, residual: np.ndarray | None, relu: bool
+) -> None:
     if y is not x:
         np.copyto(y, x)
     if bias is not None:
@@ -100,14 +101,30 @@ class BiasAct(Op):
         if len(specs) == 3 and specs[2] != x:
             raise InvalidInput("bias_act: residual must match x", x=str(x), residual=str(specs[2]))
         n_read = x.nbytes * (2 if len(specs) == 3 else 1)
-        return OpPlan(self.name, specs, (x,), 0, flops=x.size * 3, bytes_moved=n_read + x.nbytes + b.nbytes,
-                      attrs=tuple(sorted(attrs.items())))
+        return OpPlan(
+            self.name,
+            specs,
+            (x,),
+            0,
+            flops=x.size * 3,
+            bytes_moved=n_read + x.nbytes + b.nbytes,
+            attrs=tuple(sorted(attrs.items())),
+        )
 
-    def _run_host(self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any) -> None:
+    def _run_host(
+        self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any
+    ) -> None:
         res = inputs[2] if len(inputs) == 3 else None
         bias_act_host(outputs[0], inputs[0], inputs[1], res, plan.attr("act", "relu") == "relu")
 
-    def _run_cuda(self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any, stream: Any) -> None:
+    def _run_cuda(
+        self,
+        plan: OpPlan,
+        inputs: Sequence[Any],
+        outputs: Sequence[Any],
+        workspace: Any,
+        stream: Any,
+    ) -> None:
         res = inputs[2] if len(inputs) == 3 else None
         bias_act_cuda(outputs[0], inputs[0], inputs[1], res, plan.attr("act", "relu") == "relu")
 
@@ -125,11 +142,20 @@ class AddRelu(Op):
             raise InvalidInput("add_relu: inputs must have one shape and dtype", a=str(a), b=str(b))
         return OpPlan(self.name, specs, (a,), 0, flops=a.size * 2, bytes_moved=3 * a.nbytes)
 
-    def _run_host(self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any) -> None:
+    def _run_host(
+        self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any
+    ) -> None:
         np.add(inputs[0], inputs[1], out=outputs[0])
         np.maximum(outputs[0], 0, out=outputs[0])
 
-    def _run_cuda(self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any, stream: Any) -> None:
+    def _run_cuda(
+        self,
+        plan: OpPlan,
+        inputs: Sequence[Any],
+        outputs: Sequence[Any],
+        workspace: Any,
+        stream: Any,
+    ) -> None:
         bias_act_cuda(outputs[0], inputs[0], None, inputs[1], True)
 
 

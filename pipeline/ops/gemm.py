@@ -42,10 +42,19 @@ class Gemm(Op):
         if act not in ("relu", "none"):
             raise InvalidInput("gemm: act must be 'relu' or 'none'", act=act)
         out = TensorSpec((m, n), a.dtype)
-        return OpPlan(self.name, specs, (out,), 0, flops=2 * m * n * k,
-                      bytes_moved=a.nbytes + b.nbytes + out.nbytes, attrs=tuple(sorted(attrs.items())))
+        return OpPlan(
+            self.name,
+            specs,
+            (out,),
+            0,
+            flops=2 * m * n * k,
+            bytes_moved=a.nbytes + b.nbytes + out.nbytes,
+            attrs=tuple(sorted(attrs.items())),
+        )
 
-    def _run_host(self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any) -> None:
+    def _run_host(
+        self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any
+    ) -> None:
         out = outputs[0]
         np.matmul(inputs[0], inputs[1], out=out)
         bias = inputs[2] if len(inputs) == 3 else None
@@ -53,7 +62,14 @@ class Gemm(Op):
         if bias is not None or relu:
             bias_act_host(out, out, bias, None, relu)
 
-    def _run_cuda(self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any, stream: Any) -> None:
+    def _run_cuda(
+        self,
+        plan: OpPlan,
+        inputs: Sequence[Any],
+        outputs: Sequence[Any],
+        workspace: Any,
+        stream: Any,
+    ) -> None:
         a, b, out = inputs[0], inputs[1], outputs[0]
         m, k = plan.inputs[0].shape
         n = plan.inputs[1].shape[1]

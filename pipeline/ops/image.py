@@ -90,17 +90,37 @@ class Normalize(Op):
             raise InvalidInput("normalize: dtype must be float16 or float32", dtype=dtype)
         cp = int(attrs.get("pad_channels", c))
         if cp < c:
-            raise InvalidInput("normalize: pad_channels must be >= the input's channels", pad_channels=cp, channels=c)
+            raise InvalidInput(
+                "normalize: pad_channels must be >= the input's channels",
+                pad_channels=cp,
+                channels=c,
+            )
         shape = (n, h, w, cp) if layout == "nhwc" else (n, cp, h, w)
         out = TensorSpec(shape, dtype)
         scale = np.array([1.0 / (255.0 * s) for s in std] + [0.0] * (cp - c), dtype=np.float32)
-        shift = np.array([-m / s for m, s in zip(mean, std, strict=True)] + [0.0] * (cp - c), dtype=np.float32)
-        return OpPlan(self.name, specs, (out,), 0, flops=2 * out.size,
-                      bytes_moved=x.nbytes + out.nbytes,
-                      attrs=(("dtype", dtype), ("layout", layout), ("mean", mean), ("pad_channels", cp), ("std", std)),
-                      detail=(scale, shift, layout))
+        shift = np.array(
+            [-m / s for m, s in zip(mean, std, strict=True)] + [0.0] * (cp - c), dtype=np.float32
+        )
+        return OpPlan(
+            self.name,
+            specs,
+            (out,),
+            0,
+            flops=2 * out.size,
+            bytes_moved=x.nbytes + out.nbytes,
+            attrs=(
+                ("dtype", dtype),
+                ("layout", layout),
+                ("mean", mean),
+                ("pad_channels", cp),
+                ("std", std),
+            ),
+            detail=(scale, shift, layout),
+        )
 
-    def _run_host(self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any) -> None:
+    def _run_host(
+        self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any
+    ) -> None:
         scale, shift, layout = plan.detail
         x, y = inputs[0], outputs[0]
         c = x.shape[3]
@@ -112,7 +132,14 @@ class Normalize(Op):
             y[:, :c] = v.transpose(0, 3, 1, 2)
             y[:, c:] = 0
 
-    def _run_cuda(self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any, stream: Any) -> None:
+    def _run_cuda(
+        self,
+        plan: OpPlan,
+        inputs: Sequence[Any],
+        outputs: Sequence[Any],
+        workspace: Any,
+        stream: Any,
+    ) -> None:
         scale, shift, layout = plan.detail
         x, y = inputs[0], outputs[0]
         n, h, w, c = x.shape
@@ -121,8 +148,20 @@ class Normalize(Op):
         affine[:c], affine[4 : 4 + c] = scale[:c], shift[:c]
         kern = _cuda.kernel(SOURCE, "normalize_u8", y.dtype)
         total = int(y.size)
-        _cuda.launch(kern, total, (x, y, *(np.float32(v) for v in affine), np.int64(total), np.int32(h * w),
-                                   np.int32(c), np.int32(cp), np.int32(layout == "nchw")))
+        _cuda.launch(
+            kern,
+            total,
+            (
+                x,
+                y,
+                *(np.float32(v) for v in affine),
+                np.int64(total),
+                np.int32(h * w),
+                np.int32(c),
+                np.int32(cp),
+                np.int32(layout == "nchw"),
+            ),
+        )
 
 
 class ResizeBilinear(Op):
@@ -135,31 +174,70 @@ class ResizeBilinear(Op):
         check_dtype(self.name, "x", x, ("uint8",))
         size = attrs.get("size")
         try:
-            oh, ow = (int(size), int(size)) if isinstance(size, int | np.integer) else (int(size[0]), int(size[1]))
+            oh, ow = (
+                (int(size), int(size))
+                if isinstance(size, int | np.integer)
+                else (int(size[0]), int(size[1]))
+            )
         except (TypeError, IndexError, ValueError):
-            raise InvalidInput("resize_bilinear: size must be an int or (height, width)", size=size) from None
+            raise InvalidInput(
+                "resize_bilinear: size must be an int or (height, width)", size=size
+            ) from None
         if oh < 1 or ow < 1 or oh > 16384 or ow > 16384:
             raise InvalidInput("resize_bilinear: size out of range [1, 16384]", size=(oh, ow))
         n, h, w, c = x.shape
         out = TensorSpec((n, oh, ow, c), "uint8")
-        return OpPlan(self.name, specs, (out,), 0, flops=out.size * 8, bytes_moved=x.nbytes + out.nbytes,
-                      attrs=(("size", (oh, ow)),), detail=(oh, ow))
+        return OpPlan(
+            self.name,
+            specs,
+            (out,),
+            0,
+            flops=out.size * 8,
+            bytes_moved=x.nbytes + out.nbytes,
+            attrs=(("size", (oh, ow)),),
+            detail=(oh, ow),
+        )
 
-    def _run_host(self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any) -> None:
+    def _run_host(
+        self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any
+    ) -> None:
         outputs[0][...] = resize_bilinear_reference(inputs[0], *plan.detail)
 
-    def _run_cuda(self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any, stream: Any) -> None:
+    def _run_cuda(
+        self,
+        plan: OpPlan,
+        inputs: Sequence[Any],
+        outputs: Sequence[Any],
+        workspace: Any,
+        stream: Any,
+    ) -> None:
         x, y = inputs[0], outputs[0]
         n, h, w, c = x.shape
         oh, ow = plan.detail
         kern = _cuda.kernel(SOURCE, "resize_bilinear_u8", "float32")
         total = int(y.size)
-        _cuda.launch(kern, total, (x, y, np.int64(total), np.int32(h), np.int32(w), np.int32(c),
-                                   np.int32(oh), np.int32(ow), np.float32(h / oh), np.float32(w / ow)))
+        _cuda.launch(
+            kern,
+            total,
+            (
+                x,
+                y,
+                np.int64(total),
+                np.int32(h),
+                np.int32(w),
+                np.int32(c),
+                np.int32(oh),
+                np.int32(ow),
+                np.float32(h / oh),
+                np.float32(w / ow),
+            ),
+        )
 
 
 def _axis_weights(size: int, out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    f = np.clip((np.arange(out, dtype=np.float32) + 0.5) * np.float32(size / out) - 0.5, 0, size - 1)
+    f = np.clip(
+        (np.arange(out, dtype=np.float32) + 0.5) * np.float32(size / out) - 0.5, 0, size - 1
+    )
     i0 = f.astype(np.int64)
     i1 = np.minimum(i0 + 1, size - 1)
     return i0, i1, (f - i0).astype(np.float32)

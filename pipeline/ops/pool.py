@@ -69,19 +69,32 @@ class MaxPool2d(Op):
         s = int(attrs.get("stride", 2))
         p = int(attrs.get("padding", 1))
         if k < 1 or s < 1 or p < 0 or p > k // 2:
-            raise InvalidInput("maxpool2d: need kernel >= 1, stride >= 1, 0 <= padding <= kernel // 2",
-                               kernel=k, stride=s, padding=p)
+            raise InvalidInput(
+                "maxpool2d: need kernel >= 1, stride >= 1, 0 <= padding <= kernel // 2",
+                kernel=k,
+                stride=s,
+                padding=p,
+            )
         n, h, w, c = x.shape
         oh = (h + 2 * p - k) // s + 1
         ow = (w + 2 * p - k) // s + 1
         if oh < 1 or ow < 1:
             raise InvalidInput("maxpool2d: the window does not fit", input_hw=(h, w), kernel=k)
         out = TensorSpec((n, oh, ow, c), x.dtype)
-        return OpPlan(self.name, specs, (out,), 0, flops=out.size * k * k,
-                      bytes_moved=x.nbytes + out.nbytes, attrs=(("kernel", k), ("padding", p), ("stride", s)),
-                      detail=(k, s, p, oh, ow))
+        return OpPlan(
+            self.name,
+            specs,
+            (out,),
+            0,
+            flops=out.size * k * k,
+            bytes_moved=x.nbytes + out.nbytes,
+            attrs=(("kernel", k), ("padding", p), ("stride", s)),
+            detail=(k, s, p, oh, ow),
+        )
 
-    def _run_host(self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any) -> None:
+    def _run_host(
+        self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any
+    ) -> None:
         x, y = inputs[0], outputs[0]
         k, s, p, oh, ow = plan.detail
         y.fill(-np.inf)
@@ -93,18 +106,45 @@ class MaxPool2d(Op):
                 if oh1 <= oh0 or ow1 <= ow0:
                     continue
                 ih0, iw0 = oh0 * s - p + kh, ow0 * s - p + kw
-                src = x[:, ih0 : ih0 + (oh1 - oh0 - 1) * s + 1 : s, iw0 : iw0 + (ow1 - ow0 - 1) * s + 1 : s, :]
+                src = x[
+                    :,
+                    ih0 : ih0 + (oh1 - oh0 - 1) * s + 1 : s,
+                    iw0 : iw0 + (ow1 - ow0 - 1) * s + 1 : s,
+                    :,
+                ]
                 dst = y[:, oh0:oh1, ow0:ow1, :]
                 np.maximum(dst, src, out=dst)
 
-    def _run_cuda(self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any, stream: Any) -> None:
+    def _run_cuda(
+        self,
+        plan: OpPlan,
+        inputs: Sequence[Any],
+        outputs: Sequence[Any],
+        workspace: Any,
+        stream: Any,
+    ) -> None:
         x, y = inputs[0], outputs[0]
         k, s, p, oh, ow = plan.detail
         n, h, w, c = x.shape
         kern = _cuda.kernel(SOURCE, "maxpool_nhwc", x.dtype)
         total = int(y.size)
-        _cuda.launch(kern, total, (x, y, np.int64(total), np.int32(h), np.int32(w), np.int32(c),
-                                   np.int32(k), np.int32(s), np.int32(p), np.int32(oh), np.int32(ow)))
+        _cuda.launch(
+            kern,
+            total,
+            (
+                x,
+                y,
+                np.int64(total),
+                np.int32(h),
+                np.int32(w),
+                np.int32(c),
+                np.int32(k),
+                np.int32(s),
+                np.int32(p),
+                np.int32(oh),
+                np.int32(ow),
+            ),
+        )
 
 
 class GlobalAvgPool(Op):
@@ -119,10 +159,19 @@ class GlobalAvgPool(Op):
         out = TensorSpec((n, c), x.dtype)
         return OpPlan(self.name, specs, (out,), 0, flops=x.size, bytes_moved=x.nbytes + out.nbytes)
 
-    def _run_host(self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any) -> None:
+    def _run_host(
+        self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any
+    ) -> None:
         outputs[0][...] = np.mean(inputs[0], axis=(1, 2), dtype=np.float32)
 
-    def _run_cuda(self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any, stream: Any) -> None:
+    def _run_cuda(
+        self,
+        plan: OpPlan,
+        inputs: Sequence[Any],
+        outputs: Sequence[Any],
+        workspace: Any,
+        stream: Any,
+    ) -> None:
         x, y = inputs[0], outputs[0]
         n, h, w, c = x.shape
         kern = _cuda.kernel(SOURCE, "gap_nhwc", x.dtype)

@@ -86,15 +86,26 @@ class Softmax(Op):
         check_positive(self.name, "x", x)
         check_dtype(self.name, "x", x, FLOAT_DTYPES)
         out = TensorSpec(x.shape, "float32")
-        return OpPlan(self.name, specs, (out,), 0, flops=x.size * 5, bytes_moved=2 * x.nbytes + out.nbytes)
+        return OpPlan(
+            self.name, specs, (out,), 0, flops=x.size * 5, bytes_moved=2 * x.nbytes + out.nbytes
+        )
 
-    def _run_host(self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any) -> None:
+    def _run_host(
+        self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any
+    ) -> None:
         x, y = inputs[0], outputs[0]
         np.subtract(x, np.max(x, axis=1, keepdims=True), out=y, dtype=np.float32)
         np.exp(y, out=y)
         y /= np.sum(y, axis=1, keepdims=True)
 
-    def _run_cuda(self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any, stream: Any) -> None:
+    def _run_cuda(
+        self,
+        plan: OpPlan,
+        inputs: Sequence[Any],
+        outputs: Sequence[Any],
+        workspace: Any,
+        stream: Any,
+    ) -> None:
         x, y = inputs[0], outputs[0]
         n, c = x.shape
         kern = _cuda.kernel(SOURCE, "softmax_rows", x.dtype)
@@ -112,12 +123,23 @@ class TopK(Op):
         k = attrs.get("k")
         n, c = x.shape
         if not isinstance(k, int | np.integer) or not 1 <= int(k) <= min(c, MAX_K):
-            raise InvalidInput("topk: k must be an integer in [1, min(classes, 64)]", k=k, classes=c)
+            raise InvalidInput(
+                "topk: k must be an integer in [1, min(classes, 64)]", k=k, classes=c
+            )
         k = int(k)
-        return OpPlan(self.name, specs, (TensorSpec((n, k), "float32"), TensorSpec((n, k), "int32")), 0,
-                      flops=x.size * k, bytes_moved=x.nbytes + n * k * 8, attrs=(("k", k),))
+        return OpPlan(
+            self.name,
+            specs,
+            (TensorSpec((n, k), "float32"), TensorSpec((n, k), "int32")),
+            0,
+            flops=x.size * k,
+            bytes_moved=x.nbytes + n * k * 8,
+            attrs=(("k", k),),
+        )
 
-    def _run_host(self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any) -> None:
+    def _run_host(
+        self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any
+    ) -> None:
         x = inputs[0].astype(np.float32, copy=False)
         k = plan.attr("k")
         key = np.where(np.isnan(x), np.inf, -x)  # NaN sorts last
@@ -125,13 +147,23 @@ class TopK(Op):
         outputs[1][...] = order
         outputs[0][...] = np.take_along_axis(x, order, axis=1)
 
-    def _run_cuda(self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any, stream: Any) -> None:
+    def _run_cuda(
+        self,
+        plan: OpPlan,
+        inputs: Sequence[Any],
+        outputs: Sequence[Any],
+        workspace: Any,
+        stream: Any,
+    ) -> None:
         x = inputs[0]
         n, c = x.shape
         kern = _cuda.kernel(SOURCE, "topk_rows", x.dtype)
         threads = 128
-        kern(((n + threads - 1) // threads,), (threads,),
-             (x, outputs[0], outputs[1], np.int32(n), np.int32(c), np.int32(plan.attr("k"))))
+        kern(
+            ((n + threads - 1) // threads,),
+            (threads,),
+            (x, outputs[0], outputs[1], np.int32(n), np.int32(c), np.int32(plan.attr("k"))),
+        )
 
 
 SOFTMAX = Softmax()

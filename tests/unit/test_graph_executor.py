@@ -25,7 +25,9 @@ def test_arena_reuses_memory_and_live_tensors_never_overlap(batch):
     g = resnet50.build(resnet50.random_state_dict(0), image_size=64)
     plan = g.prepare(batch, "float32", "host", max_workspace_bytes=1 << 20)
     assert plan.arena_bytes < plan.total_tensor_bytes / 3  # liveness reuse pays a lot
-    roots = [(name, plan.offsets[name], plan.specs[name].nbytes, plan.live[name]) for name in plan.live]
+    roots = [
+        (name, plan.offsets[name], plan.specs[name].nbytes, plan.live[name]) for name in plan.live
+    ]
     for i, (na, oa, sa, (fa, la)) in enumerate(roots):
         assert oa + sa <= plan.arena_bytes
         for nb, ob, sb, (fb, lb) in roots[i + 1 :]:
@@ -80,20 +82,34 @@ def resnet50_reference(sd, images_u8):
     x = (images_u8 / 255.0 - np.array(resnet50.MEAN)) / np.array(resnet50.STD)
 
     def bn(t, name):
-        return batchnorm_ref(t, sd[f"{name}.weight"], sd[f"{name}.bias"], sd[f"{name}.running_mean"],
-                             sd[f"{name}.running_var"])
+        return batchnorm_ref(
+            t,
+            sd[f"{name}.weight"],
+            sd[f"{name}.bias"],
+            sd[f"{name}.running_mean"],
+            sd[f"{name}.running_var"],
+        )
 
     relu = lambda t: np.maximum(t, 0)  # noqa: E731
     x = relu(bn(_conv_ref(x, sd["conv1.weight"], 2, 3), "bn1"))
     xp = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)), constant_values=-np.inf)
     oh = (x.shape[1] + 2 - 3) // 2 + 1
     ow = (x.shape[2] + 2 - 3) // 2 + 1
-    x = np.max([xp[:, i : i + 2 * oh : 2, j : j + 2 * ow : 2] for i in range(3) for j in range(3)], axis=0)
+    x = np.max(
+        [xp[:, i : i + 2 * oh : 2, j : j + 2 * ow : 2] for i in range(3) for j in range(3)], axis=0
+    )
     for prefix, _cin, _w, stride, down in resnet50.block_names():
         y = relu(bn(_conv_ref(x, sd[f"{prefix}.conv1.weight"], 1, 0), f"{prefix}.bn1"))
         y = relu(bn(_conv_ref(y, sd[f"{prefix}.conv2.weight"], stride, 1), f"{prefix}.bn2"))
         y = bn(_conv_ref(y, sd[f"{prefix}.conv3.weight"], 1, 0), f"{prefix}.bn3")
-        idn = bn(_conv_ref(x, sd[f"{prefix}.downsample.0.weight"], stride, 0), f"{prefix}.downsample.1") if down else x
+        idn = (
+            bn(
+                _conv_ref(x, sd[f"{prefix}.downsample.0.weight"], stride, 0),
+                f"{prefix}.downsample.1",
+            )
+            if down
+            else x
+        )
         x = relu(y + idn)
     x = x.mean(axis=(1, 2))
     return x @ sd["fc.weight"].T + sd["fc.bias"]
@@ -239,7 +255,15 @@ def test_prepared_batch_context_manager_releases_when_not_committed(digits_execu
 
 def test_resource_exhausted_when_the_limit_is_too_small():
     ex = GpuExecutor(ExecutorConfig(backend="numpy", buckets=(1, 64), pool_limit_bytes=4 << 20))
-    ex.load(LoadedModel("r", resnet50_info(), resnet50.build(resnet50.random_state_dict(0), image_size=64), True, "t"))
+    ex.load(
+        LoadedModel(
+            "r",
+            resnet50_info(),
+            resnet50.build(resnet50.random_state_dict(0), image_size=64),
+            True,
+            "t",
+        )
+    )
     ex.prepare("r", 1).release()  # a batch of one fits
     with pytest.raises(ResourceExhausted) as info:
         ex.prepare("r", 64)

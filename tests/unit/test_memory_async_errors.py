@@ -277,15 +277,18 @@ def test_completion_watcher_finishes_inline_for_complete_events():
 # ----------------------------------------------------------------------------- errors
 
 
-@pytest.mark.parametrize("err", [
-    FerryError("root"),
-    InvalidInput("bad shape", shape=(1, 2), expected=(3, 4)),
-    ResourceExhausted("full", requested_bytes=10, limit_bytes=5),
-    QueueFull("queue", depth=10, retry_after_s=1.0),
-    DeadlineExceeded("late", waited_ms=12.5),
-    DeviceError("cuda"),
-    TransportError("peer died", peer="b", seq=7),
-])
+@pytest.mark.parametrize(
+    "err",
+    [
+        FerryError("root"),
+        InvalidInput("bad shape", shape=(1, 2), expected=(3, 4)),
+        ResourceExhausted("full", requested_bytes=10, limit_bytes=5),
+        QueueFull("queue", depth=10, retry_after_s=1.0),
+        DeadlineExceeded("late", waited_ms=12.5),
+        DeviceError("cuda"),
+        TransportError("peer died", peer="b", seq=7),
+    ],
+)
 def test_errors_survive_pickling(err):
     back = pickle.loads(pickle.dumps(err))
     assert type(back) is type(err)

@@ -53,27 +53,51 @@ def test_conv2d_matches_direct_loops(case, residual):
         ref = ref + r
     ref = np.maximum(ref, 0)
     # a small workspace forces the chunked path
-    (out,) = eager(CONV2D, *args, kernel=(k, k), stride=s, padding=p, act="relu",
-                   target="host", max_workspace_bytes=2048)
+    (out,) = eager(
+        CONV2D,
+        *args,
+        kernel=(k, k),
+        stride=s,
+        padding=p,
+        act="relu",
+        target="host",
+        max_workspace_bytes=2048,
+    )
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
 
 
 def test_conv2d_plan_reports_cost_and_workspace():
-    plan = CONV2D.prepare(TensorSpec((2, 8, 8, 8), "float16"), TensorSpec((72, 16), "float16"),
-                          TensorSpec((16,), "float32"), kernel=3, stride=1, padding=1)
+    plan = CONV2D.prepare(
+        TensorSpec((2, 8, 8, 8), "float16"),
+        TensorSpec((72, 16), "float16"),
+        TensorSpec((16,), "float32"),
+        kernel=3,
+        stride=1,
+        padding=1,
+    )
     assert plan.outputs == (TensorSpec((2, 8, 8, 16), "float16"),)
     m = 2 * 8 * 8
     assert plan.flops == 2 * m * 16 * 72
     assert plan.workspace_bytes == m * 72 * 2  # the whole column matrix fits under the cap
-    direct = CONV2D.prepare(TensorSpec((2, 8, 8, 8), "float16"), TensorSpec((8, 16), "float16"),
-                            TensorSpec((16,), "float32"), kernel=1)
+    direct = CONV2D.prepare(
+        TensorSpec((2, 8, 8, 8), "float16"),
+        TensorSpec((8, 16), "float16"),
+        TensorSpec((16,), "float32"),
+        kernel=1,
+    )
     assert direct.workspace_bytes == 0 and direct.detail.direct
 
 
 def test_conv2d_chunks_bound_the_workspace():
-    big = CONV2D.prepare(TensorSpec((256, 224, 224, 3), "float16"), TensorSpec((152, 64), "float16"),
-                         TensorSpec((64,), "float32"), kernel=7, stride=2, padding=3,
-                         max_workspace_bytes=64 << 20)
+    big = CONV2D.prepare(
+        TensorSpec((256, 224, 224, 3), "float16"),
+        TensorSpec((152, 64), "float16"),
+        TensorSpec((64,), "float32"),
+        kernel=7,
+        stride=2,
+        padding=3,
+        max_workspace_bytes=64 << 20,
+    )
     assert big.workspace_bytes <= 64 << 20
     assert big.detail.rows_per_chunk < big.detail.m
 
@@ -81,20 +105,69 @@ def test_conv2d_chunks_bound_the_workspace():
 @pytest.mark.parametrize(
     "specs, attrs, field",
     [
-        ((TensorSpec((2, 8, 8), "float32"), TensorSpec((72, 4), "float32"), TensorSpec((4,), "float32")),
-         {"kernel": 3}, "shape"),
-        ((TensorSpec((2, 8, 8, 8), "int32"), TensorSpec((72, 4), "int32"), TensorSpec((4,), "float32")),
-         {"kernel": 3}, "dtype"),
-        ((TensorSpec((2, 8, 8, 8), "float32"), TensorSpec((70, 4), "float32"), TensorSpec((4,), "float32")),
-         {"kernel": 3}, "expected_rows"),
-        ((TensorSpec((2, 8, 8, 8), "float32"), TensorSpec((72, 4), "float32"), TensorSpec((5,), "float32")),
-         {"kernel": 3}, "bias"),
-        ((TensorSpec((2, 2, 2, 8), "float32"), TensorSpec((200, 4), "float32"), TensorSpec((4,), "float32")),
-         {"kernel": 5}, "kernel"),
-        ((TensorSpec((2, 8, 8, 8), "float32"), TensorSpec((72, 4), "float32"), TensorSpec((4,), "float32")),
-         {"kernel": 3, "stride": 0}, "stride"),
-        ((TensorSpec((2, 8, 8, 8), "float32"), TensorSpec((72, 4), "float32"), TensorSpec((4,), "float32")),
-         {"kernel": 3, "act": "gelu"}, "act"),
+        (
+            (
+                TensorSpec((2, 8, 8), "float32"),
+                TensorSpec((72, 4), "float32"),
+                TensorSpec((4,), "float32"),
+            ),
+            {"kernel": 3},
+            "shape",
+        ),
+        (
+            (
+                TensorSpec((2, 8, 8, 8), "int32"),
+                TensorSpec((72, 4), "int32"),
+                TensorSpec((4,), "float32"),
+            ),
+            {"kernel": 3},
+            "dtype",
+        ),
+        (
+            (
+                TensorSpec((2, 8, 8, 8), "float32"),
+                TensorSpec((70, 4), "float32"),
+                TensorSpec((4,), "float32"),
+            ),
+            {"kernel": 3},
+            "expected_rows",
+        ),
+        (
+            (
+                TensorSpec((2, 8, 8, 8), "float32"),
+                TensorSpec((72, 4), "float32"),
+                TensorSpec((5,), "float32"),
+            ),
+            {"kernel": 3},
+            "bias",
+        ),
+        (
+            (
+                TensorSpec((2, 2, 2, 8), "float32"),
+                TensorSpec((200, 4), "float32"),
+                TensorSpec((4,), "float32"),
+            ),
+            {"kernel": 5},
+            "kernel",
+        ),
+        (
+            (
+                TensorSpec((2, 8, 8, 8), "float32"),
+                TensorSpec((72, 4), "float32"),
+                TensorSpec((4,), "float32"),
+            ),
+            {"kernel": 3, "stride": 0},
+            "stride",
+        ),
+        (
+            (
+                TensorSpec((2, 8, 8, 8), "float32"),
+                TensorSpec((72, 4), "float32"),
+                TensorSpec((4,), "float32"),
+            ),
+            {"kernel": 3, "act": "gelu"},
+            "act",
+        ),
     ],
 )
 def test_conv2d_rejects_bad_specs_naming_the_values(specs, attrs, field):
@@ -123,7 +196,9 @@ def test_gemm_with_bias_and_relu():
     b = rng.standard_normal((7, 3)).astype(np.float32)
     bias = rng.standard_normal(3).astype(np.float32)
     (out,) = eager(GEMM, a, b, bias, act="relu")
-    np.testing.assert_allclose(out, np.maximum(a.astype(np.float64) @ b + bias, 0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        out, np.maximum(a.astype(np.float64) @ b + bias, 0), rtol=1e-5, atol=1e-5
+    )
     with pytest.raises(InvalidInput) as info:
         GEMM.prepare(TensorSpec((5, 7), "float32"), TensorSpec((6, 3), "float32"))
     assert info.value.fields["a"] == (5, 7)
@@ -165,7 +240,9 @@ def test_softmax_rows_sum_to_one():
 
 
 def test_topk_order_ties_and_nan():
-    x = np.array([[1.0, 5.0, 5.0, 3.0, np.nan, 4.0], [0.0, -1.0, 2.0, 2.0, 2.0, 1.0]], dtype=np.float32)
+    x = np.array(
+        [[1.0, 5.0, 5.0, 3.0, np.nan, 4.0], [0.0, -1.0, 2.0, 2.0, 2.0, 1.0]], dtype=np.float32
+    )
     vals, idx = eager(TOPK, x, k=3)
     np.testing.assert_array_equal(idx, [[1, 2, 5], [2, 3, 4]])
     np.testing.assert_array_equal(vals, [[5, 5, 4], [2, 2, 2]])
@@ -178,8 +255,15 @@ def test_topk_order_ties_and_nan():
 def test_normalize(layout):
     x = rng.integers(0, 256, (2, 4, 5, 3), dtype=np.uint8)
     mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-    (y,) = eager(NORMALIZE, x, mean=mean, std=std, layout=layout, dtype="float32",
-                 pad_channels=4 if layout == "nhwc" else 3)
+    (y,) = eager(
+        NORMALIZE,
+        x,
+        mean=mean,
+        std=std,
+        layout=layout,
+        dtype="float32",
+        pad_channels=4 if layout == "nhwc" else 3,
+    )
     ref = (x / 255.0 - np.array(mean)) / np.array(std)
     if layout == "nhwc":
         np.testing.assert_allclose(y[..., :3], ref, rtol=1e-5, atol=1e-5)
