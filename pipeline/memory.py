@@ -391,9 +391,12 @@ class PinnedRing:
 
         with cupy.cuda.Device(self.backend.device_id):
             if self.mapped:
-                ptr = runtime.hostAlloc(n, runtime.hostAllocMapped)
+                ptr = runtime.hostAlloc(n, getattr(runtime, "hostAllocMapped", 2))
                 self._host_ptrs.append(ptr)
-                dptr = runtime.hostGetDevicePointer(ptr, 0)
+                get_dptr = getattr(runtime, "hostGetDevicePointer", None)
+                # with unified addressing (every 64-bit CUDA platform) the host address is
+                # also the device address of mapped memory
+                dptr = get_dptr(ptr, 0) if get_dptr is not None else ptr
                 host = np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(ptr))
                 return host, int(dptr)
             mem = cupy.cuda.alloc_pinned_memory(n)

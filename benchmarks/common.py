@@ -1,0 +1,52 @@
+"""Shared benchmark plumbing: machine description, JSON output, a small table printer."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import subprocess
+from typing import Any
+
+
+def machine() -> str:
+    gpu = ""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+        gpu = "; ".join(ln.strip() for ln in out.stdout.splitlines() if ln.strip())
+    except (OSError, subprocess.SubprocessError):
+        gpu = "no GPU"
+    return f"{gpu} | {os.cpu_count()} CPU cores | {platform.processor() or platform.machine()} | Python {platform.python_version()}"
+
+
+def today() -> str:
+    return _dt.date.today().isoformat()
+
+
+def write_json(path: str, payload: dict[str, Any]) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=2)
+        f.write("\n")
+
+
+def table(rows: list[dict[str, Any]], cols: list[str]) -> str:
+    def fmt(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:,.1f}" if abs(v) >= 10 else f"{v:.3g}"
+        return str(v)
+
+    widths = [max(len(c), *(len(fmt(r.get(c, ""))) for r in rows)) for c in cols]
+    lines = [" | ".join(c.rjust(w) for c, w in zip(cols, widths, strict=True))]
+    lines.append("-+-".join("-" * w for w in widths))
+    for r in rows:
+        lines.append(
+            " | ".join(fmt(r.get(c, "")).rjust(w) for c, w in zip(cols, widths, strict=True))
+        )
+    return "\n".join(lines)

@@ -1,0 +1,192 @@
+"""ResNet-50 against torchvision, graph replay against eager, naive against real, 50 threads."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from pipeline.config import ExecutorConfig
+from pipeline.executor import GpuExecutor
+from pipeline.imaging import encode_jpeg
+from pipeline.models import digits, resnet50
+from pipeline.models.registry import LoadedModel, model_info
+
+pytestmark = pytest.mark.gpu
+
+
+def torchvision_state(seed: int = 0):
+    """torchvision's resnet50 with its own random init, batch norms perturbed, as numpy."""
+    import torch
+    import torchvision
+
+    torch.manual_seed(seed)
+    m = torchvision.models.resnet50(weights=None).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, mod in m.named_modules():
+            if isinstance(mod, torch.nn.BatchNorm2d):
+                c = mod.num_features
+                mod.running_mean.copy_(torch.randn(c, generator=g) * 0.1)
+                mod.running_var.copy_(torch.rand(c, generator=g) * 1.5 + 0.5)
+                mod.bias.copy_(torch.randn(c, generator=g) * 0.1)
+                scale = 0.3 if name.endswith("bn3") else 1.0  # keep 16 residual sums in fp16 range
+                mod.weight.copy_((torch.rand(c, generator=g) * 0.5 + 0.75) * scale)
+    sd = {
+        k: v.detach().numpy().astype(np.float32)
+        for k, v in m.state_dict().items()
+        if not k.endswith("num_batches_tracked")
+    }
+    return m, sd
+
+
+def photos() -> np.ndarray:
+    """scikit-image's bundled photos through Ferry's own decode path (JPEG, centre crop)."""
+    import skimage.data as d
+
+    from pipeline.imaging import decode
+
+    target = model_info("resnet50").target()
+    imgs = []
+    for name in (
+        "chelsea",
+        "astronaut",
+        "coffee",
+        "rocket",
+        "hubble_deep_field",
+        "immunohistochemistry",
+    ):
+        img = getattr(d, name)()
+        imgs.append(decode(encode_jpeg(img, 95), "image/jpeg", target, 40_000_000))
+    return np.stack(imgs)
+
+
+@pytest.fixture(scope="module")
+def parity():
+    import torch
+
+    tmodel, sd = torchvision_state(0)
+    images = photos()
+    x = (images / 255.0 - np.array(resnet50.MEAN)) / np.array(resnet50.STD)
+    with torch.no_grad():
+        ref = (
+            tmodel.cuda()
+            .float()(torch.from_numpy(x.transpose(0, 3, 1, 2).copy()).float().cuda())
+            .cpu()
+            .numpy()
+        )
+    return sd, images, ref
+
+
+def executor(**kw) -> GpuExecutor:
+    cfg = dict(backend="cupy", buckets=(1, 2, 4, 8), pool_limit_bytes=16 << 30)
+    cfg.update(kw)
+    return GpuExecutor(ExecutorConfig(**cfg))
+
+
+def test_resnet50_fp16_matches_torchvision(parity):
+    sd, images, ref = parity
+    ex = executor()
+    ex.load(LoadedModel("r", model_info("resnet50"), resnet50.build(sd, "r"), False, "torchvision"))
+    ex.warmup()
+    got = ex.infer("r", images).astype(np.float32)
+    err = np.abs(got - ref).max() / np.abs(ref).max()
+    print(f"resnet50 fp16 vs torchvision fp32: max relative error of the logits {err:.2e}")
+    assert err <= 1e-2
+    for g, r in zip(got, ref, strict=True):
+        top_g, top_r = np.argsort(-g)[:5], np.argsort(-r)[:5]
+        # the same top-5; a swap is allowed only between classes whose torch logits are
+        # closer than the fp16 error itself
+        tol = 2e-2 * np.abs(r).max()
+        for a, b in zip(top_g, top_r, strict=True):
+            assert a == b or abs(r[a] - r[b]) < tol, (top_g, top_r)
+    ex.close()
+
+
+def test_graph_replay_equals_eager_and_naive_equals_real(parity):
+    sd, images, _ = parity
+    outs = {}
+    for name, kw in {
+        "graph": {},
+        "eager": {"cuda_graphs": False},
+        "naive": {"mode": "naive"},
+    }.items():
+        ex = executor(**kw)
+        ex.load(
+            LoadedModel("r", model_info("resnet50"), resnet50.build(sd, "r"), False, "torchvision")
+        )
+        ex.warmup()
+        outs[name] = ex.infer("r", images[:4])
+        s = ex.stats()
+        if name == "graph":
+            assert s["graph_replays"] > 0 and s["captures"] > 0
+        if name == "eager":
+            assert s["captures"] == 0
+        ex.close()
+    scale = float(np.abs(outs["eager"]).max())
+    d_graph = float(np.abs(outs["graph"].astype(np.float32) - outs["eager"]).max())
+    d_naive = float(np.abs(outs["naive"].astype(np.float32) - outs["graph"]).max())
+    print(
+        f"graph vs eager: max |diff| {d_graph:.3g}; naive vs real: {d_naive:.3g} (logit scale {scale:.3g})"
+    )
+    assert d_graph <= 1e-3 * scale  # same kernels; identical in practice
+    assert d_naive <= 1e-3 * scale
+
+
+def test_digits_on_the_gpu_keeps_its_accuracy():
+    _, _, xte, yte = digits.load_split()
+    ex = executor(buckets=(1, 16, 128))
+    ex.load_model("digits", "digits")
+    ex.warmup()
+    acc = float((ex.infer("digits", xte).argmax(1) == yte).mean())
+    print(f"digits held-out accuracy on the GPU (fp16): {acc:.4f}")
+    assert acc >= 0.97
+    ex.close()
+
+
+def test_50_threads_committing_concurrently():
+    ex = executor(buckets=(1, 2, 4, 8, 16), max_in_flight=3)
+    ex.load_model("r", "resnet50", seed=0)
+    ex.load_model("digits", "digits")
+    ex.warmup()
+    allocs = ex.pool.stats().driver_allocs
+    rng = np.random.default_rng(0)
+    inputs = [
+        (
+            ("r", rng.integers(0, 256, (1 + i % 9, 224, 224, 3), dtype=np.uint8))
+            if i % 2
+            else ("digits", rng.integers(0, 256, (1 + i % 16, 8, 8, 1), dtype=np.uint8))
+        )
+        for i in range(100)
+    ]
+    expected = [ex.infer(m, x) for m, x in inputs]
+    got: dict[int, np.ndarray] = {}
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(50)
+
+    def worker(k):
+        try:
+            barrier.wait()
+            for i in range(k, len(inputs), 50):
+                m, x = inputs[i]
+                got[i] = ex.commit(ex.prepare(m, len(x)), x).wait(60)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors[:3]
+    for i, e in enumerate(expected):
+        np.testing.assert_array_equal(got[i], e)
+    s = ex.stats()
+    print(
+        f"50 threads: {s['batches']} batches, {s['graph_replays']} graph replays, "
+        f"max in flight {s['max_in_flight_seen']}, pool {s['pool']}"
+    )
+    assert s["pool"]["bytes_in_use"] == 0 and s["in_flight"] == 0
+    assert s["pool"]["driver_allocs"] == allocs, "a driver allocation after warm-up"
+    ex.close()
