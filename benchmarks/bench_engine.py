@@ -95,8 +95,6 @@ def torch_rates(batch: int, seconds: float) -> tuple[float, float]:
         with torch.cuda.graph(g):
             model(x)
         graph = run_for(seconds, g.replay, batch, torch.cuda.synchronize)
-    del model, g
-    torch.cuda.empty_cache()
     return eager, graph
 
 
