@@ -132,7 +132,7 @@ def main() -> int:
         for e in conv_shapes(batch):
             g = e["geo"]
             f_us, t_us = bench_ferry(e), bench_torch(e)
-            path = "gemm" if g.direct else ("im2col_vec" if g.vec else "im2col_scalar")
+            path = "gemm" if g.direct else ("im2col_vec" if g.vec else "im2col_gather")
             rows.append(
                 {
                     "batch": batch,

@@ -8,6 +8,9 @@ Nothing here runs unless a CUDA device is in use.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import os
 import threading
 from typing import Any
 
@@ -84,6 +87,45 @@ _ONE = np.ones(1, dtype=np.float32)
 _ZERO = np.zeros(1, dtype=np.float32)
 
 
+_gemm_ex: Any = None
+
+
+def _loaded_library(stem: str) -> str | None:
+    """The path of an already-mapped shared library whose file name starts with ``stem``."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.split()[-1]
+                if os.path.basename(path).startswith(stem):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+def _cublas_gemm_ex() -> Any:
+    """``cublasGemmEx`` itself, through ctypes, from the libcublas cupy already loaded.
+
+    cupy's own wrapper re-binds the handle to cupy's current stream on every call and
+    refuses to run while a stream is capturing; Ferry's handles are bound to their stream
+    once (``Stream.cublas_handle``), so calling the library directly is both leaner on the
+    hot path and what lets GEMMs be recorded into CUDA graphs.
+    """
+    global _gemm_ex
+    if _gemm_ex is None:
+        from cupy_backends.cuda.libs import cublas  # noqa: F401  (maps libcublas)
+
+        path = _loaded_library("libcublas.so") or ctypes.util.find_library("cublas")
+        if path is None:
+            raise DeviceError("libcublas is not loaded and cannot be found")
+        f = ctypes.CDLL(path).cublasGemmEx
+        f.restype = ctypes.c_int
+        vp, i = ctypes.c_void_p, ctypes.c_int
+        f.argtypes = [vp, i, i, i, i, i, vp, vp, i, i, vp, i, i, vp, vp, i, i, i, i]
+        _gemm_ex = f
+    return _gemm_ex
+
+
 def gemm_rowmajor(
     stream: Any,
     a_ptr: int,
@@ -102,10 +144,8 @@ def gemm_rowmajor(
     cuBLAS is column-major, so this computes C^T = B^T A^T: the row-major B seen
     column-major *is* B^T, and likewise for A and C; no transposes are needed.
     """
-    from cupy_backends.cuda.libs import cublas
-
     dt = _CUDA_DT[np.dtype(dtype).name]
-    cublas.gemmEx(
+    status = _cublas_gemm_ex()(
         stream.cublas_handle,
         0,
         0,
@@ -126,6 +166,10 @@ def gemm_rowmajor(
         _CUBLAS_COMPUTE_32F,
         _CUBLAS_GEMM_DEFAULT,
     )
+    if status:
+        raise DeviceError(
+            "cublasGemmEx failed", status=status, m=m, n=n, k=k, dtype=np.dtype(dtype).name
+        )
 
 
 def ptr(array: Any) -> int:

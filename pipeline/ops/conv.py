@@ -8,7 +8,7 @@ one pass. Attributes: ``kernel`` (kh, kw), ``stride``, ``padding``, ``act``,
 
 The im2col kernel handles padding and stride itself and writes straight into the
 workspace; it moves 16-byte vectors when C allows (every ResNet-50 layer but the stem) and
-single elements otherwise (the 3-channel stem, whose columns are padded to Kp). When the
+gathers 16-byte vectors of columns otherwise (the 3-channel stem, whose columns are padded to Kp). When the
 column matrix would pass ``max_workspace_bytes`` the rows are done in chunks, so the stem
 at batch 256 needs 256 MB of workspace, not 1 GB.
 """
@@ -73,30 +73,39 @@ extern "C" __global__ void im2col_vec(const T* __restrict__ x, T* __restrict__ c
   }
 }
 
-extern "C" __global__ void im2col_scalar(const T* __restrict__ x, T* __restrict__ cols,
+// any C: each thread gathers VEC consecutive columns of one row and writes them as one
+// 16-byte vector (Kp % 8 == 0); columns past K are zero. The (kh, kw, c) position is
+// advanced incrementally instead of divided out per element.
+extern "C" __global__ void im2col_gather(const T* __restrict__ x, T* __restrict__ cols,
     long long row0, long long rows, int H, int W, int C, int KH, int KW,
     int SH, int SW, int PH, int PW, int OH, int OW, int Kp) {
+  typedef VecT<VEC> V;
   const int K = KH * KW * C;
-  const long long total = rows * Kp;
+  const int KV = Kp / VEC;
+  const long long total = rows * KV;
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
        i += (long long)gridDim.x * blockDim.x) {
-    int k = (int)(i % Kp);
-    long long gr = i / Kp + row0;
-    T v = fromf(0.f);
-    if (k < K) {
-      int c = k % C;
-      int t = k / C;
-      int kw = t % KW;
-      int kh = t / KW;
-      int ow = (int)(gr % OW);
-      long long t2 = gr / OW;
-      int oh = (int)(t2 % OH);
-      long long n = t2 / OH;
-      int ih = oh * SH - PH + kh;
-      int iw = ow * SW - PW + kw;
-      if (ih >= 0 && ih < H && iw >= 0 && iw < W) v = x[((n * H + ih) * W + iw) * C + c];
+    int k0 = (int)(i % KV) * VEC;
+    long long gr = i / KV + row0;
+    int ow = (int)(gr % OW);
+    long long t2 = gr / OW;
+    int oh = (int)(t2 % OH);
+    long long n = t2 / OH;
+    const T* xn = x + n * (long long)H * W * C;
+    int c = k0 % C, t = k0 / C;
+    int kw = t % KW, kh = t / KW;
+    V v;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      T e = fromf(0.f);
+      if (k0 + j < K) {
+        int ih = oh * SH - PH + kh, iw = ow * SW - PW + kw;
+        if (ih >= 0 && ih < H && iw >= 0 && iw < W) e = xn[((long long)ih * W + iw) * C + c];
+      }
+      v.v[j] = e;
+      if (++c == C) { c = 0; if (++kw == KW) { kw = 0; ++kh; } }
     }
-    cols[i] = v;
+    reinterpret_cast<V*>(cols)[i] = v;
   }
 }
 """
@@ -331,8 +340,8 @@ class Conv2d(Op):
                 per_row = g.kh * g.kw * (g.c // (16 // item))
                 extra: tuple = ()
             else:
-                kern = _cuda.kernel(SOURCE, "im2col_scalar", dt)
-                per_row = g.kp
+                kern = _cuda.kernel(SOURCE, "im2col_gather", dt)
+                per_row = g.kp // (16 // item)
                 extra = (np.int32(g.kp),)
             out_ptr = _cuda.ptr(out)
             cols_ptr = _cuda.ptr(cols)

@@ -35,6 +35,40 @@ extern "C" __global__ void maxpool_nhwc(const T* __restrict__ x, T* __restrict__
   }
 }
 
+// VEC channels per thread as one 16-byte vector (C % VEC == 0)
+extern "C" __global__ void maxpool_nhwc_vec(const T* __restrict__ x, T* __restrict__ y,
+    long long total_vec, int H, int W, int C, int K, int S, int P, int OH, int OW) {
+  typedef VecT<VEC> V;
+  const int CV = C / VEC;
+  const V* xv = reinterpret_cast<const V*>(x);
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total_vec;
+       i += (long long)gridDim.x * blockDim.x) {
+    int cv = (int)(i % CV);
+    long long t = i / CV;
+    int ow = (int)(t % OW); t /= OW;
+    int oh = (int)(t % OH);
+    long long n = t / OH;
+    float m[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) m[j] = -FERRY_INF;
+    for (int kh = 0; kh < K; ++kh) {
+      int ih = oh * S - P + kh;
+      if (ih < 0 || ih >= H) continue;
+      for (int kw = 0; kw < K; ++kw) {
+        int iw = ow * S - P + kw;
+        if (iw < 0 || iw >= W) continue;
+        V v = xv[((n * H + ih) * W + iw) * CV + cv];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) m[j] = fmaxf(m[j], tof(v.v[j]));
+      }
+    }
+    V o;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) o.v[j] = fromf(m[j]);
+    reinterpret_cast<V*>(y)[i] = o;
+  }
+}
+
 extern "C" __global__ void gap_nhwc(const T* __restrict__ x, T* __restrict__ y,
     long long total, int HW, int C) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;

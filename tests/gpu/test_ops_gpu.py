@@ -58,7 +58,7 @@ def on_host(op, *host_arrays, **attrs):
 
 
 CONV_SHAPES = [
-    (2, 15, 13, 3, 64, 7, 2, 3),  # stem (scalar im2col)
+    (2, 15, 13, 3, 64, 7, 2, 3),  # stem (gathering im2col)
     (4, 14, 14, 64, 64, 3, 1, 1),  # 3x3 (vector im2col)
     (4, 14, 14, 128, 128, 3, 2, 1),  # 3x3 stride 2
     (4, 7, 7, 256, 512, 1, 1, 0),  # 1x1 as GEMM
