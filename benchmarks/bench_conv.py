@@ -97,22 +97,24 @@ def bench_torch(entry) -> float:
     ).to(memory_format=torch.channels_last)
     b = torch.zeros(geo.cout, device="cuda", dtype=torch.float16)
     s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         for _ in range(3):
             F.conv2d(x, w, b, stride=geo.sh, padding=geo.ph)
-    torch.cuda.synchronize()
+    torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):
+    with torch.cuda.graph(g):
         for _ in range(REPS):
             y = F.conv2d(x, w, b, stride=geo.sh, padding=geo.ph)
+    cur = torch.cuda.current_stream()  # replay() launches here; time it here
     g.replay()
     torch.cuda.synchronize()
     times = []
     for _ in range(5):
         a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(s)
+        a.record(cur)
         g.replay()
-        e.record(s)
+        e.record(cur)
         e.synchronize()
         times.append(a.elapsed_time(e) * 1e3 / REPS)
     del y
