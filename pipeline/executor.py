@@ -280,31 +280,45 @@ class GpuExecutor:
             )
             return AsyncResult.failed(err, label)
 
-    def _check_input(self, p: PreparedBatch, x: Any) -> np.ndarray:
+    def _check_input(self, p: PreparedBatch, x: Any) -> np.ndarray | list[np.ndarray]:
+        """An array [n, *item], or a list of n arrays [*item] (copied row by row into the
+        staging slot, which saves stacking them first)."""
         spec = p.plan.input_spec
+        item = tuple(spec.shape[1:])
+        if isinstance(x, list | tuple):
+            if len(x) != p.n:
+                raise InvalidInput("batch has the wrong number of rows", rows=len(x), expected=p.n)
+            for r in x:
+                if not isinstance(r, np.ndarray) or tuple(r.shape) != item or r.dtype != spec.np_dtype:
+                    raise InvalidInput("a row does not match the model's input",
+                                       shape=getattr(r, "shape", None), dtype=str(getattr(r, "dtype", type(r).__name__)),
+                                       expected=item, expected_dtype=spec.dtype)
+            return list(x)
         if not isinstance(x, np.ndarray):
-            raise InvalidInput("a batch must be a numpy array", got=type(x).__name__)
-        want = (p.n, *spec.shape[1:])
+            raise InvalidInput("a batch must be a numpy array or a list of rows", got=type(x).__name__)
+        want = (p.n, *item)
         if tuple(x.shape) != want:
-            raise InvalidInput(
-                "batch shape does not match the prepared batch", shape=tuple(x.shape), expected=want
-            )
+            raise InvalidInput("batch shape does not match the prepared batch", shape=tuple(x.shape), expected=want)
         if x.dtype != spec.np_dtype:
-            raise InvalidInput(
-                "batch dtype does not match the model's input",
-                dtype=x.dtype.name,
-                expected=spec.dtype,
-            )
+            raise InvalidInput("batch dtype does not match the model's input", dtype=x.dtype.name, expected=spec.dtype)
         return x
 
-    def _commit_real(self, p: PreparedBatch, x: np.ndarray, label: str) -> AsyncResult:
+    @staticmethod
+    def _stage(dst: np.ndarray, x: np.ndarray | list[np.ndarray], n: int) -> None:
+        if isinstance(x, list):
+            for i, r in enumerate(x):
+                dst[i] = r
+        else:
+            dst[:n] = x
+        if n < len(dst):
+            dst[n:] = 0
+
+    def _commit_real(self, p: PreparedBatch, x: np.ndarray | list[np.ndarray], label: str) -> AsyncResult:
         plan, slot = p.plan, p.slot
         assert slot is not None and p.reservation is not None
         spec_in = plan.input_spec
         stage_in = slot.view(0, spec_in.shape, spec_in.dtype)
-        stage_in[: p.n] = x  # the host copy into pinned memory, in the caller's thread
-        if p.n < p.bucket:
-            stage_in[p.n :] = 0
+        self._stage(stage_in, x, p.n)  # the host copy into pinned memory, in the caller's thread
         outs_host = []
         off = round_up(spec_in.nbytes, 256)
         for s in plan.output_specs:
@@ -386,13 +400,13 @@ class GpuExecutor:
             s = self._tls.stream = Stream("naive", self.backend)
         return s
 
-    def _commit_naive(self, p: PreparedBatch, x: np.ndarray, label: str) -> AsyncResult:
+    def _commit_naive(self, p: PreparedBatch, x: np.ndarray | list[np.ndarray], label: str) -> AsyncResult:
         """The baseline: allocate, copy in synchronously, compute, copy out, free -- per call."""
         try:
             plan = p.plan
             model = self._model(p.model)
-            padded = np.zeros(plan.input_spec.shape, dtype=plan.input_spec.np_dtype)  # pageable
-            padded[: p.n] = x
+            padded = np.empty(plan.input_spec.shape, dtype=plan.input_spec.np_dtype)  # pageable
+            self._stage(padded, x, p.n)
             if self.backend.is_cuda:
                 import cupy
                 from cupy.cuda import runtime
@@ -453,12 +467,13 @@ class GpuExecutor:
         (one per in-flight arena) and replayed once. Small buckets first, so the pool's
         blocks for each bucket are exact fits that later batches get back."""
         times: dict[str, float] = {}
-        depth = 1 if self.naive else self.config.max_in_flight
+        gpu = self.backend.is_cuda and not self.naive
+        depth = self.config.max_in_flight if gpu else 1  # one arena per in-flight batch to capture
         for name in models or list(self._models):
             t0 = time.perf_counter()
             item = self.plan(name, 1).input_spec
             for bucket in self.config.buckets:
-                for _round in range(2 if self.backend.is_cuda and not self.naive else 1):
+                for _round in range(2 if gpu else 1):
                     prepared = [self.prepare(name, bucket) for _ in range(depth)]
                     zeros = np.zeros((bucket, *item.shape[1:]), dtype=item.np_dtype)
                     for r in [self.commit(p, zeros) for p in prepared]:

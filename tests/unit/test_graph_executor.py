@@ -302,3 +302,14 @@ def test_stats_count_batches_items_and_padding(digits_executor):
     s = ex.stats()
     assert s["batches"] == 1 and s["items"] == 5 and s["padded_items"] == 3
     assert s["in_flight"] == 0 and s["pool"]["bytes_in_use"] == 0
+
+
+def test_commit_takes_a_list_of_rows(digits_executor):
+    ex = digits_executor
+    rows = [np.full((8, 8, 1), 16 * i, np.uint8) for i in range(5)]
+    a = ex.commit(ex.prepare("digits", 5), rows).wait()
+    b = ex.commit(ex.prepare("digits", 5), np.stack(rows)).wait()
+    np.testing.assert_array_equal(a, b)
+    with pytest.raises(InvalidInput):
+        ex.commit(ex.prepare("digits", 2), [rows[0], np.zeros((8, 8, 3), np.uint8)])
+    assert ex.pool.stats().bytes_in_use == 0

@@ -1,0 +1,1 @@
+"""Ferry on Ray Serve: ingress, preprocessing, inference and postprocessing deployments."""

@@ -1,0 +1,65 @@
+"""Build the Ferry application from one pydantic config.
+
+    serve run serve_config.yaml                       # the embedded CPU default
+    serve run deployments.app:build_app               # the same defaults, no file
+    serve run deployments.app:build_app config=path/to/pipeline.yaml
+
+``build_app(args)`` takes the ``args`` of a Serve config file: either the pipeline config
+inline under ``config:``, or a path to a YAML/JSON file of it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+from ray import serve
+
+from pipeline.config import PipelineConfig
+
+from .inference import Inference
+from .ingress import Ingress
+from .postprocess import Postprocess
+from .preprocess import Preprocess
+
+logger = logging.getLogger(__name__)
+
+
+def load_config(args: dict[str, Any] | None) -> PipelineConfig:
+    args = dict(args or {})
+    cfg = args.pop("config", None)
+    if isinstance(cfg, str):
+        with open(cfg) as f:
+            text = f.read()
+        if cfg.endswith((".yaml", ".yml")):
+            import yaml
+
+            cfg = yaml.safe_load(text)
+        else:
+            cfg = json.loads(text)
+    if cfg is None:
+        cfg = args  # the fields given directly as args
+    elif args:
+        raise ValueError(f"give the pipeline config under 'config' or as args, not both: {sorted(args)}")
+    return PipelineConfig.model_validate(cfg or {})
+
+
+def build(config: PipelineConfig) -> serve.Application:
+    raw = config.model_dump(mode="json")
+    pre = Preprocess.options(**config.preprocess_deployment.serve_options()).bind(raw)
+    inf = Inference.options(**config.inference_deployment.serve_options()).bind(raw)
+    post = Postprocess.options(**config.postprocess_deployment.serve_options()).bind(raw)
+    return Ingress.options(**config.ingress_deployment.serve_options()).bind(raw, pre, inf, post)
+
+
+def build_app(args: dict[str, Any] | None = None) -> serve.Application:
+    """The Serve application builder (``import_path: deployments.app:build_app``)."""
+    config = load_config(args)
+    logger.info("building Ferry: models %s on %s", [m.name for m in config.models], config.executor.backend)
+    return build(config)
+
+
+if os.environ.get("FERRY_DEFAULT_APP"):  # `serve run deployments.app:app`
+    app = build_app()

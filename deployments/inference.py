@@ -1,0 +1,146 @@
+"""Inference: the GPU actor -- one GpuExecutor and one BatchScheduler per replica.
+
+Rows from many calls (each already a coalesced group of requests) are merged into GPU
+batches: full, or the oldest row waited ``max_wait_ms``. Up to ``max_in_flight`` batches
+are staged or running at once. Preparing a batch may wait for a staging slot and copying
+it into pinned memory takes time, so both run in a worker thread; the event loop only
+awaits. The replica loads its models and warms every bucket (capturing its CUDA graphs)
+in its constructor, so it reports healthy only when it is ready to serve.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+from ray import serve
+
+from pipeline import metrics
+from pipeline.batching import Batch, BatchScheduler
+from pipeline.config import PipelineConfig
+from pipeline.errors import FerryError, ModelNotFound
+from pipeline.executor import GpuExecutor
+
+from .messages import RequestMeta, Rows
+
+logger = logging.getLogger(__name__)
+
+
+class InferenceCore:
+    """The stage's logic without Ray: executor + scheduler + the row bookkeeping."""
+
+    def __init__(self, config: PipelineConfig) -> None:
+        self.config = config
+        self.executor = GpuExecutor(config.executor)
+        for m in config.models:
+            self.executor.load_model(m.name, m.arch, m.weights, m.seed)
+        self.random = {name: lm.random_weights for name, lm in self.executor.models.items()}
+        self.warmup_s: dict[str, float] = {}
+        if config.warmup:
+            self.warmup_s = self.executor.warmup()
+        b = config.batching
+        self.scheduler = BatchScheduler(
+            self._run_batch, b.max_batch_size, b.max_wait_ms, b.max_queue,
+            buckets=config.executor.buckets, max_in_flight=config.executor.max_in_flight,
+            retry_after_s=b.retry_after_s, on_batch=self._on_batch,
+            on_drop=lambda p, e: metrics.count_rejected("deadline"))
+        self.submit_pool = ThreadPoolExecutor(config.executor.max_in_flight + 1, thread_name_prefix="ferry-submit")
+        self.default_deadline_s = None if b.default_deadline_ms is None else b.default_deadline_ms / 1e3
+        self.ready = True
+
+    def _on_batch(self, batch: Batch) -> None:
+        metrics.observe_batch(batch.key, len(batch))
+        metrics.set_queue_depth(batch.key, self.scheduler.queue.depth(batch.key))
+
+    def _submit(self, model: str, rows: list[np.ndarray]) -> Any:
+        p = self.executor.prepare(model, len(rows))
+        return self.executor.commit(p, rows, label=f"{model}[{len(rows)}]")  # rows go straight to pinned memory
+
+    async def _run_batch(self, batch: Batch) -> list[Any]:
+        t0 = time.monotonic()
+        loop = asyncio.get_running_loop()
+        rows = [p.item for p in batch.items]
+        result = await loop.run_in_executor(self.submit_pool, self._submit, batch.key, rows)
+        logits = await result
+        t1 = time.monotonic()
+        gpu_ms = (t1 - t0) * 1e3
+        metrics.observe_stage("gpu", batch.key, gpu_ms, count=1)
+        metrics.set_pool(self.executor.pool.stats().as_dict())
+        out = []
+        for i, p in enumerate(batch.items):
+            out.append((logits[i], (t0 - p.enqueued) * 1e3, gpu_ms, len(batch)))
+        return out
+
+    async def run(self, model: str, images: Rows, meta: list[RequestMeta]) -> Rows:
+        if model not in self.random:
+            raise ModelNotFound("no such model", model=model, served=sorted(self.random))
+        n = 0 if images.data is None else len(images.data)
+        errors = dict(images.errors)
+        futs = []
+        now_epoch, now_mono = time.time(), time.monotonic()
+        for i in range(n):
+            m = meta[images.owner[i]]
+            deadline = None
+            if m.deadline is not None:
+                deadline = now_mono + (m.deadline - now_epoch)
+            elif self.default_deadline_s is not None:
+                deadline = now_mono + self.default_deadline_s
+            try:
+                futs.append(self.scheduler.submit_nowait(images.data[i], model, m.priority, deadline, m.request_id))
+            except FerryError as exc:  # QueueFull: this request, not the whole call
+                metrics.count_rejected("queue_full")
+                futs.append(None)
+                errors.setdefault(images.owner[i], exc)
+        results = await asyncio.gather(*(f for f in futs if f is not None), return_exceptions=True)
+        it = iter(results)
+        rows, owner, queue_ms, gpu_ms, bsz = [], [], [], [], []
+        for i, f in enumerate(futs):
+            if f is None:
+                continue
+            r = next(it)
+            o = images.owner[i]
+            if isinstance(r, BaseException):
+                errors.setdefault(o, r if isinstance(r, FerryError) else FerryError(f"{type(r).__name__}: {r}"))
+                continue
+            if o in errors:
+                continue
+            rows.append(r[0])
+            owner.append(o)
+            queue_ms.append(r[1])
+            gpu_ms.append(r[2])
+            bsz.append(r[3])
+        # a request whose rows partly failed is dropped whole
+        keep = [j for j, o in enumerate(owner) if o not in errors]
+        data = np.stack([rows[j] for j in keep]).astype(np.float32) if keep else None
+        for q in queue_ms:
+            metrics.observe_stage("queue", model, q)
+        return Rows(images.n_requests, data, [owner[j] for j in keep], errors, dict(images.timings_ms),
+                    {"queue": [queue_ms[j] for j in keep], "gpu": [gpu_ms[j] for j in keep],
+                     "batch_size": [float(bsz[j]) for j in keep]}, random_weights=self.random[model])
+
+    def status(self) -> dict[str, Any]:
+        s = self.executor.stats()
+        s["queue_depth"] = len(self.scheduler.queue)
+        s["warmup_s"] = self.warmup_s
+        s["models"] = {k: {"random_weights": v} for k, v in self.random.items()}
+        return s
+
+
+@serve.deployment
+class Inference:
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.core = InferenceCore(PipelineConfig.model_validate(config))
+
+    async def __call__(self, model: str, images: Rows, meta: list[RequestMeta]) -> Rows:
+        return await self.core.run(model, images, meta)
+
+    async def status(self) -> dict[str, Any]:
+        return self.core.status()
+
+    def check_health(self) -> None:
+        if not self.core.ready:
+            raise RuntimeError("inference replica is not warmed up")

@@ -1,0 +1,333 @@
+"""Ingress: the HTTP front (FastAPI through ``@serve.ingress``).
+
+(No ``from __future__ import annotations`` here: Serve rebuilds the route functions, and
+FastAPI must see real annotation objects, not strings, to recognise ``Request``.)
+
+It validates what it can without decoding (size, media type, image header, tensor shape),
+gives every request an id, and coalesces the requests that arrive within
+``coalesce_window_ms`` into one downstream call: preprocess -> inference -> postprocess,
+chained as DeploymentResponses, so images and tensors go from stage to stage through the
+object store and never come back through this process. Only the small answers do.
+"""
+
+
+import asyncio
+import email.parser
+import email.policy
+import logging
+import re
+import time
+import uuid
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from ray import serve
+
+from pipeline import metrics
+from pipeline.batching import Coalescer
+from pipeline.config import PipelineConfig, Settings
+from pipeline.errors import (
+    DeadlineExceeded,
+    FerryError,
+    InvalidInput,
+    ModelNotFound,
+    PayloadTooLarge,
+    QueueFull,
+)
+from pipeline.imaging import check_media, image_size
+from pipeline.models.registry import model_info
+
+from . import v2
+from .messages import PostSpec, RequestMeta, Rows
+
+logger = logging.getLogger(__name__)
+app = FastAPI(title="Ferry", description="GPU inference at high concurrency on Ray Serve", version="0.1.0")
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_SETTINGS = Settings.from_env()
+PUBLIC_PATHS = ("/v2/health/",)
+
+
+def request_id_of(request: Request) -> str:
+    rid = getattr(request.state, "request_id", None)
+    if rid is None:
+        given = request.headers.get("x-request-id", "")
+        rid = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+        request.state.request_id = rid
+    return rid
+
+
+def error_response(exc: BaseException, request_id: str) -> JSONResponse:
+    if isinstance(exc, FerryError):
+        status = exc.http_status
+        body: dict[str, Any] = {"error": exc.message or type(exc).__name__, "type": type(exc).__name__,
+                                "request_id": request_id}
+        if exc.fields:
+            body["detail"] = {k: v if isinstance(v, int | float | str | bool | type(None)) else str(v)
+                              for k, v in exc.fields.items()}
+    else:
+        status = 500
+        body = {"error": "internal error", "request_id": request_id}
+        logger.error("request %s failed: %s", request_id, exc, exc_info=exc)
+    headers = {"x-request-id": request_id}
+    if status == 503:
+        headers["retry-after"] = str(max(1, round(float(getattr(exc, "fields", {}).get("retry_after_s", 1)))))
+    metrics.count_request("error", status)
+    if status in (413, 503, 504):
+        metrics.count_rejected({413: "too_large", 503: "overloaded", 504: "deadline"}[status])
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+@app.middleware("http")
+async def auth_and_request_id(request: Request, call_next):
+    rid = request_id_of(request)
+    token = _SETTINGS.auth_token
+    if token and not request.url.path.startswith(PUBLIC_PATHS):
+        if request.headers.get("authorization", "") != f"Bearer {token}":
+            return JSONResponse({"error": "missing or wrong bearer token", "request_id": rid}, status_code=401,
+                                headers={"www-authenticate": "Bearer", "x-request-id": rid})
+    response = await call_next(request)
+    response.headers["x-request-id"] = rid
+    return response
+
+
+@app.exception_handler(FerryError)
+async def _ferry_error(request: Request, exc: FerryError) -> JSONResponse:
+    return error_response(exc, request_id_of(request))
+
+
+@app.exception_handler(RequestValidationError)
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    return error_response(InvalidInput("bad request parameters", errors=str(exc.errors())), request_id_of(request))
+
+
+def unwrap(exc: BaseException) -> BaseException:
+    """The FerryError inside a Ray task error; Serve's back-pressure refusal as QueueFull."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException):
+        exc = cause
+    if type(exc).__name__ == "BackPressureError":
+        return QueueFull("a pipeline stage is at its queue limit", retry_after_s=1.0)
+    return exc
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge("request body too large", bytes=int(declared), limit_bytes=limit)
+    chunks, total = [], 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > limit:
+            raise PayloadTooLarge("request body too large", bytes=total, limit_bytes=limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def multipart_image(body: bytes, content_type: str) -> tuple[bytes, str | None]:
+    """The first file part of a multipart/form-data body (stdlib parser, no extra package)."""
+    msg = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
+        b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body)
+    if not msg.is_multipart():
+        raise InvalidInput("malformed multipart body")
+    for part in msg.iter_parts():
+        if part.get_filename() is not None or part.get_param("name", header="content-disposition") in ("file", "image"):
+            return part.get_payload(decode=True) or b"", part.get_content_type()
+    raise InvalidInput("multipart body has no file part (name it 'file' or 'image')")
+
+
+def deadline_of(request: Request, default_ms: float | None) -> float | None:
+    raw = request.headers.get("x-deadline-ms") or request.query_params.get("deadline_ms")
+    if raw is None:
+        return None if default_ms is None else time.time() + default_ms / 1e3
+    try:
+        ms = float(raw)
+    except ValueError:
+        raise InvalidInput("X-Deadline-Ms must be a number of milliseconds", value=raw) from None
+    if not 0 < ms <= 3_600_000:
+        raise InvalidInput("X-Deadline-Ms out of range (0, 3600000]", value=ms)
+    return time.time() + ms / 1e3
+
+
+def priority_of(request: Request) -> bool:
+    return (request.headers.get("x-priority") or request.query_params.get("priority") or "").lower() == "high"
+
+
+def _stamp(result: Any, t_send: float) -> Any:
+    """Mark when the group left this process (the rest of a request's time is downstream)."""
+    if isinstance(result, dict):
+        result["timings_ms"]["sent_at"] = t_send * 1e3
+    return result
+
+
+def _finish_timings(t: dict[str, float], total: float) -> None:
+    stages = sum(t.get(k, 0.0) for k in ("ingress", "preprocess", "queue", "gpu", "postprocess"))
+    t["hops"] = max(0.0, total - stages)
+    t["total"] = total
+    for k, v in t.items():
+        t[k] = round(v, 3)
+
+
+@serve.deployment
+@serve.ingress(app)
+class Ingress:
+    def __init__(self, config: dict[str, Any], preprocess: Any, inference: Any, postprocess: Any) -> None:
+        self.cfg = PipelineConfig.model_validate(config)
+        self.pre, self.inf, self.post = preprocess, inference, postprocess
+        self.models = {m.name: m for m in self.cfg.models}
+        self.info = {m.name: model_info(m.arch) for m in self.cfg.models}
+        ic = self.cfg.ingress
+        self._coalescers: dict[tuple[str, str], Coalescer] = {}
+        self._window_s = ic.coalesce_window_ms / 1e3
+        self._ready_at = 0.0
+
+    # ------------------------------------------------------------------ plumbing
+    def _coalescer(self, model: str, kind: str) -> Coalescer:
+        key = (model, kind)
+        c = self._coalescers.get(key)
+        if c is None:
+            run = (lambda items, m=model: self._classify_group(m, items)) if kind == "classify" else \
+                  (lambda items, m=model: self._v2_group(m, items))
+            c = self._coalescers[key] = Coalescer(run, self._window_s, self.cfg.ingress.max_coalesce)
+        return c
+
+    def _model(self, name: str) -> str:
+        if name not in self.models:
+            raise ModelNotFound("no such model", model=name, served=sorted(self.models))
+        return name
+
+    async def _classify_group(self, model: str, items: list[tuple]) -> list[Any]:
+        t_send = time.perf_counter()
+        pre = self.pre.remote(model, [(d, ct) for d, ct, *_ in items])
+        inf = self.inf.remote(model, pre, [it[3] for it in items])  # pre goes by reference
+        post = self.post.remote(model, inf, [PostSpec("classify", top_k=it[2]) for it in items])
+        try:
+            results = await post
+        except BaseException as exc:
+            raise unwrap(exc) from None
+        for r in results:  # a loop, not a comprehension: Serve pickles these methods by value
+            _stamp(r, t_send)
+        return results
+
+    async def _v2_group(self, model: str, items: list[tuple]) -> list[Any]:
+        import numpy as np
+
+        t_send = time.perf_counter()
+        arrays = [it[0] for it in items]
+        owner = [i for i, a in enumerate(arrays) for _ in range(len(a))]
+        rows = Rows(len(items), np.concatenate(arrays), owner)
+        inf = self.inf.remote(model, rows, [it[1] for it in items])
+        post = self.post.remote(model, inf, [it[2] for it in items])
+        try:
+            results = await post
+        except BaseException as exc:
+            raise unwrap(exc) from None
+        for r in results:  # a loop, not a comprehension: Serve pickles these methods by value
+            _stamp(r, t_send)
+        return results
+
+    async def _await(self, coro: Any, request_id: str) -> Any:
+        try:
+            return await asyncio.wait_for(coro, self.cfg.ingress.request_timeout_s)
+        except asyncio.TimeoutError:
+            raise DeadlineExceeded("no answer in time", timeout_s=self.cfg.ingress.request_timeout_s,
+                                   request_id=request_id) from None
+
+    # ------------------------------------------------------------------ v1
+    @app.post("/v1/models/{model}/classify")
+    async def classify(self, model: str, request: Request, top_k: int | None = None) -> Response:
+        t0 = time.perf_counter()
+        rid = request_id_of(request)
+        self._model(model)
+        k = self.cfg.ingress.default_top_k if top_k is None else top_k
+        if not 1 <= k <= min(64, self.info[model].num_classes):
+            raise InvalidInput("top_k out of range", top_k=k, max=min(64, self.info[model].num_classes))
+        body = await read_body(request, self.cfg.ingress.max_body_bytes)
+        ct = request.headers.get("content-type")
+        if ct and ct.lower().startswith("multipart/form-data"):
+            body, ct = multipart_image(body, ct)
+        kind = check_media(body, ct)  # 400 / 415 before anything is decoded
+        h, w = image_size(body, kind)
+        if h * w > self.cfg.ingress.max_pixels:
+            raise PayloadTooLarge("image has too many pixels", height=h, width=w, max_pixels=self.cfg.ingress.max_pixels)
+        meta = RequestMeta(rid, deadline_of(request, self.cfg.batching.default_deadline_ms), priority_of(request))
+        result = await self._await(self._coalescer(model, "classify").submit((body, ct, k, meta)), rid)
+        if isinstance(result, BaseException):
+            raise result
+        total = (time.perf_counter() - t0) * 1e3
+        result["timings_ms"]["ingress"] = result["timings_ms"].pop("sent_at", 0.0) - t0 * 1e3
+        _finish_timings(result["timings_ms"], total)
+        metrics.observe_stage("total", model, total)
+        metrics.count_request("classify", 200)
+        return JSONResponse({"request_id": rid, "model": model, **result})
+
+    @app.get("/v1/models")
+    async def list_models(self) -> dict[str, Any]:
+        out = []
+        for name, m in self.models.items():
+            info = self.info[name]
+            out.append({"name": name, "arch": m.arch, "input": {"height": info.input_size[0], "width": info.input_size[1],
+                        "channels": info.channels, "fit": info.fit}, "classes": info.num_classes,
+                        "random_weights": m.weights is None and info.default_weights is None})
+        return {"models": out}
+
+    # ------------------------------------------------------------------ v2 (Open Inference Protocol)
+    @app.get("/v2")
+    async def server_metadata(self) -> dict[str, Any]:
+        return {"name": "ferry", "version": "0.1.0", "extensions": ["binary_tensor_data"]}
+
+    @app.get("/v2/health/live")
+    async def live(self) -> dict[str, Any]:
+        return {"live": True}
+
+    async def _ready(self) -> bool:
+        if time.monotonic() - self._ready_at < 2.0:
+            return True
+        try:
+            await asyncio.wait_for(self.inf.status.remote(), 2.0)
+        except Exception:
+            return False
+        self._ready_at = time.monotonic()
+        return True
+
+    @app.get("/v2/health/ready")
+    async def ready(self) -> Response:
+        ok = await self._ready()
+        return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+
+    @app.get("/v2/models/{model}")
+    async def model_metadata(self, model: str) -> dict[str, Any]:
+        return v2.model_metadata(self._model(model), self.info[model])
+
+    @app.get("/v2/models/{model}/ready")
+    async def model_ready(self, model: str) -> Response:
+        self._model(model)
+        ok = await self._ready()
+        return JSONResponse({"name": model, "ready": ok}, status_code=200 if ok else 503)
+
+    @app.post("/v2/models/{model}/infer")
+    async def infer(self, model: str, request: Request) -> Response:
+        t0 = time.perf_counter()
+        rid = request_id_of(request)
+        self._model(model)
+        body = await read_body(request, self.cfg.ingress.max_body_bytes)
+        hl = request.headers.get(v2.HEADER_LEN)
+        if hl is not None and not hl.isdigit():
+            raise InvalidInput("Inference-Header-Content-Length must be an integer", value=hl)
+        req = v2.parse_infer(body, int(hl) if hl is not None else None, self.info[model],
+                             self.cfg.executor.buckets[-1])
+        meta = RequestMeta(rid, deadline_of(request, self.cfg.batching.default_deadline_ms), priority_of(request))
+        spec = PostSpec("v2", outputs=req.outputs)
+        result = await self._await(self._coalescer(model, "v2").submit((req.images, meta, spec)), rid)
+        if isinstance(result, BaseException):
+            raise result
+        total = (time.perf_counter() - t0) * 1e3
+        result["timings_ms"]["ingress"] = result["timings_ms"].pop("sent_at", 0.0) - t0 * 1e3
+        _finish_timings(result["timings_ms"], total)
+        extra = {"request_id": rid, "random_weights": result["random_weights"], "batch_size": result["batch_size"],
+                 "timings_ms": result["timings_ms"]}
+        payload, headers = v2.encode_infer(model, req.id, result["outputs"], req.binary_outputs, extra)
+        headers["x-request-id"] = rid
+        metrics.count_request("v2_infer", 200)
+        return Response(payload, headers=headers)

@@ -1,0 +1,48 @@
+"""What travels between the stages: one message per downstream call, carrying many requests.
+
+A call carries the requests the ingress coalesced; each request owns one or more rows
+(a classify request one image, a v2 infer request a whole tensor). Requests that failed
+on the way are carried as errors, so one bad image never fails its neighbours.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pipeline.errors import FerryError
+
+
+@dataclass
+class Rows:
+    """Images (after preprocessing) or logits (after inference) of one call."""
+
+    n_requests: int
+    data: np.ndarray | None  # [rows, ...]; None when every request failed
+    owner: list[int]  # request index of each row
+    errors: dict[int, FerryError] = field(default_factory=dict)
+    timings_ms: dict[str, float] = field(default_factory=dict)  # per call
+    row_timings_ms: dict[str, list[float]] = field(default_factory=dict)  # per row (queue, gpu, batch)
+    random_weights: bool = False
+
+    def rows_of(self, request: int) -> list[int]:
+        return [i for i, o in enumerate(self.owner) if o == request]
+
+
+@dataclass(frozen=True)
+class RequestMeta:
+    """What the inference stage needs to know of each request."""
+
+    request_id: str
+    deadline: float | None = None  # epoch seconds
+    priority: bool = False
+
+
+@dataclass(frozen=True)
+class PostSpec:
+    """What the client asked to get back."""
+
+    kind: str  # "classify" or "v2"
+    top_k: int = 5
+    outputs: tuple[str, ...] = ("probabilities",)

@@ -1,0 +1,76 @@
+"""Postprocess: logits -> softmax -> top-k with labels (classify), or probability/logit
+tensors (Open Inference Protocol), one answer per request of the call."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+from ray import serve
+
+from pipeline import metrics
+from pipeline.config import PipelineConfig
+from pipeline.models.registry import labels, model_info
+from pipeline.ops import SOFTMAX, TOPK
+from pipeline.ops.base import eager
+
+from .messages import PostSpec, Rows
+
+
+class PostprocessCore:
+    def __init__(self, config: PipelineConfig) -> None:
+        self.arch = {m.name: m.arch for m in config.models}
+
+    def run(self, model: str, logits: Rows, specs: list[PostSpec]) -> list[dict[str, Any] | BaseException]:
+        t0 = time.perf_counter()
+        arch = self.arch[model]
+        names = labels(arch)
+        probs = None
+        if logits.data is not None:
+            (probs,) = eager(SOFTMAX, logits.data)
+        out: list[dict[str, Any] | BaseException] = []
+        for r, spec in enumerate(specs):
+            if r in logits.errors:
+                out.append(logits.errors[r])
+                continue
+            rows = logits.rows_of(r)
+            if spec.kind == "classify":
+                k = min(spec.top_k, model_info(arch).num_classes)
+                vals, idx = eager(TOPK, probs[rows], k=k)
+                top = [{"label": names[int(i)], "class": int(i), "score": float(v)} for v, i in zip(vals[0], idx[0], strict=True)]
+                out.append({"top_k": top, **self._timings(logits, rows)})
+            else:
+                tensors = {}
+                if "probabilities" in spec.outputs:
+                    tensors["probabilities"] = probs[rows]
+                if "logits" in spec.outputs:
+                    tensors["logits"] = logits.data[rows]
+                out.append({"outputs": tensors, **self._timings(logits, rows)})
+        ms = (time.perf_counter() - t0) * 1e3
+        metrics.observe_stage("postprocess", model, ms, count=len(specs))
+        for d in out:
+            if isinstance(d, dict):
+                d["timings_ms"]["postprocess"] = ms
+        return out
+
+    @staticmethod
+    def _timings(logits: Rows, rows: list[int]) -> dict[str, Any]:
+        t = dict(logits.timings_ms)
+        rt = logits.row_timings_ms
+        if rows and rt.get("gpu"):
+            t["queue"] = max(rt["queue"][i] for i in rows)
+            t["gpu"] = max(rt["gpu"][i] for i in rows)
+            bs = int(max(rt["batch_size"][i] for i in rows))
+        else:
+            bs = 0
+        return {"timings_ms": t, "batch_size": bs, "random_weights": logits.random_weights}
+
+
+@serve.deployment
+class Postprocess:
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.core = PostprocessCore(PipelineConfig.model_validate(config))
+
+    async def __call__(self, model: str, logits: Rows, specs: list[PostSpec]) -> list[Any]:
+        return self.core.run(model, logits, specs)

@@ -1,0 +1,71 @@
+"""Preprocess: image bytes -> a uint8 batch at the model's input size.
+
+JPEG through simplejpeg, PNG and what simplejpeg refuses through Pillow, then resize (and
+centre crop where the model wants it). Decoding runs in a thread pool -- both libraries
+release the GIL -- so the replica's event loop only ever schedules work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+from ray import serve
+
+from pipeline import metrics
+from pipeline.config import PipelineConfig
+from pipeline.errors import FerryError, InvalidInput, ModelNotFound
+from pipeline.imaging import decode
+from pipeline.models.registry import model_info
+
+from .messages import Rows
+
+logger = logging.getLogger(__name__)
+
+
+class PreprocessCore:
+    """The stage's logic, usable without Ray (tests, the CLI, the GPU preprocessing path)."""
+
+    def __init__(self, config: PipelineConfig) -> None:
+        self.config = config
+        self.targets = {m.name: model_info(m.arch).target() for m in config.models}
+        self.max_pixels = config.ingress.max_pixels
+        self.pool = ThreadPoolExecutor(config.preprocess.threads, thread_name_prefix="ferry-decode")
+
+    def decode_one(self, model: str, data: bytes, content_type: str | None) -> np.ndarray:
+        target = self.targets.get(model)
+        if target is None:
+            raise ModelNotFound("no such model", model=model)
+        return decode(data, content_type, target, self.max_pixels)
+
+    async def run(self, model: str, items: list[tuple[bytes, str | None]]) -> Rows:
+        t0 = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        futs = [loop.run_in_executor(self.pool, self.decode_one, model, data, ct) for data, ct in items]
+        done = await asyncio.gather(*futs, return_exceptions=True)
+        rows, owner, errors = [], [], {}
+        for i, r in enumerate(done):
+            if isinstance(r, FerryError):
+                errors[i] = r
+            elif isinstance(r, BaseException):
+                logger.exception("decoding failed unexpectedly", exc_info=r)
+                errors[i] = InvalidInput("could not decode the image", detail=f"{type(r).__name__}: {r}")
+            else:
+                rows.append(r)
+                owner.append(i)
+        ms = (time.perf_counter() - t0) * 1e3
+        metrics.observe_stage("preprocess", model, ms, count=len(items))
+        return Rows(len(items), np.stack(rows) if rows else None, owner, errors, {"preprocess": ms})
+
+
+@serve.deployment
+class Preprocess:
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.core = PreprocessCore(PipelineConfig.model_validate(config))
+
+    async def __call__(self, model: str, items: list[tuple[bytes, str | None]]) -> Rows:
+        return await self.core.run(model, items)

@@ -1,0 +1,160 @@
+"""The Open Inference Protocol (KServe v2) over HTTP: JSON tensors and the binary tensor
+data extension (``Inference-Header-Content-Length``). Pure functions, no Ray, no web
+framework. Client bytes become numpy arrays with ``np.frombuffer``: nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pipeline.errors import InvalidInput
+from pipeline.models.registry import ModelInfo
+
+HEADER_LEN = "inference-header-content-length"
+
+DTYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_), "UINT8": np.dtype(np.uint8), "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"), "UINT64": np.dtype("<u8"), "INT8": np.dtype(np.int8),
+    "INT16": np.dtype("<i2"), "INT32": np.dtype("<i4"), "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"), "FP32": np.dtype("<f4"), "FP64": np.dtype("<f8"),
+}
+NAMES = {v.name: k for k, v in DTYPES.items()}
+ACCEPTED_INPUT = ("UINT8", "FP16", "FP32", "FP64")
+OUTPUTS = ("probabilities", "logits")
+
+
+@dataclass
+class InferRequest:
+    id: str | None
+    images: np.ndarray  # uint8 [N, H, W, C], validated against the model
+    outputs: tuple[str, ...]
+    binary_outputs: frozenset[str]
+
+
+def _shape(v: Any) -> tuple[int, ...]:
+    if not isinstance(v, list) or not all(isinstance(d, int) and d >= 0 for d in v):
+        raise InvalidInput("a tensor's shape must be a list of non-negative integers", shape=v)
+    return tuple(v)
+
+
+def parse_infer(body: bytes, header_length: int | None, info: ModelInfo, max_batch: int) -> InferRequest:
+    """Decode a v2 infer request and check it against the model's input."""
+    if header_length is not None:
+        if header_length < 0 or header_length > len(body):
+            raise InvalidInput("Inference-Header-Content-Length exceeds the body", header_length=header_length,
+                               body_bytes=len(body))
+        head, binary = body[:header_length], memoryview(body)[header_length:]
+    else:
+        head, binary = body, memoryview(b"")
+    try:
+        req = json.loads(head)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidInput("request is not valid JSON", detail=str(exc)) from None
+    if not isinstance(req, dict) or not isinstance(req.get("inputs"), list) or len(req["inputs"]) != 1:
+        raise InvalidInput("a request needs exactly one input tensor (the images)")
+    t = req["inputs"][0]
+    if not isinstance(t, dict):
+        raise InvalidInput("an input must be an object")
+    shape = _shape(t.get("shape"))
+    dt_name = t.get("datatype")
+    if dt_name not in DTYPES:
+        raise InvalidInput("unknown or unsupported datatype", datatype=dt_name)
+    if dt_name not in ACCEPTED_INPUT:
+        raise InvalidInput("images must be UINT8, FP16, FP32 or FP64", datatype=dt_name)
+    dt = DTYPES[dt_name]
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    params = t.get("parameters") or {}
+    if "binary_data_size" in params:
+        size = params["binary_data_size"]
+        if not isinstance(size, int) or size != len(binary):
+            raise InvalidInput("binary_data_size does not match the binary part of the body",
+                               binary_data_size=size, binary_bytes=len(binary))
+        if size != count * dt.itemsize:
+            raise InvalidInput("byte count does not match the shape and datatype", bytes=size,
+                               expected=count * dt.itemsize, shape=shape, datatype=dt_name)
+        arr = np.frombuffer(binary, dtype=dt, count=count).reshape(shape)
+    else:
+        data = t.get("data")
+        if data is None:
+            raise InvalidInput("input has neither data nor binary_data_size")
+        try:
+            arr = np.asarray(data, dtype=dt)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise InvalidInput("input data does not fit its datatype", datatype=dt_name, detail=str(exc)) from None
+        if arr.size != count:
+            raise InvalidInput("number of elements does not match the shape", elements=int(arr.size), shape=shape)
+        arr = arr.reshape(shape)
+    h, w = info.input_size
+    want = (h, w, info.channels)
+    if len(shape) != 4 or tuple(shape[1:]) != want:
+        raise InvalidInput("input shape must be [batch, height, width, channels]", shape=shape,
+                           expected=[-1, *want])
+    if not 1 <= shape[0] <= max_batch:
+        raise InvalidInput("batch size out of range", batch=shape[0], max_batch=max_batch)
+    if arr.dtype != np.uint8:
+        f = arr.astype(np.float64)
+        if not np.isfinite(f).all():
+            raise InvalidInput("input contains NaN or infinity")
+        if f.min() < 0 or f.max() > 255:
+            raise InvalidInput("pixel values must lie in [0, 255]", min=float(f.min()), max=float(f.max()))
+        arr = np.rint(f).astype(np.uint8)
+    outputs, binary_out = _requested(req.get("outputs"))
+    rid = req.get("id")
+    return InferRequest(str(rid) if rid is not None else None, np.ascontiguousarray(arr), outputs, binary_out)
+
+
+def _requested(spec: Any) -> tuple[tuple[str, ...], frozenset[str]]:
+    if spec is None:
+        return ("probabilities",), frozenset()
+    if not isinstance(spec, list) or not spec:
+        raise InvalidInput("outputs must be a non-empty list")
+    names, binary = [], set()
+    for o in spec:
+        name = o.get("name") if isinstance(o, dict) else None
+        if name not in OUTPUTS:
+            raise InvalidInput("unknown output", output=name, known=list(OUTPUTS))
+        names.append(name)
+        if (o.get("parameters") or {}).get("binary_data"):
+            binary.add(name)
+    return tuple(names), frozenset(binary)
+
+
+def encode_infer(model: str, request_id: str | None, tensors: dict[str, np.ndarray],
+                 binary: frozenset[str], extra: dict[str, Any] | None = None) -> tuple[bytes, dict[str, str]]:
+    """The response body and headers; binary outputs follow the JSON header."""
+    outs, blobs = [], []
+    for name, arr in tensors.items():
+        arr = np.ascontiguousarray(arr, dtype=np.float32)
+        o: dict[str, Any] = {"name": name, "datatype": "FP32", "shape": list(arr.shape)}
+        if name in binary:
+            b = arr.astype("<f4").tobytes()
+            o["parameters"] = {"binary_data_size": len(b)}
+            blobs.append(b)
+        else:
+            o["data"] = arr.ravel().tolist()
+        outs.append(o)
+    resp: dict[str, Any] = {"model_name": model, "model_version": "1", "outputs": outs}
+    if request_id is not None:
+        resp["id"] = request_id
+    if extra:
+        resp["parameters"] = extra
+    head = json.dumps(resp).encode()
+    if not blobs:
+        return head, {"content-type": "application/json"}
+    return head + b"".join(blobs), {"content-type": "application/octet-stream",
+                                    "inference-header-content-length": str(len(head))}
+
+
+def model_metadata(name: str, info: ModelInfo) -> dict[str, Any]:
+    h, w = info.input_size
+    return {
+        "name": name,
+        "versions": ["1"],
+        "platform": "ferry",
+        "inputs": [{"name": "image", "datatype": "UINT8", "shape": [-1, h, w, info.channels]}],
+        "outputs": [{"name": n, "datatype": "FP32", "shape": [-1, info.num_classes]} for n in OUTPUTS],
+    }

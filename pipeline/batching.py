@@ -1,0 +1,338 @@
+"""BatchScheduler: a ferry leaves when it is full or when its timetable says so.
+
+* A batch leaves when it holds ``max_batch_size`` items, or when its oldest item has
+  waited ``max_wait_ms``; its size is padded up to a bucket by the executor.
+* A high-priority lane skips the wait: a priority item leaves with the next batch at once
+  (filled up with waiting normal items).
+* The queue is bounded: past ``max_queue`` items, ``submit`` answers ``QueueFull`` at once.
+* An item whose deadline has passed is dropped with ``DeadlineExceeded`` before it costs
+  GPU time.
+* A batch is only formed when the runner has room (``max_in_flight``), so under load the
+  queue grows while the GPU is busy and the next batch leaves full.
+
+``BatchQueue`` is the pure core (a clock is passed in; tests use a fake one, no sleeps);
+``BatchScheduler`` drives it from asyncio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import DeadlineExceeded, QueueFull
+
+logger = logging.getLogger(__name__)
+_seq = itertools.count()
+
+
+@dataclass(eq=False)
+class Pending:
+    item: Any
+    key: str
+    enqueued: float
+    deadline: float | None = None
+    priority: bool = False
+    request_id: str = ""
+    seq: int = field(default_factory=lambda: next(_seq))
+    future: Any = None  # set by the asyncio driver
+
+
+@dataclass
+class Batch:
+    key: str
+    items: list[Pending]
+    bucket: int
+    reason: str  # "full", "timeout", "priority" or "flush"
+    formed_at: float
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+class BatchQueue:
+    """Per-key FIFO queues with a priority lane; decides which batches are ready."""
+
+    def __init__(self, max_batch_size: int, max_wait_s: float, max_queue: int,
+                 buckets: Sequence[int] = (), retry_after_s: float = 1.0) -> None:
+        if max_batch_size < 1 or max_wait_s < 0 or max_queue < 1:
+            raise ValueError(f"bad batching limits: {max_batch_size=}, {max_wait_s=}, {max_queue=}")
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_s
+        self.max_queue = max_queue
+        self.retry_after_s = retry_after_s
+        self.buckets = tuple(sorted(buckets)) or (max_batch_size,)
+        self._normal: dict[str, deque[Pending]] = {}
+        self._priority: dict[str, deque[Pending]] = {}
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def depth(self, key: str) -> int:
+        return len(self._normal.get(key, ())) + len(self._priority.get(key, ()))
+
+    def push(self, item: Any, key: str, now: float, priority: bool = False,
+             deadline: float | None = None, request_id: str = "") -> Pending:
+        if self._size >= self.max_queue:
+            raise QueueFull("inference queue is full", queue_depth=self._size, max_queue=self.max_queue,
+                            retry_after_s=self.retry_after_s)
+        p = Pending(item, key, now, deadline, priority, request_id)
+        lanes = self._priority if priority else self._normal
+        lanes.setdefault(key, deque()).append(p)
+        self._size += 1
+        return p
+
+    def bucket_for(self, n: int) -> int:
+        i = bisect.bisect_left(self.buckets, n)
+        return self.buckets[min(i, len(self.buckets) - 1)]
+
+    def expire(self, now: float) -> list[Pending]:
+        """Remove and return the items whose deadline has passed."""
+        dead: list[Pending] = []
+        for lanes in (self._priority, self._normal):
+            for key, q in lanes.items():
+                if any(p.deadline is not None and p.deadline <= now for p in q):
+                    keep = deque()
+                    for p in q:
+                        (dead if p.deadline is not None and p.deadline <= now else keep).append(p)
+                    lanes[key] = keep
+        self._size -= len(dead)
+        return dead
+
+    def pop_ready(self, now: float, limit: int | None = None) -> list[Batch]:
+        """Batches that should leave now (at most ``limit``), oldest-waiting keys first."""
+        ready: list[Batch] = []
+        keys = sorted(set(self._normal) | set(self._priority), key=lambda k: self._oldest(k) or now)
+        for key in keys:
+            while limit is None or len(ready) < limit:
+                b = self._form(key, now)
+                if b is None:
+                    break
+                ready.append(b)
+        return ready
+
+    def flush(self, now: float) -> list[Batch]:
+        """Everything queued, as batches, whatever their age (shutdown)."""
+        out = []
+        for key in list(set(self._normal) | set(self._priority)):
+            while self.depth(key):
+                out.append(self._take(key, now, "flush"))
+        return out
+
+    def next_wakeup(self, include_waits: bool = True) -> float | None:
+        """When the earliest waiting batch times out or the earliest deadline passes.
+
+        ``include_waits=False`` leaves batch timeouts out (nothing can start anyway)."""
+        times = []
+        for q in self._normal.values():
+            if q and include_waits:
+                times.append(q[0].enqueued + self.max_wait_s)
+        for lanes in (self._normal, self._priority):
+            for q in lanes.values():
+                times.extend(p.deadline for p in q if p.deadline is not None)
+        return min(times) if times else None
+
+    def _oldest(self, key: str) -> float | None:
+        ts = [q[0].enqueued for q in (self._normal.get(key), self._priority.get(key)) if q]
+        return min(ts) if ts else None
+
+    def _form(self, key: str, now: float) -> Batch | None:
+        pq = self._priority.get(key)
+        nq = self._normal.get(key)
+        if pq:
+            return self._take(key, now, "priority")
+        if not nq:
+            return None
+        if len(nq) >= self.max_batch_size:
+            return self._take(key, now, "full")
+        if now - nq[0].enqueued >= self.max_wait_s - 1e-9:  # clocks are floats
+            return self._take(key, now, "timeout")
+        return None
+
+    def _take(self, key: str, now: float, reason: str) -> Batch:
+        items: list[Pending] = []
+        for q in (self._priority.get(key), self._normal.get(key)):
+            while q and len(items) < self.max_batch_size:
+                items.append(q.popleft())
+        self._size -= len(items)
+        return Batch(key, items, self.bucket_for(len(items)), reason, now)
+
+
+RunBatch = Callable[[Batch], Awaitable[Sequence[Any]]]
+
+
+class BatchScheduler:
+    """Drives a ``BatchQueue`` from asyncio; ``run_batch`` returns one result per item.
+
+    ``poll()`` does one round of work synchronously (fail expired items, start ready
+    batches); the background loop calls it whenever something changes or a timer is due.
+    Tests call it directly with a fake clock.
+    """
+
+    def __init__(self, run_batch: RunBatch, max_batch_size: int, max_wait_ms: float, max_queue: int,
+                 buckets: Sequence[int] = (), max_in_flight: int = 2, retry_after_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic,
+                 on_batch: Callable[[Batch], None] | None = None,
+                 on_drop: Callable[[Pending, BaseException], None] | None = None) -> None:
+        self.queue = BatchQueue(max_batch_size, max_wait_ms / 1e3, max_queue, buckets, retry_after_s)
+        self.run_batch = run_batch
+        self.max_in_flight = max_in_flight
+        self.clock = clock
+        self.on_batch = on_batch
+        self.on_drop = on_drop
+        self.in_flight = 0
+        self._wake: asyncio.Event | None = None
+        self._loop_task: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._closed = False
+
+    def submit_nowait(self, item: Any, key: str, priority: bool = False, deadline: float | None = None,
+                      request_id: str = "") -> asyncio.Future:
+        """Queue one item; the future completes with its result. ``QueueFull`` at once."""
+        if self._closed:
+            raise RuntimeError("scheduler is closed")
+        loop = asyncio.get_running_loop()
+        p = self.queue.push(item, key, self.clock(), priority, deadline, request_id)
+        p.future = loop.create_future()
+        self._ensure_loop()
+        assert self._wake is not None
+        self._wake.set()
+        return p.future
+
+    async def submit(self, item: Any, key: str, priority: bool = False, deadline: float | None = None,
+                     request_id: str = "") -> Any:
+        return await self.submit_nowait(item, key, priority, deadline, request_id)
+
+    def poll(self) -> float | None:
+        """Fail expired items, start every batch that is ready and fits; the next due time."""
+        now = self.clock()
+        for p in self.queue.expire(now):
+            err = DeadlineExceeded("deadline passed before the request reached the GPU",
+                                   waited_ms=round((now - p.enqueued) * 1e3, 3), request_id=p.request_id)
+            if self.on_drop:
+                self.on_drop(p, err)
+            if p.future is not None and not p.future.done():
+                p.future.set_exception(err)
+        room = self.max_in_flight - self.in_flight
+        if room > 0:
+            for batch in self.queue.pop_ready(now, limit=room):
+                self._start(batch)
+        # with no room, a finishing batch wakes the loop; only deadlines need a timer
+        return self.queue.next_wakeup(include_waits=self.in_flight < self.max_in_flight)
+
+    def _start(self, batch: Batch) -> None:
+        self.in_flight += 1
+        if self.on_batch:
+            self.on_batch(batch)
+        task = asyncio.ensure_future(self._run(batch))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, batch: Batch) -> None:
+        try:
+            results = await self.run_batch(batch)
+            if len(results) != len(batch.items):
+                raise RuntimeError(f"run_batch returned {len(results)} results for {len(batch.items)} items")
+            for p, r in zip(batch.items, results, strict=True):
+                if p.future is not None and not p.future.done():
+                    if isinstance(r, BaseException):
+                        p.future.set_exception(r)
+                    else:
+                        p.future.set_result(r)
+        except BaseException as exc:  # the whole batch failed: every item hears of it
+            for p in batch.items:
+                if p.future is not None and not p.future.done():
+                    p.future.set_exception(exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+        finally:
+            self.in_flight -= 1
+            if self._wake is not None:
+                self._wake.set()
+
+    def _ensure_loop(self) -> None:
+        if self._loop_task is None or self._loop_task.done():
+            self._wake = asyncio.Event()
+            self._loop_task = asyncio.ensure_future(self._drive())
+
+    async def _drive(self) -> None:
+        assert self._wake is not None
+        while not self._closed:
+            self._wake.clear()
+            due = self.poll()
+            timeout = None if due is None else max(0.0, due - self.clock())
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+
+    async def close(self) -> None:
+        """Run what is queued, wait for running batches, stop the loop."""
+        self._closed = True
+        for batch in self.queue.flush(self.clock()):
+            self._start(batch)
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+
+
+class Coalescer:
+    """Groups items that arrive within ``window_s`` (or until ``max_items``) into one call.
+
+    ``run(items)`` returns one result (or exception) per item. A window of 0 still groups
+    what arrives in the same event-loop turn.
+    """
+
+    def __init__(self, run: Callable[[list[Any]], Awaitable[Sequence[Any]]], window_s: float, max_items: int) -> None:
+        self.run = run
+        self.window_s = window_s
+        self.max_items = max_items
+        self._group: list[tuple[Any, asyncio.Future]] = []
+        self._timer: asyncio.Handle | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    async def submit(self, item: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._group.append((item, fut))
+        if len(self._group) >= self.max_items:
+            self._flush()
+        elif self._timer is None:
+            self._timer = loop.call_later(self.window_s, self._flush) if self.window_s > 0 else loop.call_soon(self._flush)
+        return await fut
+
+    def _flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        group, self._group = self._group, []
+        if group:
+            task = asyncio.ensure_future(self._run(group))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, group: list[tuple[Any, asyncio.Future]]) -> None:
+        try:
+            results = await self.run([item for item, _ in group])
+        except BaseException as exc:
+            for _, f in group:
+                if not f.done():
+                    f.set_exception(exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return
+        for (_, f), r in zip(group, results, strict=True):
+            if f.done():
+                continue
+            if isinstance(r, BaseException):
+                f.set_exception(r)
+            else:
+                f.set_result(r)
