@@ -42,7 +42,9 @@ def load_config(args: dict[str, Any] | None) -> PipelineConfig:
     if cfg is None:
         cfg = args  # the fields given directly as args
     elif args:
-        raise ValueError(f"give the pipeline config under 'config' or as args, not both: {sorted(args)}")
+        raise ValueError(
+            f"give the pipeline config under 'config' or as args, not both: {sorted(args)}"
+        )
     return PipelineConfig.model_validate(cfg or {})
 
 
@@ -57,7 +59,9 @@ def build(config: PipelineConfig) -> serve.Application:
 def build_app(args: dict[str, Any] | None = None) -> serve.Application:
     """The Serve application builder (``import_path: deployments.app:build_app``)."""
     config = load_config(args)
-    logger.info("building Ferry: models %s on %s", [m.name for m in config.models], config.executor.backend)
+    logger.info(
+        "building Ferry: models %s on %s", [m.name for m in config.models], config.executor.backend
+    )
     return build(config)
 
 

@@ -44,12 +44,22 @@ class InferenceCore:
             self.warmup_s = self.executor.warmup()
         b = config.batching
         self.scheduler = BatchScheduler(
-            self._run_batch, b.max_batch_size, b.max_wait_ms, b.max_queue,
-            buckets=config.executor.buckets, max_in_flight=config.executor.max_in_flight,
-            retry_after_s=b.retry_after_s, on_batch=self._on_batch,
-            on_drop=lambda p, e: metrics.count_rejected("deadline"))
-        self.submit_pool = ThreadPoolExecutor(config.executor.max_in_flight + 1, thread_name_prefix="ferry-submit")
-        self.default_deadline_s = None if b.default_deadline_ms is None else b.default_deadline_ms / 1e3
+            self._run_batch,
+            b.max_batch_size,
+            b.max_wait_ms,
+            b.max_queue,
+            buckets=config.executor.buckets,
+            max_in_flight=config.executor.max_in_flight,
+            retry_after_s=b.retry_after_s,
+            on_batch=self._on_batch,
+            on_drop=lambda p, e: metrics.count_rejected("deadline"),
+        )
+        self.submit_pool = ThreadPoolExecutor(
+            config.executor.max_in_flight + 1, thread_name_prefix="ferry-submit"
+        )
+        self.default_deadline_s = (
+            None if b.default_deadline_ms is None else b.default_deadline_ms / 1e3
+        )
         self.ready = True
 
     def _on_batch(self, batch: Batch) -> None:
@@ -58,7 +68,9 @@ class InferenceCore:
 
     def _submit(self, model: str, rows: list[np.ndarray]) -> Any:
         p = self.executor.prepare(model, len(rows))
-        return self.executor.commit(p, rows, label=f"{model}[{len(rows)}]")  # rows go straight to pinned memory
+        return self.executor.commit(
+            p, rows, label=f"{model}[{len(rows)}]"
+        )  # rows go straight to pinned memory
 
     async def _run_batch(self, batch: Batch) -> list[Any]:
         t0 = time.monotonic()
@@ -90,7 +102,11 @@ class InferenceCore:
             elif self.default_deadline_s is not None:
                 deadline = now_mono + self.default_deadline_s
             try:
-                futs.append(self.scheduler.submit_nowait(images.data[i], model, m.priority, deadline, m.request_id))
+                futs.append(
+                    self.scheduler.submit_nowait(
+                        images.data[i], model, m.priority, deadline, m.request_id
+                    )
+                )
             except FerryError as exc:  # QueueFull: this request, not the whole call
                 metrics.count_rejected("queue_full")
                 futs.append(None)
@@ -104,7 +120,9 @@ class InferenceCore:
             r = next(it)
             o = images.owner[i]
             if isinstance(r, BaseException):
-                errors.setdefault(o, r if isinstance(r, FerryError) else FerryError(f"{type(r).__name__}: {r}"))
+                errors.setdefault(
+                    o, r if isinstance(r, FerryError) else FerryError(f"{type(r).__name__}: {r}")
+                )
                 continue
             if o in errors:
                 continue
@@ -118,9 +136,19 @@ class InferenceCore:
         data = np.stack([rows[j] for j in keep]).astype(np.float32) if keep else None
         for q in queue_ms:
             metrics.observe_stage("queue", model, q)
-        return Rows(images.n_requests, data, [owner[j] for j in keep], errors, dict(images.timings_ms),
-                    {"queue": [queue_ms[j] for j in keep], "gpu": [gpu_ms[j] for j in keep],
-                     "batch_size": [float(bsz[j]) for j in keep]}, random_weights=self.random[model])
+        return Rows(
+            images.n_requests,
+            data,
+            [owner[j] for j in keep],
+            errors,
+            dict(images.timings_ms),
+            {
+                "queue": [queue_ms[j] for j in keep],
+                "gpu": [gpu_ms[j] for j in keep],
+                "batch_size": [float(bsz[j]) for j in keep],
+            },
+            random_weights=self.random[model],
+        )
 
     def status(self) -> dict[str, Any]:
         s = self.executor.stats()

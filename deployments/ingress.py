@@ -10,12 +10,10 @@ chained as DeploymentResponses, so images and tensors go from stage to stage thr
 object store and never come back through this process. Only the small answers do.
 """
 
-
 import asyncio
 import email.parser
 import email.policy
 import logging
-import re
 import time
 import uuid
 from typing import Any
@@ -43,17 +41,20 @@ from . import v2
 from .messages import PostSpec, RequestMeta, Rows
 
 logger = logging.getLogger(__name__)
-app = FastAPI(title="Ferry", description="GPU inference at high concurrency on Ray Serve", version="0.1.0")
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+app = FastAPI(
+    title="Ferry", description="GPU inference at high concurrency on Ray Serve", version="0.1.0"
+)
 _SETTINGS = Settings.from_env()
 PUBLIC_PATHS = ("/v2/health/",)
 
 
 def request_id_of(request: Request) -> str:
+    """The request's id: Serve's proxy passes the client's X-Request-ID (or one it made up)
+    to the replica and puts the same id on the response, so logs, body and header agree."""
     rid = getattr(request.state, "request_id", None)
     if rid is None:
-        given = request.headers.get("x-request-id", "")
-        rid = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+        given = request.headers.get("x-request-id", "")[:128]
+        rid = given if given.isprintable() and given else uuid.uuid4().hex
         request.state.request_id = rid
     return rid
 
@@ -61,18 +62,25 @@ def request_id_of(request: Request) -> str:
 def error_response(exc: BaseException, request_id: str) -> JSONResponse:
     if isinstance(exc, FerryError):
         status = exc.http_status
-        body: dict[str, Any] = {"error": exc.message or type(exc).__name__, "type": type(exc).__name__,
-                                "request_id": request_id}
+        body: dict[str, Any] = {
+            "error": exc.message or type(exc).__name__,
+            "type": type(exc).__name__,
+            "request_id": request_id,
+        }
         if exc.fields:
-            body["detail"] = {k: v if isinstance(v, int | float | str | bool | type(None)) else str(v)
-                              for k, v in exc.fields.items()}
+            body["detail"] = {
+                k: v if isinstance(v, int | float | str | bool | type(None)) else str(v)
+                for k, v in exc.fields.items()
+            }
     else:
         status = 500
         body = {"error": "internal error", "request_id": request_id}
         logger.error("request %s failed: %s", request_id, exc, exc_info=exc)
-    headers = {"x-request-id": request_id}
+    headers = {}
     if status == 503:
-        headers["retry-after"] = str(max(1, round(float(getattr(exc, "fields", {}).get("retry_after_s", 1)))))
+        headers["retry-after"] = str(
+            max(1, round(float(getattr(exc, "fields", {}).get("retry_after_s", 1))))
+        )
     metrics.count_request("error", status)
     if status in (413, 503, 504):
         metrics.count_rejected({413: "too_large", 503: "overloaded", 504: "deadline"}[status])
@@ -83,13 +91,14 @@ def error_response(exc: BaseException, request_id: str) -> JSONResponse:
 async def auth_and_request_id(request: Request, call_next):
     rid = request_id_of(request)
     token = _SETTINGS.auth_token
-    if token and not request.url.path.startswith(PUBLIC_PATHS):
-        if request.headers.get("authorization", "") != f"Bearer {token}":
-            return JSONResponse({"error": "missing or wrong bearer token", "request_id": rid}, status_code=401,
-                                headers={"www-authenticate": "Bearer", "x-request-id": rid})
-    response = await call_next(request)
-    response.headers["x-request-id"] = rid
-    return response
+    public = request.url.path.startswith(PUBLIC_PATHS)
+    if token and not public and request.headers.get("authorization", "") != f"Bearer {token}":
+        return JSONResponse(
+            {"error": "missing or wrong bearer token", "request_id": rid},
+            status_code=401,
+            headers={"www-authenticate": "Bearer"},
+        )
+    return await call_next(request)
 
 
 @app.exception_handler(FerryError)
@@ -99,7 +108,9 @@ async def _ferry_error(request: Request, exc: FerryError) -> JSONResponse:
 
 @app.exception_handler(RequestValidationError)
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    return error_response(InvalidInput("bad request parameters", errors=str(exc.errors())), request_id_of(request))
+    return error_response(
+        InvalidInput("bad request parameters", errors=str(exc.errors())), request_id_of(request)
+    )
 
 
 def unwrap(exc: BaseException) -> BaseException:
@@ -128,11 +139,14 @@ async def read_body(request: Request, limit: int) -> bytes:
 def multipart_image(body: bytes, content_type: str) -> tuple[bytes, str | None]:
     """The first file part of a multipart/form-data body (stdlib parser, no extra package)."""
     msg = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
-        b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body)
+        b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body
+    )
     if not msg.is_multipart():
         raise InvalidInput("malformed multipart body")
     for part in msg.iter_parts():
-        if part.get_filename() is not None or part.get_param("name", header="content-disposition") in ("file", "image"):
+        if part.get_filename() is not None or part.get_param(
+            "name", header="content-disposition"
+        ) in ("file", "image"):
             return part.get_payload(decode=True) or b"", part.get_content_type()
     raise InvalidInput("multipart body has no file part (name it 'file' or 'image')")
 
@@ -151,7 +165,9 @@ def deadline_of(request: Request, default_ms: float | None) -> float | None:
 
 
 def priority_of(request: Request) -> bool:
-    return (request.headers.get("x-priority") or request.query_params.get("priority") or "").lower() == "high"
+    return (
+        request.headers.get("x-priority") or request.query_params.get("priority") or ""
+    ).lower() == "high"
 
 
 def _stamp(result: Any, t_send: float) -> Any:
@@ -172,7 +188,9 @@ def _finish_timings(t: dict[str, float], total: float) -> None:
 @serve.deployment
 @serve.ingress(app)
 class Ingress:
-    def __init__(self, config: dict[str, Any], preprocess: Any, inference: Any, postprocess: Any) -> None:
+    def __init__(
+        self, config: dict[str, Any], preprocess: Any, inference: Any, postprocess: Any
+    ) -> None:
         self.cfg = PipelineConfig.model_validate(config)
         self.pre, self.inf, self.post = preprocess, inference, postprocess
         self.models = {m.name: m for m in self.cfg.models}
@@ -187,9 +205,14 @@ class Ingress:
         key = (model, kind)
         c = self._coalescers.get(key)
         if c is None:
-            run = (lambda items, m=model: self._classify_group(m, items)) if kind == "classify" else \
-                  (lambda items, m=model: self._v2_group(m, items))
-            c = self._coalescers[key] = Coalescer(run, self._window_s, self.cfg.ingress.max_coalesce)
+            run = (
+                (lambda items, m=model: self._classify_group(m, items))
+                if kind == "classify"
+                else (lambda items, m=model: self._v2_group(m, items))
+            )
+            c = self._coalescers[key] = Coalescer(
+                run, self._window_s, self.cfg.ingress.max_coalesce
+            )
         return c
 
     def _model(self, name: str) -> str:
@@ -231,8 +254,11 @@ class Ingress:
         try:
             return await asyncio.wait_for(coro, self.cfg.ingress.request_timeout_s)
         except asyncio.TimeoutError:
-            raise DeadlineExceeded("no answer in time", timeout_s=self.cfg.ingress.request_timeout_s,
-                                   request_id=request_id) from None
+            raise DeadlineExceeded(
+                "no answer in time",
+                timeout_s=self.cfg.ingress.request_timeout_s,
+                request_id=request_id,
+            ) from None
 
     # ------------------------------------------------------------------ v1
     @app.post("/v1/models/{model}/classify")
@@ -242,7 +268,9 @@ class Ingress:
         self._model(model)
         k = self.cfg.ingress.default_top_k if top_k is None else top_k
         if not 1 <= k <= min(64, self.info[model].num_classes):
-            raise InvalidInput("top_k out of range", top_k=k, max=min(64, self.info[model].num_classes))
+            raise InvalidInput(
+                "top_k out of range", top_k=k, max=min(64, self.info[model].num_classes)
+            )
         body = await read_body(request, self.cfg.ingress.max_body_bytes)
         ct = request.headers.get("content-type")
         if ct and ct.lower().startswith("multipart/form-data"):
@@ -250,9 +278,18 @@ class Ingress:
         kind = check_media(body, ct)  # 400 / 415 before anything is decoded
         h, w = image_size(body, kind)
         if h * w > self.cfg.ingress.max_pixels:
-            raise PayloadTooLarge("image has too many pixels", height=h, width=w, max_pixels=self.cfg.ingress.max_pixels)
-        meta = RequestMeta(rid, deadline_of(request, self.cfg.batching.default_deadline_ms), priority_of(request))
-        result = await self._await(self._coalescer(model, "classify").submit((body, ct, k, meta)), rid)
+            raise PayloadTooLarge(
+                "image has too many pixels",
+                height=h,
+                width=w,
+                max_pixels=self.cfg.ingress.max_pixels,
+            )
+        meta = RequestMeta(
+            rid, deadline_of(request, self.cfg.batching.default_deadline_ms), priority_of(request)
+        )
+        result = await self._await(
+            self._coalescer(model, "classify").submit((body, ct, k, meta)), rid
+        )
         if isinstance(result, BaseException):
             raise result
         total = (time.perf_counter() - t0) * 1e3
@@ -267,9 +304,20 @@ class Ingress:
         out = []
         for name, m in self.models.items():
             info = self.info[name]
-            out.append({"name": name, "arch": m.arch, "input": {"height": info.input_size[0], "width": info.input_size[1],
-                        "channels": info.channels, "fit": info.fit}, "classes": info.num_classes,
-                        "random_weights": m.weights is None and info.default_weights is None})
+            out.append(
+                {
+                    "name": name,
+                    "arch": m.arch,
+                    "input": {
+                        "height": info.input_size[0],
+                        "width": info.input_size[1],
+                        "channels": info.channels,
+                        "fit": info.fit,
+                    },
+                    "classes": info.num_classes,
+                    "random_weights": m.weights is None and info.default_weights is None,
+                }
+            )
         return {"models": out}
 
     # ------------------------------------------------------------------ v2 (Open Inference Protocol)
@@ -315,19 +363,32 @@ class Ingress:
         hl = request.headers.get(v2.HEADER_LEN)
         if hl is not None and not hl.isdigit():
             raise InvalidInput("Inference-Header-Content-Length must be an integer", value=hl)
-        req = v2.parse_infer(body, int(hl) if hl is not None else None, self.info[model],
-                             self.cfg.executor.buckets[-1])
-        meta = RequestMeta(rid, deadline_of(request, self.cfg.batching.default_deadline_ms), priority_of(request))
+        req = v2.parse_infer(
+            body,
+            int(hl) if hl is not None else None,
+            self.info[model],
+            self.cfg.executor.buckets[-1],
+        )
+        meta = RequestMeta(
+            rid, deadline_of(request, self.cfg.batching.default_deadline_ms), priority_of(request)
+        )
         spec = PostSpec("v2", outputs=req.outputs)
-        result = await self._await(self._coalescer(model, "v2").submit((req.images, meta, spec)), rid)
+        result = await self._await(
+            self._coalescer(model, "v2").submit((req.images, meta, spec)), rid
+        )
         if isinstance(result, BaseException):
             raise result
         total = (time.perf_counter() - t0) * 1e3
         result["timings_ms"]["ingress"] = result["timings_ms"].pop("sent_at", 0.0) - t0 * 1e3
         _finish_timings(result["timings_ms"], total)
-        extra = {"request_id": rid, "random_weights": result["random_weights"], "batch_size": result["batch_size"],
-                 "timings_ms": result["timings_ms"]}
-        payload, headers = v2.encode_infer(model, req.id, result["outputs"], req.binary_outputs, extra)
-        headers["x-request-id"] = rid
+        extra = {
+            "request_id": rid,
+            "random_weights": result["random_weights"],
+            "batch_size": result["batch_size"],
+            "timings_ms": result["timings_ms"],
+        }
+        payload, headers = v2.encode_infer(
+            model, req.id, result["outputs"], req.binary_outputs, extra
+        )
         metrics.count_request("v2_infer", 200)
         return Response(payload, headers=headers)

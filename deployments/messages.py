@@ -23,7 +23,9 @@ class Rows:
     owner: list[int]  # request index of each row
     errors: dict[int, FerryError] = field(default_factory=dict)
     timings_ms: dict[str, float] = field(default_factory=dict)  # per call
-    row_timings_ms: dict[str, list[float]] = field(default_factory=dict)  # per row (queue, gpu, batch)
+    row_timings_ms: dict[str, list[float]] = field(
+        default_factory=dict
+    )  # per row (queue, gpu, batch)
     random_weights: bool = False
 
     def rows_of(self, request: int) -> list[int]:

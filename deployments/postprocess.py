@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import numpy as np
 from ray import serve
 
 from pipeline import metrics
@@ -22,7 +21,9 @@ class PostprocessCore:
     def __init__(self, config: PipelineConfig) -> None:
         self.arch = {m.name: m.arch for m in config.models}
 
-    def run(self, model: str, logits: Rows, specs: list[PostSpec]) -> list[dict[str, Any] | BaseException]:
+    def run(
+        self, model: str, logits: Rows, specs: list[PostSpec]
+    ) -> list[dict[str, Any] | BaseException]:
         t0 = time.perf_counter()
         arch = self.arch[model]
         names = labels(arch)
@@ -38,7 +39,10 @@ class PostprocessCore:
             if spec.kind == "classify":
                 k = min(spec.top_k, model_info(arch).num_classes)
                 vals, idx = eager(TOPK, probs[rows], k=k)
-                top = [{"label": names[int(i)], "class": int(i), "score": float(v)} for v, i in zip(vals[0], idx[0], strict=True)]
+                top = [
+                    {"label": names[int(i)], "class": int(i), "score": float(v)}
+                    for v, i in zip(vals[0], idx[0], strict=True)
+                ]
                 out.append({"top_k": top, **self._timings(logits, rows)})
             else:
                 tensors = {}

@@ -45,7 +45,9 @@ class PreprocessCore:
     async def run(self, model: str, items: list[tuple[bytes, str | None]]) -> Rows:
         t0 = time.perf_counter()
         loop = asyncio.get_running_loop()
-        futs = [loop.run_in_executor(self.pool, self.decode_one, model, data, ct) for data, ct in items]
+        futs = [
+            loop.run_in_executor(self.pool, self.decode_one, model, data, ct) for data, ct in items
+        ]
         done = await asyncio.gather(*futs, return_exceptions=True)
         rows, owner, errors = [], [], {}
         for i, r in enumerate(done):
@@ -53,7 +55,9 @@ class PreprocessCore:
                 errors[i] = r
             elif isinstance(r, BaseException):
                 logger.exception("decoding failed unexpectedly", exc_info=r)
-                errors[i] = InvalidInput("could not decode the image", detail=f"{type(r).__name__}: {r}")
+                errors[i] = InvalidInput(
+                    "could not decode the image", detail=f"{type(r).__name__}: {r}"
+                )
             else:
                 rows.append(r)
                 owner.append(i)

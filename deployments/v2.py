@@ -17,10 +17,18 @@ from pipeline.models.registry import ModelInfo
 HEADER_LEN = "inference-header-content-length"
 
 DTYPES: dict[str, np.dtype] = {
-    "BOOL": np.dtype(np.bool_), "UINT8": np.dtype(np.uint8), "UINT16": np.dtype("<u2"),
-    "UINT32": np.dtype("<u4"), "UINT64": np.dtype("<u8"), "INT8": np.dtype(np.int8),
-    "INT16": np.dtype("<i2"), "INT32": np.dtype("<i4"), "INT64": np.dtype("<i8"),
-    "FP16": np.dtype("<f2"), "FP32": np.dtype("<f4"), "FP64": np.dtype("<f8"),
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype("<i2"),
+    "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"),
+    "FP32": np.dtype("<f4"),
+    "FP64": np.dtype("<f8"),
 }
 NAMES = {v.name: k for k, v in DTYPES.items()}
 ACCEPTED_INPUT = ("UINT8", "FP16", "FP32", "FP64")
@@ -41,12 +49,17 @@ def _shape(v: Any) -> tuple[int, ...]:
     return tuple(v)
 
 
-def parse_infer(body: bytes, header_length: int | None, info: ModelInfo, max_batch: int) -> InferRequest:
+def parse_infer(
+    body: bytes, header_length: int | None, info: ModelInfo, max_batch: int
+) -> InferRequest:
     """Decode a v2 infer request and check it against the model's input."""
     if header_length is not None:
         if header_length < 0 or header_length > len(body):
-            raise InvalidInput("Inference-Header-Content-Length exceeds the body", header_length=header_length,
-                               body_bytes=len(body))
+            raise InvalidInput(
+                "Inference-Header-Content-Length exceeds the body",
+                header_length=header_length,
+                body_bytes=len(body),
+            )
         head, binary = body[:header_length], memoryview(body)[header_length:]
     else:
         head, binary = body, memoryview(b"")
@@ -54,7 +67,11 @@ def parse_infer(body: bytes, header_length: int | None, info: ModelInfo, max_bat
         req = json.loads(head)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InvalidInput("request is not valid JSON", detail=str(exc)) from None
-    if not isinstance(req, dict) or not isinstance(req.get("inputs"), list) or len(req["inputs"]) != 1:
+    if (
+        not isinstance(req, dict)
+        or not isinstance(req.get("inputs"), list)
+        or len(req["inputs"]) != 1
+    ):
         raise InvalidInput("a request needs exactly one input tensor (the images)")
     t = req["inputs"][0]
     if not isinstance(t, dict):
@@ -71,11 +88,19 @@ def parse_infer(body: bytes, header_length: int | None, info: ModelInfo, max_bat
     if "binary_data_size" in params:
         size = params["binary_data_size"]
         if not isinstance(size, int) or size != len(binary):
-            raise InvalidInput("binary_data_size does not match the binary part of the body",
-                               binary_data_size=size, binary_bytes=len(binary))
+            raise InvalidInput(
+                "binary_data_size does not match the binary part of the body",
+                binary_data_size=size,
+                binary_bytes=len(binary),
+            )
         if size != count * dt.itemsize:
-            raise InvalidInput("byte count does not match the shape and datatype", bytes=size,
-                               expected=count * dt.itemsize, shape=shape, datatype=dt_name)
+            raise InvalidInput(
+                "byte count does not match the shape and datatype",
+                bytes=size,
+                expected=count * dt.itemsize,
+                shape=shape,
+                datatype=dt_name,
+            )
         arr = np.frombuffer(binary, dtype=dt, count=count).reshape(shape)
     else:
         data = t.get("data")
@@ -84,15 +109,22 @@ def parse_infer(body: bytes, header_length: int | None, info: ModelInfo, max_bat
         try:
             arr = np.asarray(data, dtype=dt)
         except (TypeError, ValueError, OverflowError) as exc:
-            raise InvalidInput("input data does not fit its datatype", datatype=dt_name, detail=str(exc)) from None
+            raise InvalidInput(
+                "input data does not fit its datatype", datatype=dt_name, detail=str(exc)
+            ) from None
         if arr.size != count:
-            raise InvalidInput("number of elements does not match the shape", elements=int(arr.size), shape=shape)
+            raise InvalidInput(
+                "number of elements does not match the shape", elements=int(arr.size), shape=shape
+            )
         arr = arr.reshape(shape)
     h, w = info.input_size
     want = (h, w, info.channels)
     if len(shape) != 4 or tuple(shape[1:]) != want:
-        raise InvalidInput("input shape must be [batch, height, width, channels]", shape=shape,
-                           expected=[-1, *want])
+        raise InvalidInput(
+            "input shape must be [batch, height, width, channels]",
+            shape=shape,
+            expected=[-1, *want],
+        )
     if not 1 <= shape[0] <= max_batch:
         raise InvalidInput("batch size out of range", batch=shape[0], max_batch=max_batch)
     if arr.dtype != np.uint8:
@@ -100,11 +132,15 @@ def parse_infer(body: bytes, header_length: int | None, info: ModelInfo, max_bat
         if not np.isfinite(f).all():
             raise InvalidInput("input contains NaN or infinity")
         if f.min() < 0 or f.max() > 255:
-            raise InvalidInput("pixel values must lie in [0, 255]", min=float(f.min()), max=float(f.max()))
+            raise InvalidInput(
+                "pixel values must lie in [0, 255]", min=float(f.min()), max=float(f.max())
+            )
         arr = np.rint(f).astype(np.uint8)
     outputs, binary_out = _requested(req.get("outputs"))
     rid = req.get("id")
-    return InferRequest(str(rid) if rid is not None else None, np.ascontiguousarray(arr), outputs, binary_out)
+    return InferRequest(
+        str(rid) if rid is not None else None, np.ascontiguousarray(arr), outputs, binary_out
+    )
 
 
 def _requested(spec: Any) -> tuple[tuple[str, ...], frozenset[str]]:
@@ -123,8 +159,13 @@ def _requested(spec: Any) -> tuple[tuple[str, ...], frozenset[str]]:
     return tuple(names), frozenset(binary)
 
 
-def encode_infer(model: str, request_id: str | None, tensors: dict[str, np.ndarray],
-                 binary: frozenset[str], extra: dict[str, Any] | None = None) -> tuple[bytes, dict[str, str]]:
+def encode_infer(
+    model: str,
+    request_id: str | None,
+    tensors: dict[str, np.ndarray],
+    binary: frozenset[str],
+    extra: dict[str, Any] | None = None,
+) -> tuple[bytes, dict[str, str]]:
     """The response body and headers; binary outputs follow the JSON header."""
     outs, blobs = [], []
     for name, arr in tensors.items():
@@ -145,8 +186,10 @@ def encode_infer(model: str, request_id: str | None, tensors: dict[str, np.ndarr
     head = json.dumps(resp).encode()
     if not blobs:
         return head, {"content-type": "application/json"}
-    return head + b"".join(blobs), {"content-type": "application/octet-stream",
-                                    "inference-header-content-length": str(len(head))}
+    return head + b"".join(blobs), {
+        "content-type": "application/octet-stream",
+        "inference-header-content-length": str(len(head)),
+    }
 
 
 def model_metadata(name: str, info: ModelInfo) -> dict[str, Any]:
@@ -156,5 +199,7 @@ def model_metadata(name: str, info: ModelInfo) -> dict[str, Any]:
         "versions": ["1"],
         "platform": "ferry",
         "inputs": [{"name": "image", "datatype": "UINT8", "shape": [-1, h, w, info.channels]}],
-        "outputs": [{"name": n, "datatype": "FP32", "shape": [-1, info.num_classes]} for n in OUTPUTS],
+        "outputs": [
+            {"name": n, "datatype": "FP32", "shape": [-1, info.num_classes]} for n in OUTPUTS
+        ],
     }

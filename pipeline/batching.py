@@ -59,8 +59,14 @@ class Batch:
 class BatchQueue:
     """Per-key FIFO queues with a priority lane; decides which batches are ready."""
 
-    def __init__(self, max_batch_size: int, max_wait_s: float, max_queue: int,
-                 buckets: Sequence[int] = (), retry_after_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        max_batch_size: int,
+        max_wait_s: float,
+        max_queue: int,
+        buckets: Sequence[int] = (),
+        retry_after_s: float = 1.0,
+    ) -> None:
         if max_batch_size < 1 or max_wait_s < 0 or max_queue < 1:
             raise ValueError(f"bad batching limits: {max_batch_size=}, {max_wait_s=}, {max_queue=}")
         self.max_batch_size = max_batch_size
@@ -78,11 +84,22 @@ class BatchQueue:
     def depth(self, key: str) -> int:
         return len(self._normal.get(key, ())) + len(self._priority.get(key, ()))
 
-    def push(self, item: Any, key: str, now: float, priority: bool = False,
-             deadline: float | None = None, request_id: str = "") -> Pending:
+    def push(
+        self,
+        item: Any,
+        key: str,
+        now: float,
+        priority: bool = False,
+        deadline: float | None = None,
+        request_id: str = "",
+    ) -> Pending:
         if self._size >= self.max_queue:
-            raise QueueFull("inference queue is full", queue_depth=self._size, max_queue=self.max_queue,
-                            retry_after_s=self.retry_after_s)
+            raise QueueFull(
+                "inference queue is full",
+                queue_depth=self._size,
+                max_queue=self.max_queue,
+                retry_after_s=self.retry_after_s,
+            )
         p = Pending(item, key, now, deadline, priority, request_id)
         lanes = self._priority if priority else self._normal
         lanes.setdefault(key, deque()).append(p)
@@ -176,12 +193,22 @@ class BatchScheduler:
     Tests call it directly with a fake clock.
     """
 
-    def __init__(self, run_batch: RunBatch, max_batch_size: int, max_wait_ms: float, max_queue: int,
-                 buckets: Sequence[int] = (), max_in_flight: int = 2, retry_after_s: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic,
-                 on_batch: Callable[[Batch], None] | None = None,
-                 on_drop: Callable[[Pending, BaseException], None] | None = None) -> None:
-        self.queue = BatchQueue(max_batch_size, max_wait_ms / 1e3, max_queue, buckets, retry_after_s)
+    def __init__(
+        self,
+        run_batch: RunBatch,
+        max_batch_size: int,
+        max_wait_ms: float,
+        max_queue: int,
+        buckets: Sequence[int] = (),
+        max_in_flight: int = 2,
+        retry_after_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        on_batch: Callable[[Batch], None] | None = None,
+        on_drop: Callable[[Pending, BaseException], None] | None = None,
+    ) -> None:
+        self.queue = BatchQueue(
+            max_batch_size, max_wait_ms / 1e3, max_queue, buckets, retry_after_s
+        )
         self.run_batch = run_batch
         self.max_in_flight = max_in_flight
         self.clock = clock
@@ -193,8 +220,14 @@ class BatchScheduler:
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
 
-    def submit_nowait(self, item: Any, key: str, priority: bool = False, deadline: float | None = None,
-                      request_id: str = "") -> asyncio.Future:
+    def submit_nowait(
+        self,
+        item: Any,
+        key: str,
+        priority: bool = False,
+        deadline: float | None = None,
+        request_id: str = "",
+    ) -> asyncio.Future:
         """Queue one item; the future completes with its result. ``QueueFull`` at once."""
         if self._closed:
             raise RuntimeError("scheduler is closed")
@@ -206,16 +239,25 @@ class BatchScheduler:
         self._wake.set()
         return p.future
 
-    async def submit(self, item: Any, key: str, priority: bool = False, deadline: float | None = None,
-                     request_id: str = "") -> Any:
+    async def submit(
+        self,
+        item: Any,
+        key: str,
+        priority: bool = False,
+        deadline: float | None = None,
+        request_id: str = "",
+    ) -> Any:
         return await self.submit_nowait(item, key, priority, deadline, request_id)
 
     def poll(self) -> float | None:
         """Fail expired items, start every batch that is ready and fits; the next due time."""
         now = self.clock()
         for p in self.queue.expire(now):
-            err = DeadlineExceeded("deadline passed before the request reached the GPU",
-                                   waited_ms=round((now - p.enqueued) * 1e3, 3), request_id=p.request_id)
+            err = DeadlineExceeded(
+                "deadline passed before the request reached the GPU",
+                waited_ms=round((now - p.enqueued) * 1e3, 3),
+                request_id=p.request_id,
+            )
             if self.on_drop:
                 self.on_drop(p, err)
             if p.future is not None and not p.future.done():
@@ -239,7 +281,9 @@ class BatchScheduler:
         try:
             results = await self.run_batch(batch)
             if len(results) != len(batch.items):
-                raise RuntimeError(f"run_batch returned {len(results)} results for {len(batch.items)} items")
+                raise RuntimeError(
+                    f"run_batch returned {len(results)} results for {len(batch.items)} items"
+                )
             for p, r in zip(batch.items, results, strict=True):
                 if p.future is not None and not p.future.done():
                     if isinstance(r, BaseException):
@@ -291,7 +335,9 @@ class Coalescer:
     what arrives in the same event-loop turn.
     """
 
-    def __init__(self, run: Callable[[list[Any]], Awaitable[Sequence[Any]]], window_s: float, max_items: int) -> None:
+    def __init__(
+        self, run: Callable[[list[Any]], Awaitable[Sequence[Any]]], window_s: float, max_items: int
+    ) -> None:
         self.run = run
         self.window_s = window_s
         self.max_items = max_items
@@ -306,7 +352,11 @@ class Coalescer:
         if len(self._group) >= self.max_items:
             self._flush()
         elif self._timer is None:
-            self._timer = loop.call_later(self.window_s, self._flush) if self.window_s > 0 else loop.call_soon(self._flush)
+            self._timer = (
+                loop.call_later(self.window_s, self._flush)
+                if self.window_s > 0
+                else loop.call_soon(self._flush)
+            )
         return await fut
 
     def _flush(self) -> None:

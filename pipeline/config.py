@@ -90,6 +90,8 @@ class DeploymentOptions(_Strict):
     """CPUs reserved per replica."""
     num_gpus: float = Field(0.0, ge=0.0, le=8.0)
     """GPUs per replica; fractions share one device."""
+    env_vars: dict[str, str] = Field(default_factory=dict)
+    """Environment of the replica processes (e.g. FERRY_AUTH_TOKEN for the ingress)."""
 
     @model_validator(mode="after")
     def _replicas_or_autoscaling(self) -> DeploymentOptions:
@@ -102,10 +104,13 @@ class DeploymentOptions(_Strict):
         return self
 
     def serve_options(self) -> dict[str, Any]:
+        actor: dict[str, Any] = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus}
+        if self.env_vars:
+            actor["runtime_env"] = {"env_vars": dict(self.env_vars)}
         opts: dict[str, Any] = {
             "max_ongoing_requests": self.max_ongoing_requests,
             "max_queued_requests": self.max_queued_requests,
-            "ray_actor_options": {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus},
+            "ray_actor_options": actor,
         }
         if self.autoscaling_config is not None:
             opts["autoscaling_config"] = self.autoscaling_config

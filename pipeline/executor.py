@@ -289,18 +289,34 @@ class GpuExecutor:
             if len(x) != p.n:
                 raise InvalidInput("batch has the wrong number of rows", rows=len(x), expected=p.n)
             for r in x:
-                if not isinstance(r, np.ndarray) or tuple(r.shape) != item or r.dtype != spec.np_dtype:
-                    raise InvalidInput("a row does not match the model's input",
-                                       shape=getattr(r, "shape", None), dtype=str(getattr(r, "dtype", type(r).__name__)),
-                                       expected=item, expected_dtype=spec.dtype)
+                if (
+                    not isinstance(r, np.ndarray)
+                    or tuple(r.shape) != item
+                    or r.dtype != spec.np_dtype
+                ):
+                    raise InvalidInput(
+                        "a row does not match the model's input",
+                        shape=getattr(r, "shape", None),
+                        dtype=str(getattr(r, "dtype", type(r).__name__)),
+                        expected=item,
+                        expected_dtype=spec.dtype,
+                    )
             return list(x)
         if not isinstance(x, np.ndarray):
-            raise InvalidInput("a batch must be a numpy array or a list of rows", got=type(x).__name__)
+            raise InvalidInput(
+                "a batch must be a numpy array or a list of rows", got=type(x).__name__
+            )
         want = (p.n, *item)
         if tuple(x.shape) != want:
-            raise InvalidInput("batch shape does not match the prepared batch", shape=tuple(x.shape), expected=want)
+            raise InvalidInput(
+                "batch shape does not match the prepared batch", shape=tuple(x.shape), expected=want
+            )
         if x.dtype != spec.np_dtype:
-            raise InvalidInput("batch dtype does not match the model's input", dtype=x.dtype.name, expected=spec.dtype)
+            raise InvalidInput(
+                "batch dtype does not match the model's input",
+                dtype=x.dtype.name,
+                expected=spec.dtype,
+            )
         return x
 
     @staticmethod
@@ -313,7 +329,9 @@ class GpuExecutor:
         if n < len(dst):
             dst[n:] = 0
 
-    def _commit_real(self, p: PreparedBatch, x: np.ndarray | list[np.ndarray], label: str) -> AsyncResult:
+    def _commit_real(
+        self, p: PreparedBatch, x: np.ndarray | list[np.ndarray], label: str
+    ) -> AsyncResult:
         plan, slot = p.plan, p.slot
         assert slot is not None and p.reservation is not None
         spec_in = plan.input_spec
@@ -400,7 +418,9 @@ class GpuExecutor:
             s = self._tls.stream = Stream("naive", self.backend)
         return s
 
-    def _commit_naive(self, p: PreparedBatch, x: np.ndarray | list[np.ndarray], label: str) -> AsyncResult:
+    def _commit_naive(
+        self, p: PreparedBatch, x: np.ndarray | list[np.ndarray], label: str
+    ) -> AsyncResult:
         """The baseline: allocate, copy in synchronously, compute, copy out, free -- per call."""
         try:
             plan = p.plan

@@ -34,17 +34,34 @@ def _get() -> dict[str, Any] | None:
     with _lock:
         if _metrics is None:
             _metrics = {
-                "stage": m.Histogram("ferry_stage_latency_ms", "Time spent in a pipeline stage, per item",
-                                     boundaries=LATENCY_BOUNDARIES_MS, tag_keys=("stage", "model")),
-                "batch": m.Histogram("ferry_batch_size", "Items in a GPU batch (before padding)",
-                                     boundaries=BATCH_BOUNDARIES, tag_keys=("model",)),
-                "queue": m.Gauge("ferry_queue_depth", "Items waiting in the inference queue", tag_keys=("model",)),
-                "pool_in_use": m.Gauge("ferry_pool_bytes_in_use", "Device pool bytes held by batches in flight"),
-                "pool_held": m.Gauge("ferry_pool_bytes_reserved", "Device pool bytes held from the driver"),
+                "stage": m.Histogram(
+                    "ferry_stage_latency_ms",
+                    "Time spent in a pipeline stage, per item",
+                    boundaries=LATENCY_BOUNDARIES_MS,
+                    tag_keys=("stage", "model"),
+                ),
+                "batch": m.Histogram(
+                    "ferry_batch_size",
+                    "Items in a GPU batch (before padding)",
+                    boundaries=BATCH_BOUNDARIES,
+                    tag_keys=("model",),
+                ),
+                "queue": m.Gauge(
+                    "ferry_queue_depth", "Items waiting in the inference queue", tag_keys=("model",)
+                ),
+                "pool_in_use": m.Gauge(
+                    "ferry_pool_bytes_in_use", "Device pool bytes held by batches in flight"
+                ),
+                "pool_held": m.Gauge(
+                    "ferry_pool_bytes_reserved", "Device pool bytes held from the driver"
+                ),
                 "pool_hwm": m.Gauge("ferry_pool_high_water_bytes", "Highest pool bytes in use"),
-                "rejected": m.Counter("ferry_rejected_total", "Requests refused, by reason", tag_keys=("reason",)),
-                "requests": m.Counter("ferry_requests_total", "HTTP requests answered",
-                                      tag_keys=("route", "code")),
+                "rejected": m.Counter(
+                    "ferry_rejected_total", "Requests refused, by reason", tag_keys=("reason",)
+                ),
+                "requests": m.Counter(
+                    "ferry_requests_total", "HTTP requests answered", tag_keys=("route", "code")
+                ),
             }
     return _metrics
 

@@ -62,7 +62,10 @@ def test_batches_never_mix_models(clock):
     q.push(2, "b", clock())
     q.push(3, "a", clock())
     batches = q.pop_ready(clock())
-    assert sorted((b.key, [p.item for p in b.items]) for b in batches) == [("a", [1, 3]), ("b", [2])]
+    assert sorted((b.key, [p.item for p in b.items]) for b in batches) == [
+        ("a", [1, 3]),
+        ("b", [2]),
+    ]
 
 
 def test_bounded_queue_answers_queue_full_at_once(clock):
@@ -136,8 +139,15 @@ def test_scheduler_holds_batches_back_while_the_runner_is_full(clock):
         nonlocal release
         release = asyncio.Event()
         sizes = []
-        s = BatchScheduler(run_batch, max_batch_size=8, max_wait_ms=1, max_queue=100, max_in_flight=1,
-                           clock=clock, on_batch=lambda b: sizes.append(len(b)))
+        s = BatchScheduler(
+            run_batch,
+            max_batch_size=8,
+            max_wait_ms=1,
+            max_queue=100,
+            max_in_flight=1,
+            clock=clock,
+            on_batch=lambda b: sizes.append(len(b)),
+        )
         first = s.submit_nowait("x", "m")
         clock.advance(0.001)
         s.poll()  # the single slot is taken by a batch of one
@@ -164,8 +174,14 @@ def test_scheduler_fails_expired_items_with_deadline_exceeded(clock):
 
     async def main():
         drops = []
-        s = BatchScheduler(run_batch, max_batch_size=8, max_wait_ms=10, max_queue=100, clock=clock,
-                           on_drop=lambda p, e: drops.append(p.item))
+        s = BatchScheduler(
+            run_batch,
+            max_batch_size=8,
+            max_wait_ms=10,
+            max_queue=100,
+            clock=clock,
+            on_drop=lambda p, e: drops.append(p.item),
+        )
         late = s.submit_nowait("late", "m", deadline=clock() + 0.001)
         ok = s.submit_nowait("ok", "m")
         clock.advance(0.002)
@@ -243,7 +259,9 @@ def test_coalescer_groups_what_arrives_in_one_window():
         c = Coalescer(run_group, window_s=0.0, max_items=3)
         first = await asyncio.gather(c.submit("a"), c.submit("b"), return_exceptions=True)
         assert first == ["A", "B"]
-        res = await asyncio.gather(*(c.submit(x) for x in ["c", "bad", "d", "e"]), return_exceptions=True)
+        res = await asyncio.gather(
+            *(c.submit(x) for x in ["c", "bad", "d", "e"]), return_exceptions=True
+        )
         assert res[0] == "C" and isinstance(res[1], ValueError) and res[2:] == ["D", "E"]
 
     run(main())

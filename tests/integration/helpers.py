@@ -1,0 +1,92 @@
+"""Helpers for the integration tests: the test app's config, deployment, test images."""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import numpy as np
+
+PORT = int(os.environ.get("FERRY_TEST_PORT", "8123"))
+BASE = f"http://127.0.0.1:{PORT}"
+
+
+def cpu_config(**overrides):
+    """A small all-CPU pipeline: digits + random-weight ResNet-50, buckets up to 8."""
+    from pipeline.config import PipelineConfig
+
+    base = {
+        "models": [{"name": "digits", "arch": "digits"}, {"name": "resnet50", "arch": "resnet50"}],
+        "executor": {
+            "backend": "numpy",
+            "buckets": [1, 2, 4, 8],
+            "max_in_flight": 2,
+            "pool_limit_fraction": 0.2,
+        },
+        "batching": {"max_batch_size": 8, "max_wait_ms": 10},
+        "ingress": {"coalesce_window_ms": 2.0, "max_coalesce": 32},
+        "preprocess": {"threads": 2},
+        "ingress_deployment": {"num_cpus": 0.25, "max_ongoing_requests": 512},
+        "preprocess_deployment": {"num_cpus": 0.25, "max_ongoing_requests": 128},
+        "inference_deployment": {"num_cpus": 1.0, "max_ongoing_requests": 128},
+        "postprocess_deployment": {"num_cpus": 0.25, "max_ongoing_requests": 128},
+    }
+    for k, v in overrides.items():
+        base[k] = {**base[k], **v} if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+    return PipelineConfig.model_validate(base)
+
+
+def deploy(config, name: str = "ferry") -> str:
+    from ray import serve
+
+    from deployments.app import build
+
+    serve.run(build(config), name=name, route_prefix="/")
+    return BASE
+
+
+def undeploy(name: str = "ferry") -> None:
+    from ray import serve
+
+    serve.delete(name)
+
+
+def photos() -> dict[str, np.ndarray]:
+    """scikit-image's bundled RGB photos (no network)."""
+    import skimage.data as d
+
+    return {n: getattr(d, n)() for n in ("chelsea", "astronaut", "coffee", "rocket")}
+
+
+def jpeg_of_size(img: np.ndarray, size: int, quality: int = 80) -> bytes:
+    """A valid JPEG of exactly ``size`` bytes: a comment segment pads it after SOI."""
+    from pipeline.imaging import encode_jpeg
+
+    raw = encode_jpeg(img, quality)
+    pad = size - len(raw)
+    if pad < 4:
+        raise ValueError(f"image already {len(raw)} bytes, cannot make {size}")
+    out = bytearray(raw[:2])
+    while pad > 0:
+        n = min(pad, 65535 + 2)
+        if pad - n in (1, 2, 3):  # leave room for one more whole segment
+            n -= 4
+        out += b"\xff\xfe" + struct.pack(">H", n - 2) + b"\0" * (n - 4)
+        pad -= n
+    out += raw[2:]
+    assert len(out) == size
+    return bytes(out)
+
+
+def png_header_claiming(width: int, height: int) -> bytes:
+    """A PNG whose IHDR claims width x height (and nothing decodable after)."""
+    import zlib
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    chunk = (
+        struct.pack(">I", len(ihdr))
+        + b"IHDR"
+        + ihdr
+        + struct.pack(">I", zlib.crc32(b"IHDR" + ihdr))
+    )
+    return b"\x89PNG\r\n\x1a\n" + chunk

@@ -1,0 +1,78 @@
+"""`serve run serve_config.yaml` -- README's main-job command -- brings Ferry up and it answers.
+
+Runs first (file order), before the session cluster of the other integration tests
+exists: `serve run` starts its own local Ray, as it does on a laptop.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from pipeline.imaging import encode_png
+from pipeline.models import digits
+
+pytestmark = pytest.mark.integration
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+URL = "http://127.0.0.1:8000"
+
+
+def test_readme_uses_serve_config_yaml():
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    assert "serve run serve_config.yaml" in readme
+
+
+def test_serve_run_serve_config_yaml_answers():
+    serve_bin = shutil.which("serve", path=os.path.dirname(sys.executable)) or shutil.which("serve")
+    assert serve_bin, "the `serve` command comes with ray[serve]"
+    env = {
+        **os.environ,
+        "RAY_ADDRESS": "",
+        "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
+    proc = subprocess.Popen(
+        [serve_bin, "run", "serve_config.yaml"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.time() + 240
+        ready = False
+        while time.time() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(URL + "/v2/health/ready", timeout=2).status_code == 200:
+                    ready = True
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(2)
+        assert ready, "serve run serve_config.yaml did not become ready"
+        png = encode_png(digits.load_split()[2][0])
+        r = httpx.post(
+            URL + "/v1/models/digits/classify",
+            content=png,
+            headers={"content-type": "image/png"},
+            timeout=60,
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["top_k"][0]["label"] == "2"
+        models = {m["name"] for m in httpx.get(URL + "/v1/models", timeout=10).json()["models"]}
+        assert models == {"digits", "resnet50"}
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)

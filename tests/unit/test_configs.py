@@ -1,0 +1,88 @@
+"""The shipped config files: pydantic validation, Ray's cluster-config validation."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from pipeline.config import DeploymentOptions, ExecutorConfig, PipelineConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _load(name):
+    with open(os.path.join(ROOT, name)) as f:
+        return yaml.safe_load(f)
+
+
+@pytest.mark.parametrize("name", ["serve_config.yaml", "serve_config.gpu.yaml"])
+def test_serve_configs_validate(name):
+    from ray.serve.schema import ServeDeploySchema
+
+    raw = _load(name)
+    ServeDeploySchema.model_validate(raw)  # Serve's own schema, as `serve deploy` checks it
+    (app,) = raw["applications"]
+    assert app["import_path"] == "deployments.app:build_app"
+    cfg = PipelineConfig.model_validate(app["args"]["config"])
+    assert {m.name for m in cfg.models} == {"digits", "resnet50"}
+    if name == "serve_config.yaml":
+        assert cfg.executor.backend == "numpy" and raw["http_options"]["host"] == "127.0.0.1"
+        total = sum(
+            getattr(cfg, f"{s}_deployment").num_cpus
+            for s in ("ingress", "preprocess", "inference", "postprocess")
+        )
+        assert total <= 2.0  # fits a two-core laptop
+    else:
+        assert cfg.executor.backend == "cupy" and cfg.inference_deployment.num_gpus >= 1
+
+
+def test_cluster_yaml_passes_rays_validation():
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    raw = _load("cluster.yaml")
+    prepared = prepare_config(copy.deepcopy(raw))  # fills defaults, as `ray up` does
+    validate_config(prepared)
+    types = raw["available_node_types"]
+    assert "GPU" not in types[raw["head_node_type"]]["resources"]
+    assert any(t["resources"].get("GPU", 0) >= 1 for t in types.values())
+    assert any("cuda" in c for c in raw["worker_setup_commands"])
+    broken = copy.deepcopy(prepared)
+    broken["available_node_types"]["gpu_worker"]["min_workers"] = "lots"
+    with pytest.raises(Exception):
+        validate_config(broken)
+
+
+def test_pipeline_config_cross_checks_name_the_values():
+    with pytest.raises(ValidationError, match="max_batch_size"):
+        PipelineConfig.model_validate({"batching": {"max_batch_size": 512}})
+    with pytest.raises(ValidationError, match="unique"):
+        PipelineConfig.model_validate(
+            {"models": [{"name": "a", "arch": "digits"}, {"name": "a", "arch": "digits"}]}
+        )
+    with pytest.raises(ValidationError, match="not both"):
+        DeploymentOptions(num_replicas=2, autoscaling_config={"min_replicas": 1})
+    with pytest.raises(ValidationError):
+        ExecutorConfig(buckets=(4, 2))
+    with pytest.raises(ValidationError):
+        ExecutorConfig(max_in_flight=0)
+    with pytest.raises(ValidationError):
+        PipelineConfig.model_validate({"no_such_field": 1})
+
+
+def test_deployment_options_map_to_serve():
+    o = DeploymentOptions(
+        num_replicas=None,
+        autoscaling_config={"min_replicas": 1, "max_replicas": 4},
+        num_gpus=0.5,
+        env_vars={"A": "1"},
+    ).serve_options()
+    assert o["autoscaling_config"]["max_replicas"] == 4 and "num_replicas" not in o
+    assert o["ray_actor_options"] == {
+        "num_cpus": 1.0,
+        "num_gpus": 0.5,
+        "runtime_env": {"env_vars": {"A": "1"}},
+    }
