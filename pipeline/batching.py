@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import itertools
 import logging
 import time
@@ -312,10 +313,8 @@ class BatchScheduler:
             self._wake.clear()
             due = self.poll()
             timeout = None if due is None else max(0.0, due - self.clock())
-            try:
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
-            except asyncio.TimeoutError:
-                pass
 
     async def close(self) -> None:
         """Run what is queued, wait for running batches, stop the loop."""

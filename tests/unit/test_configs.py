@@ -52,7 +52,9 @@ def test_cluster_yaml_passes_rays_validation():
     assert any("cuda" in c for c in raw["worker_setup_commands"])
     broken = copy.deepcopy(prepared)
     broken["available_node_types"]["gpu_worker"]["min_workers"] = "lots"
-    with pytest.raises(Exception):
+    import jsonschema
+
+    with pytest.raises(jsonschema.ValidationError):
         validate_config(broken)
 
 
