@@ -30,19 +30,18 @@ def test_readme_uses_serve_config_yaml():
     assert "serve run serve_config.yaml" in readme
 
 
-def test_serve_run_serve_config_yaml_answers():
+def test_serve_run_serve_config_yaml_answers(tmp_path):
     serve_bin = shutil.which("serve", path=os.path.dirname(sys.executable)) or shutil.which("serve")
     assert serve_bin, "the `serve` command comes with ray[serve]"
     env = {
-        **os.environ,
-        "RAY_ADDRESS": "",
-        "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-    }
+        k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"
+    }  # a fresh local Ray, as on a laptop
+    env["PYTHONPATH"] = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
     proc = subprocess.Popen(
         [serve_bin, "run", "serve_config.yaml"],
         cwd=ROOT,
         env=env,
-        stdout=subprocess.PIPE,
+        stdout=(tmp_path / "serve.log").open("wb"),  # a file, not a pipe nobody drains
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
@@ -57,7 +56,12 @@ def test_serve_run_serve_config_yaml_answers():
             except httpx.HTTPError:
                 pass
             time.sleep(2)
-        assert ready, "serve run serve_config.yaml did not become ready"
+        if not ready:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+            out = (tmp_path / "serve.log").read_text(errors="replace")[-3000:]
+            pytest.fail(f"serve run serve_config.yaml did not become ready:\n{out}")
         png = encode_png(digits.load_split()[2][0])
         r = httpx.post(
             URL + "/v1/models/digits/classify",
@@ -70,9 +74,10 @@ def test_serve_run_serve_config_yaml_answers():
         models = {m["name"] for m in httpx.get(URL + "/v1/models", timeout=10).json()["models"]}
         assert models == {"digits", "resnet50"}
     finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)

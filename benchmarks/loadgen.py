@@ -1,0 +1,141 @@
+"""A closed-loop HTTP load generator: N clients over P processes, aiohttp, one image.
+
+    python benchmarks/loadgen.py --url http://127.0.0.1:8000/v1/models/resnet50/classify \
+        --image chelsea.jpg --clients 64 --seconds 30 [--procs 4] [--warmup 3]
+
+Each client sends a request, waits for the answer, sends the next. It reports img/s
+(answers per second), p50/p99 latency, errors by status, and the generator's own CPU use
+(user+system seconds per wall second, per process), so it can be shown not to be the
+bottleneck. Run it as its own process: it imports nothing of Ray.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import resource
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+
+async def _clients(
+    url: str, body: bytes, headers: dict[str, str], n: int, seconds: float, warmup: float
+) -> tuple[list[float], dict[str, int], int]:
+    import aiohttp
+
+    lat: list[float] = []
+    errors: dict[str, int] = {}
+    count_from = time.perf_counter() + warmup
+    stop_at = count_from + seconds
+    conn = aiohttp.TCPConnector(limit=0, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(connector=conn, timeout=timeout) as s:
+
+        async def client() -> None:
+            while True:
+                t0 = time.perf_counter()
+                if t0 >= stop_at:
+                    return
+                try:
+                    async with s.post(url, data=body, headers=headers) as r:
+                        await r.read()
+                        status = r.status
+                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                    status = type(exc).__name__
+                t1 = time.perf_counter()
+                if t0 >= count_from and t1 <= stop_at:
+                    if status == 200:
+                        lat.append(t1 - t0)
+                    else:
+                        errors[str(status)] = errors.get(str(status), 0) + 1
+
+        await asyncio.gather(*(client() for _ in range(n)))
+    return lat, errors, n
+
+
+def _proc(args: tuple, q: Any) -> None:
+    url, body, headers, n, seconds, warmup = args
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    lat, errors, _ = asyncio.run(_clients(url, body, headers, n, seconds, warmup))
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    q.put((lat, errors, cpu / wall))
+
+
+def run(
+    url: str,
+    body: bytes,
+    content_type: str,
+    clients: int,
+    seconds: float,
+    procs: int | None = None,
+    warmup: float = 2.0,
+    extra_headers: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    procs = procs or max(1, min(clients // 32 + 1, os.cpu_count() or 1, 8))
+    procs = min(procs, clients)
+    headers = {"content-type": content_type, **(extra_headers or {})}
+    shares = [clients // procs + (1 if i < clients % procs else 0) for i in range(procs)]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    ps = [
+        ctx.Process(target=_proc, args=((url, body, headers, n, seconds, warmup), q))
+        for n in shares
+    ]
+    for p in ps:
+        p.start()
+    out = [q.get() for _ in ps]
+    for p in ps:
+        p.join()
+    lat = np.concatenate([np.asarray(o[0]) for o in out]) if out else np.zeros(0)
+    errors: dict[str, int] = {}
+    for o in out:
+        for k, v in o[1].items():
+            errors[k] = errors.get(k, 0) + v
+    cpu = [round(o[2], 2) for o in out]
+    res = {
+        "clients": clients,
+        "seconds": seconds,
+        "ok": int(len(lat)),
+        "img_s": round(len(lat) / seconds, 1),
+        "p50_ms": round(float(np.percentile(lat, 50)) * 1e3, 2) if len(lat) else None,
+        "p99_ms": round(float(np.percentile(lat, 99)) * 1e3, 2) if len(lat) else None,
+        "errors": int(sum(errors.values())),
+        "errors_by_status": errors,
+        "loadgen_procs": procs,
+        "loadgen_cpu_per_proc": cpu,
+    }
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--image", required=True)
+    ap.add_argument("--content-type", default="image/jpeg")
+    ap.add_argument("--clients", type=int, default=64)
+    ap.add_argument("--seconds", type=float, default=30)
+    ap.add_argument("--warmup", type=float, default=3)
+    ap.add_argument("--procs", type=int, default=None)
+    args = ap.parse_args()
+    with open(args.image, "rb") as f:
+        body = f.read()
+    res = run(
+        args.url, body, args.content_type, args.clients, args.seconds, args.procs, args.warmup
+    )
+    print(json.dumps(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
