@@ -25,7 +25,13 @@ import numpy as np
 
 
 async def _clients(
-    url: str, body: bytes, headers: dict[str, str], n: int, seconds: float, warmup: float
+    url: str,
+    body: bytes,
+    headers: dict[str, str],
+    n: int,
+    seconds: float,
+    warmup: float,
+    timings: dict[str, float] | None = None,
 ) -> tuple[list[float], dict[str, int], int]:
     import aiohttp
 
@@ -44,7 +50,7 @@ async def _clients(
                     return
                 try:
                     async with s.post(url, data=body, headers=headers) as r:
-                        await r.read()
+                        payload = await r.read()
                         status = r.status
                 except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                     status = type(exc).__name__
@@ -52,6 +58,10 @@ async def _clients(
                 if t0 >= count_from and t1 <= stop_at:
                     if status == 200:
                         lat.append(t1 - t0)
+                        if timings is not None:  # Ferry's per-stage timings, summed
+                            for k, v in json.loads(payload).get("timings_ms", {}).items():
+                                timings[k] = timings.get(k, 0.0) + v
+                            timings["_n"] = timings.get("_n", 0) + 1
                     else:
                         errors[str(status)] = errors.get(str(status), 0) + 1
 
@@ -60,14 +70,15 @@ async def _clients(
 
 
 def _proc(args: tuple, q: Any) -> None:
-    url, body, headers, n, seconds, warmup = args
+    url, body, headers, n, seconds, warmup, collect = args
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
-    lat, errors, _ = asyncio.run(_clients(url, body, headers, n, seconds, warmup))
+    timings: dict[str, float] | None = {} if collect else None
+    lat, errors, _ = asyncio.run(_clients(url, body, headers, n, seconds, warmup, timings))
     wall = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
-    q.put((lat, errors, cpu / wall))
+    q.put((lat, errors, cpu / wall, timings))
 
 
 def run(
@@ -79,6 +90,7 @@ def run(
     procs: int | None = None,
     warmup: float = 2.0,
     extra_headers: dict[str, str] | None = None,
+    collect_timings: bool = False,
 ) -> dict[str, Any]:
     procs = procs or max(1, min(clients // 32 + 1, os.cpu_count() or 1, 8))
     procs = min(procs, clients)
@@ -87,20 +99,35 @@ def run(
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     ps = [
-        ctx.Process(target=_proc, args=((url, body, headers, n, seconds, warmup), q))
+        ctx.Process(
+            target=_proc, args=((url, body, headers, n, seconds, warmup, collect_timings), q)
+        )
         for n in shares
     ]
     for p in ps:
         p.start()
-    out = [q.get() for _ in ps]
+    out = []
+    for _ in ps:  # a generator process that died must not hang the benchmark
+        try:
+            out.append(q.get(timeout=seconds + warmup + 180))
+        except Exception:
+            break
     for p in ps:
-        p.join()
+        p.join(10)
+        if p.is_alive():
+            p.kill()
+    if len(out) < len(ps):
+        raise RuntimeError(f"{len(ps) - len(out)} load generator process(es) gave no result")
     lat = np.concatenate([np.asarray(o[0]) for o in out]) if out else np.zeros(0)
     errors: dict[str, int] = {}
     for o in out:
         for k, v in o[1].items():
             errors[k] = errors.get(k, 0) + v
     cpu = [round(o[2], 2) for o in out]
+    stage: dict[str, float] = {}
+    for o in out:
+        for k, v in (o[3] or {}).items():
+            stage[k] = stage.get(k, 0.0) + v
     res = {
         "clients": clients,
         "seconds": seconds,
@@ -113,6 +140,9 @@ def run(
         "loadgen_procs": procs,
         "loadgen_cpu_per_proc": cpu,
     }
+    if collect_timings and stage.get("_n"):
+        n = stage.pop("_n")
+        res["mean_timings_ms"] = {k: round(v / n, 3) for k, v in stage.items()}
     return res
 
 

@@ -50,10 +50,15 @@ def load_config(args: dict[str, Any] | None) -> PipelineConfig:
 
 def build(config: PipelineConfig) -> serve.Application:
     raw = config.model_dump(mode="json")
-    pre = Preprocess.options(**config.preprocess_deployment.serve_options()).bind(raw)
-    inf = Inference.options(**config.inference_deployment.serve_options()).bind(raw)
-    post = Postprocess.options(**config.postprocess_deployment.serve_options()).bind(raw)
-    return Ingress.options(**config.ingress_deployment.serve_options()).bind(raw, pre, inf, post)
+    log = {"enable_access_log": config.access_log, "log_level": config.log_level}
+
+    def opts(d) -> dict:
+        return {**d.serve_options(), "logging_config": log}
+
+    pre = Preprocess.options(**opts(config.preprocess_deployment)).bind(raw)
+    inf = Inference.options(**opts(config.inference_deployment)).bind(raw)
+    post = Postprocess.options(**opts(config.postprocess_deployment)).bind(raw)
+    return Ingress.options(**opts(config.ingress_deployment)).bind(raw, pre, inf, post)
 
 
 def build_app(args: dict[str, Any] | None = None) -> serve.Application:

@@ -53,6 +53,7 @@ class InferenceCore:
             retry_after_s=b.retry_after_s,
             on_batch=self._on_batch,
             on_drop=lambda p, e: metrics.count_rejected("deadline"),
+            dispatch_when_idle=b.dispatch_when_idle,
         )
         self.submit_pool = ThreadPoolExecutor(
             config.executor.max_in_flight + 1, thread_name_prefix="ferry-submit"
@@ -80,7 +81,7 @@ class InferenceCore:
         logits = await result
         t1 = time.monotonic()
         gpu_ms = (t1 - t0) * 1e3
-        metrics.observe_stage("gpu", batch.key, gpu_ms, count=1)
+        metrics.observe_stage("gpu", batch.key, gpu_ms)
         metrics.set_pool(self.executor.pool.stats().as_dict())
         out = []
         for i, p in enumerate(batch.items):
@@ -134,8 +135,8 @@ class InferenceCore:
         # a request whose rows partly failed is dropped whole
         keep = [j for j, o in enumerate(owner) if o not in errors]
         data = np.stack([rows[j] for j in keep]).astype(np.float32) if keep else None
-        for q in queue_ms:
-            metrics.observe_stage("queue", model, q)
+        if queue_ms:
+            metrics.observe_stage("queue", model, max(queue_ms))
         return Rows(
             images.n_requests,
             data,

@@ -62,7 +62,7 @@ class PreprocessCore:
                 rows.append(r)
                 owner.append(i)
         ms = (time.perf_counter() - t0) * 1e3
-        metrics.observe_stage("preprocess", model, ms, count=len(items))
+        metrics.observe_stage("preprocess", model, ms)
         return Rows(len(items), np.stack(rows) if rows else None, owner, errors, {"preprocess": ms})
 
 

@@ -73,6 +73,9 @@ class BatchingConfig(_Strict):
     """``Retry-After`` sent with 503 answers."""
     default_deadline_ms: float | None = Field(None, gt=0.0)
     """Deadline given to requests that bring none; ``None``: no deadline."""
+    dispatch_when_idle: bool = True
+    """When no batch is running, the queue leaves at once instead of waiting ``max_wait_ms``
+    (waiting buys nothing then); under load the full-or-timeout rule decides."""
 
 
 class DeploymentOptions(_Strict):
@@ -139,6 +142,9 @@ class IngressConfig(_Strict):
     """Requests arriving within this window go downstream as one call."""
     max_coalesce: int = Field(64, ge=1, le=4096)
     """Most requests in one downstream call."""
+    max_groups_in_flight: int = Field(4, ge=1, le=1024)
+    """Downstream calls one ingress replica keeps open per model; while they are all out, the
+    next group keeps growing (calls follow the pipeline's pace, not the arrival rate)."""
     max_body_bytes: int = Field(8 << 20, ge=1024, le=1 << 30)
     """Bodies over this get 413."""
     max_pixels: int = Field(40_000_000, ge=1, le=1 << 31)
@@ -176,6 +182,10 @@ class PipelineConfig(_Strict):
     postprocess_deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
     warmup: bool = True
     """Plan every bucket (and capture its CUDA graph) before the inference replica reports healthy."""
+    access_log: bool = False
+    """Serve's per-request access log in every replica; off, a line per request costs CPU at high rates."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Log level of the four deployments."""
 
     @model_validator(mode="after")
     def _cross_checks(self) -> PipelineConfig:

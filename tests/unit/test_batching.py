@@ -266,3 +266,75 @@ def test_coalescer_groups_what_arrives_in_one_window():
 
     run(main())
     assert calls == [["a", "b"], ["c", "bad", "d"], ["e"]]  # max_items closes a group early
+
+
+def test_coalescer_grows_groups_while_the_downstream_is_busy():
+    from pipeline.batching import Coalescer
+
+    calls = []
+    gate = None
+
+    async def run_group(items):
+        calls.append(list(items))
+        await gate.wait()
+        return items
+
+    async def main():
+        nonlocal gate
+        gate = asyncio.Event()
+        c = Coalescer(run_group, window_s=0.0, max_items=100, max_in_flight=1)
+        first = asyncio.ensure_future(c.submit(0))
+        await asyncio.sleep(0)  # the window (0) passes: group [0] leaves
+        await asyncio.sleep(0)
+        rest = [asyncio.ensure_future(c.submit(i)) for i in range(1, 8)]
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert (
+            calls == [[0]] and c.in_flight == 1
+        )  # the others wait for the slot, growing one group
+        gate.set()
+        assert await first == 0
+        assert await asyncio.gather(*rest) == list(range(1, 8))
+        assert calls == [[0], list(range(1, 8))]
+        assert list(c.group_sizes) == [1, 7]
+
+    run(main())
+
+
+def test_an_idle_runner_takes_the_queue_at_once(clock):
+    sizes = []
+    release = None
+
+    async def run_batch(batch):
+        sizes.append((len(batch), batch.reason))
+        await release.wait()
+        return [None] * len(batch)
+
+    async def main():
+        nonlocal release
+        release = asyncio.Event()
+        s = BatchScheduler(
+            run_batch,
+            max_batch_size=8,
+            max_wait_ms=50,
+            max_queue=100,
+            max_in_flight=2,
+            clock=clock,
+            dispatch_when_idle=True,
+        )
+        a = s.submit_nowait("a", "m")
+        s.poll()  # nothing running: no 50 ms wait
+        await asyncio.sleep(0)
+        b = [s.submit_nowait(i, "m") for i in range(3)]
+        s.poll()  # one batch is running now: the normal rule applies again
+        await asyncio.sleep(0)
+        assert sizes == [(1, "idle")]
+        clock.advance(0.050)
+        s.poll()
+        await asyncio.sleep(0)
+        assert sizes == [(1, "idle"), (3, "timeout")]
+        release.set()
+        await asyncio.gather(a, *b)
+        await s.close()
+
+    run(main())

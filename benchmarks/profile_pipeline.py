@@ -1,0 +1,123 @@
+"""Where the CPU goes: CPU milliseconds per request in each Serve process under load.
+
+    python benchmarks/profile_pipeline.py [--model digits] [--clients 32] [--seconds 10]
+        [--config serve_config.yaml]
+
+Deploys the config's application on a local Ray cluster, drives it with the closed-loop
+load generator, and reads every Ray process's CPU time before and after (by its process
+title: ``ray::ServeReplica:ferry:Ingress``, ``ray::ProxyActor``, ...). Dividing by the
+requests answered, after taking off what each process burns idle over the same span,
+gives CPU ms per request per stage -- the number that decides how many cores a target
+rate needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def ray_processes() -> dict[int, str]:
+    import psutil
+
+    out = {}
+    for p in psutil.process_iter(["pid", "cmdline", "name"]):
+        try:
+            cmd = " ".join(p.info["cmdline"] or [])
+        except (psutil.Error, TypeError):
+            continue
+        if cmd.startswith("ray::"):
+            out[p.info["pid"]] = cmd.split()[0].removeprefix("ray::")
+        elif "haproxy" in (p.info["name"] or ""):
+            out[p.info["pid"]] = "haproxy"
+    return out
+
+
+def cpu_times(pids: dict[int, str]) -> dict[str, float]:
+    import psutil
+
+    acc: dict[str, float] = defaultdict(float)
+    for pid, name in pids.items():
+        try:
+            t = psutil.Process(pid).cpu_times()
+            acc[name] += t.user + t.system
+        except psutil.Error:
+            pass
+    return acc
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--config", default="serve_config.yaml")
+    ap.add_argument("--model", default="digits")
+    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--seconds", type=float, default=10)
+    ap.add_argument("--port", type=int, default=8000)
+    args = ap.parse_args()
+    import numpy as np
+    import ray
+    import yaml
+    from ray import serve
+
+    from benchmarks import loadgen
+    from deployments.app import build_app
+    from pipeline.imaging import encode_jpeg, encode_png
+
+    with open(args.config) as f:
+        raw = yaml.safe_load(f)
+    ray.init(include_dashboard=False, log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": args.port})
+    serve.run(build_app(raw["applications"][0]["args"]), name="ferry", route_prefix="/")
+    if args.model == "digits":
+        from pipeline.models.digits import load_split
+
+        body, ct = encode_png(load_split()[2][0]), "image/png"
+    else:
+        import skimage.data
+
+        body, ct = encode_jpeg(np.ascontiguousarray(skimage.data.chelsea()), 90), "image/jpeg"
+    url = f"http://127.0.0.1:{args.port}/v1/models/{args.model}/classify"
+    loadgen.run(url, body, ct, 4, 2, warmup=0.5)  # warm
+    pids = ray_processes()
+    idle0 = cpu_times(pids)
+    time.sleep(args.seconds)  # the same span without load: background CPU to subtract
+    idle1 = cpu_times(pids)
+    before = cpu_times(pids)
+    t0 = time.perf_counter()
+    res = loadgen.run(url, body, ct, args.clients, args.seconds, warmup=0)
+    wall = time.perf_counter() - t0
+    after = cpu_times(pids)
+    n = max(res["ok"], 1)
+    idle_rate = {k: (idle1[k] - idle0.get(k, 0.0)) / args.seconds for k in idle1}
+    per = {
+        k: round((after[k] - before.get(k, 0.0) - idle_rate.get(k, 0.0) * wall) * 1e3 / n, 3)
+        for k in after
+    }
+    per = dict(sorted(per.items(), key=lambda kv: -kv[1]))
+    print(
+        json.dumps(
+            {
+                "load": res,
+                "wall_s": round(wall, 2),
+                "idle_cpu_cores": {k: round(v, 3) for k, v in idle_rate.items() if v > 0.005},
+                "cpu_ms_per_request": per,
+                "cpu_ms_per_request_total": round(sum(per.values()), 3),
+            },
+            indent=2,
+        )
+    )
+    serve.shutdown()
+    ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

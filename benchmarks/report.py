@@ -1,0 +1,231 @@
+"""Write benchmarks/RESULTS.md from the JSON files in benchmarks/results/.
+
+python benchmarks/report.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RES = os.path.join(HERE, "results")
+
+
+def load(name: str) -> dict | None:
+    p = os.path.join(RES, name)
+    return json.load(open(p)) if os.path.exists(p) else None
+
+
+def md_table(rows: list[dict], cols: list[tuple[str, str]]) -> str:
+    out = ["| " + " | ".join(h for h, _ in cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        cells = []
+        for _, k in cols:
+            v = r.get(k, "")
+            cells.append(f"{v:,.1f}" if isinstance(v, float) else str(v))
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def e2e_section(e2e: dict) -> list[str]:
+    rows = e2e["rows"]
+    systems = list(dict.fromkeys(r["system"] for r in rows))
+    clients = sorted({r["clients"] for r in rows})
+    by = {(r["system"], r["clients"]): r for r in rows}
+    lines = [
+        f"Machine: {e2e['machine']}; {e2e['date']}. Image: {e2e['image']}.",
+        f"Method: {e2e['method']}.",
+        "",
+        "img/s (p50 / p99 ms) by concurrent clients:",
+        "",
+    ]
+    head = "| system | " + " | ".join(f"{c} clients" for c in clients) + " |"
+    lines += [head, "|" + "---|" * (len(clients) + 1)]
+    for s in systems:
+        cells = []
+        for c in clients:
+            r = by.get((s, c))
+            cells.append(
+                "-"
+                if r is None
+                else f"{r['img_s']:,.0f} ({r['p50_ms']:.0f} / {r['p99_ms']:.0f})"
+                + (f", {r['errors']} err" if r["errors"] else "")
+            )
+        lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    peak = {s: max(by[(s, c)]["img_s"] for c in clients if (s, c) in by) for s in systems}
+    if "ferry" in peak:
+        lines += [
+            "",
+            "Peak throughput and Ferry's ratio to each system (same run, same machine):",
+            "",
+        ]
+        lines += ["| system | peak img/s | Ferry / system |", "|---|---|---|"]
+        for s in systems:
+            lines.append(f"| {s} | {peak[s]:,.0f} | {peak['ferry'] / peak[s]:.2f}x |")
+        f = {c: by[("ferry", c)] for c in clients if ("ferry", c) in by}
+        goals = []
+        goals.append(f"* Ferry peak {peak['ferry']:,.0f} img/s (goal >= 5,000).")
+        defaults = [s for s in ("rayserve_batch_1rep", "rayserve_batch_4rep") if s in peak]
+        if defaults:
+            best_def = max(peak[s] for s in defaults)
+            goals.append(
+                f"* vs the usual app on Ray Serve's defaults (best of 1 and 4 replicas, {best_def:,.0f}): "
+                f"{peak['ferry'] / best_def:.1f}x (goal >= 25x)."
+            )
+        strong = [s for s in peak if "haproxy" in s]
+        if strong:
+            best = max(peak[s] for s in strong)
+            goals.append(
+                f"* vs its strongest form (HAProxy, best replica count, {best:,.0f}): "
+                f"{peak['ferry'] / best:.1f}x (goal >= 3x)."
+            )
+        if 256 in f:
+            goals.append(f"* p99 at 256 clients: {f[256]['p99_ms']:.0f} ms (goal <= 100 ms).")
+        if 512 in f:
+            goals.append(
+                f"* at 512 clients: {f[512]['img_s'] / peak['ferry'] * 100:.0f}% of the peak (goal >= 95%)."
+            )
+        if 1 in f:
+            goals.append(f"* p50 at one client: {f[1]['p50_ms']:.1f} ms (goal <= 8 ms).")
+        lines += ["", "Against the goals:", ""] + goals
+    cpu = [max(r.get("loadgen_cpu_per_proc") or [0]) for r in rows]
+    if cpu:
+        lines += [
+            "",
+            f"Load generator: its busiest process used at most {max(cpu):.2f} of a core (user+system "
+            "per wall second) in any row, so it was not the bottleneck.",
+        ]
+    bd = e2e.get("ferry_breakdown", {})
+    keys = ["ingress", "preprocess", "queue", "gpu", "postprocess", "hops", "total"]
+    picks = [k for k in bd if k.startswith("ferry@")]
+    if picks:
+        lines += [
+            "",
+            "Where a request's time goes in Ferry (mean ms, from the answers' `timings_ms`): `ingress` is "
+            "arrival to the group leaving the ingress (body, checks, coalescing), `queue` the wait for a GPU "
+            "batch, `gpu` the batch from submission to its result on the host, `hops` what is left: Serve "
+            "calls and transfers between stages, HAProxy, the answer's way back.",
+            "",
+        ]
+        lines += ["| clients | " + " | ".join(keys) + " |", "|" + "---|" * (len(keys) + 1)]
+        for k in sorted(picks, key=lambda x: int(x.split("@")[1])):
+            t = bd[k]
+            lines.append(
+                f"| {k.split('@')[1]} | " + " | ".join(f"{t.get(x, 0):.1f}" for x in keys) + " |"
+            )
+    return lines
+
+
+def main() -> int:
+    out = [
+        "# Benchmark results",
+        "",
+        "Regenerate with `python benchmarks/report.py`; the numbers come from "
+        "`benchmarks/results/*.json`, each written by the benchmark named in its section, on the machine it names.",
+        "",
+    ]
+    e2e = load("e2e.json")
+    if e2e:
+        out += [
+            "## End to end over HTTP (`bench_e2e.py`)",
+            "",
+            *e2e_section(e2e),
+            "",
+            "![e2e](results/e2e.png)",
+            "",
+        ]
+    eng = load("engine.json")
+    if eng:
+        out += [
+            "## ResNet-50 engine (`bench_engine.py`)",
+            "",
+            f"{eng['machine']}; {eng['date']}. {eng['baselines']}.",
+            "",
+            md_table(
+                eng["rows"],
+                [
+                    ("batch", "batch"),
+                    ("Ferry img/s", "ferry_img_s"),
+                    ("Ferry naive", "ferry_naive_img_s"),
+                    ("torch eager", "torch_eager_img_s"),
+                    ("torch CUDA graph", "torch_graph_img_s"),
+                    ("Ferry / eager", "vs_torch_eager"),
+                    ("Ferry / graph", "vs_torch_graph"),
+                ],
+            ),
+            "",
+        ]
+    conv = load("conv.json")
+    if conv:
+        out += [
+            "## conv2d against cuDNN (`bench_conv.py`)",
+            "",
+            f"{conv['machine']}; {conv['date']}. {conv['method']}.",
+            "",
+        ]
+        for b, s in sorted(conv["whole_network"].items(), key=lambda kv: int(kv[0])):
+            out.append(
+                f"* batch {b}: all ResNet-50 convolutions {s['all_convs_ferry_us'] / 1e3:.2f} ms in Ferry, "
+                f"{s['all_convs_cudnn_us'] / 1e3:.2f} ms in cuDNN: {s['vs_cudnn']:.2f}x cuDNN's speed."
+            )
+        worst = sorted(conv["rows"], key=lambda r: r["vs_cudnn"])[:5]
+        out += [
+            "",
+            "Slowest relative to cuDNN:",
+            "",
+            md_table(
+                worst,
+                [
+                    ("batch", "batch"),
+                    ("layer", "layer"),
+                    ("shape", "shape"),
+                    ("path", "path"),
+                    ("Ferry us", "ferry_us"),
+                    ("cuDNN us", "cudnn_us"),
+                    ("x cuDNN", "vs_cudnn"),
+                ],
+            ),
+            "",
+        ]
+    alloc = load("alloc.json")
+    if alloc:
+        out += [
+            "## Device pool against cudaMalloc/cudaFree (`bench_alloc.py`)",
+            "",
+            f"{alloc['machine']}; {alloc['date']}. 12 MB blocks, {alloc['load']}.",
+            "",
+            md_table(
+                alloc["rows"],
+                [
+                    ("threads", "threads"),
+                    ("mode", "mode"),
+                    ("ops/s", "ops_per_s"),
+                    ("p50 us", "p50_us"),
+                    ("p99 us", "p99_us"),
+                ],
+            ),
+            "",
+        ]
+    sc = load("serve_check.json")
+    if sc:
+        a, b = sc["clients_64_30s"], sc["clients_256_15s"]
+        out += [
+            "## Serving check (issue 4)",
+            "",
+            f"{sc['config']}; {sc['image']}; {sc['load_generator']}.",
+            "",
+            f"* 64 clients, 30 s: {a['img_s']:,.0f} img/s, p50 {a['p50_ms']:.0f} ms, p99 {a['p99_ms']:.0f} ms, {a['errors']} errors.",
+            f"* 256 clients, 15 s: {b['img_s']:,.0f} img/s, p50 {b['p50_ms']:.0f} ms, p99 {b['p99_ms']:.0f} ms, {b['errors']} errors.",
+            f"* one client: {sc['one_client_response']['timings_ms']}",
+            "",
+        ]
+    with open(os.path.join(HERE, "RESULTS.md"), "w") as f:
+        f.write("\n".join(out))
+    print(os.path.join(HERE, "RESULTS.md"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""Locust users for Ferry. Run locust as its own process (``python -m loadtest.run`` does);
+never import this into a process that imported ssl first (Ray does) -- gevent breaks.
+
+    locust -f loadtest/locustfile.py --host http://127.0.0.1:8000 ClassifyUser
+    FERRY_SHAPE=step locust -f loadtest/locustfile.py --headless --host ...
+
+Environment: FERRY_MODEL (resnet50), FERRY_CORPUS (loadtest/corpus, made by
+``python -m loadtest.corpus``), FERRY_SHAPE (step | pulse | slow; unset: -u/-r/-t decide),
+FERRY_SLOW_BPS (bytes per second of slow uploads, 20000).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+import uuid
+
+import gevent
+import numpy as np
+from gevent import socket
+from locust import FastHttpUser, LoadTestShape, task
+
+from loadtest import shapes
+
+MODEL = os.environ.get("FERRY_MODEL", "resnet50")
+CORPUS = os.environ.get("FERRY_CORPUS", os.path.join(os.path.dirname(__file__), "corpus"))
+SLOW_BPS = float(os.environ.get("FERRY_SLOW_BPS", "20000"))
+INPUT = {"resnet50": (224, 224, 3), "digits": (8, 8, 1)}
+
+
+def _corpus() -> list[tuple[bytes, str]]:
+    index_path = os.path.join(CORPUS, "index.json")
+    if not os.path.exists(index_path):
+        from loadtest.corpus import build
+
+        build(CORPUS)
+    with open(index_path) as f:
+        index = json.load(f)
+    out = []
+    for e in index:
+        with open(os.path.join(CORPUS, e["file"]), "rb") as f:
+            out.append((f.read(), e["content_type"]))
+    return out
+
+
+IMAGES = _corpus()
+
+
+def _v2_body() -> tuple[bytes, str]:
+    shape = INPUT.get(MODEL, (224, 224, 3))
+    x = np.random.default_rng(0).integers(0, 256, (1, *shape), dtype=np.uint8).tobytes()
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "image",
+                    "shape": [1, *shape],
+                    "datatype": "UINT8",
+                    "parameters": {"binary_data_size": len(x)},
+                }
+            ],
+            "outputs": [{"name": "probabilities", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    return head + x, str(len(head))
+
+
+class ClassifyUser(FastHttpUser):
+    """Posts corpus images (JPEG and PNG, several sizes) to /v1/models/{model}/classify."""
+
+    weight = 3
+
+    @task
+    def classify(self) -> None:
+        data, ct = random.choice(IMAGES)
+        self.client.post(
+            f"/v1/models/{MODEL}/classify",
+            data=data,
+            name="classify",
+            headers={"content-type": ct, "x-request-id": uuid.uuid4().hex},
+        )
+
+
+class V2User(FastHttpUser):
+    """Posts a binary uint8 tensor to /v2/models/{model}/infer (binary tensor extension)."""
+
+    weight = 1
+    body, header_len = _v2_body()
+
+    @task
+    def infer(self) -> None:
+        self.client.post(
+            f"/v2/models/{MODEL}/infer",
+            data=self.body,
+            name="v2_infer",
+            headers={
+                "content-type": "application/octet-stream",
+                "x-request-id": uuid.uuid4().hex,
+                "inference-header-content-length": self.header_len,
+            },
+        )
+
+
+class SlowUploadUser(FastHttpUser):
+    """Uploads an image at FERRY_SLOW_BPS bytes a second over a raw socket, like a phone on
+    a bad link; reports to locust like any request."""
+
+    weight = 1
+
+    @task
+    def slow_classify(self) -> None:
+        data, ct = random.choice(IMAGES)
+        host = self.host.split("://", 1)[-1].rstrip("/")
+        name, _, port = host.partition(":")
+        rid = uuid.uuid4().hex
+        head = (
+            f"POST /v1/models/{MODEL}/classify HTTP/1.1\r\nHost: {host}\r\nContent-Type: {ct}\r\n"
+            f"Content-Length: {len(data)}\r\nX-Request-ID: {rid}\r\nConnection: close\r\n\r\n"
+        ).encode()
+        t0 = time.perf_counter()
+        exc = None
+        length = 0
+        try:
+            s = socket.create_connection((name, int(port or 80)), timeout=120)
+            s.sendall(head)
+            chunk = max(1, int(SLOW_BPS / 10))
+            for i in range(0, len(data), chunk):
+                s.sendall(data[i : i + chunk])
+                gevent.sleep(0.1)
+            resp = b""
+            while True:
+                b = s.recv(65536)
+                if not b:
+                    break
+                resp += b
+            s.close()
+            length = len(resp)
+            status = int(resp.split(b" ", 2)[1]) if resp.startswith(b"HTTP/") else 0
+            if status != 200:
+                exc = RuntimeError(f"status {status}")
+        except OSError as e:
+            exc = e
+        self.environment.events.request.fire(
+            request_type="POST",
+            name="slow_classify",
+            response_time=(time.perf_counter() - t0) * 1e3,
+            response_length=length,
+            exception=exc,
+            context={},
+        )
+
+
+def _stats(env) -> dict:
+    total = env.stats.total
+    return {
+        "p99_ms": total.get_current_response_time_percentile(0.99) or 0.0,
+        "fail_ratio": total.fail_ratio,
+        "rps": total.current_rps,
+    }
+
+
+_SHAPES = {"step": shapes.StepRamp, "pulse": shapes.Pulse, "slow": shapes.SlowClients}
+_CHOSEN = os.environ.get("FERRY_SHAPE", "")
+
+if _CHOSEN:
+    if _CHOSEN not in _SHAPES:
+        raise SystemExit(f"FERRY_SHAPE must be one of {sorted(_SHAPES)}, not {_CHOSEN!r}")
+
+    class FerryShape(LoadTestShape):
+        logic = _SHAPES[_CHOSEN]()
+        classes = {"ClassifyUser": ClassifyUser, "V2User": V2User, "SlowUploadUser": SlowUploadUser}
+
+        def tick(self):
+            out = self.logic.tick(self.get_run_time(), _stats(self.runner.environment))
+            if out is None:
+                return None
+            users, rate, weights = out
+            if not weights:
+                return users, rate, [ClassifyUser]
+            for name, share in weights.items():
+                self.classes[name].weight = max(1, round(share * 100))
+            return users, rate, [self.classes[n] for n in weights]

@@ -1,0 +1,253 @@
+"""Run locust headless as its own process, level by level, and write CSVs, a JSON summary
+and plots (throughput and p50/p99 against concurrency, one line per system).
+
+    python -m loadtest.run --url http://127.0.0.1:8000 --users 1,16,64 --seconds 20
+    python -m loadtest.run --config serve_config.yaml --users 1,8 --seconds 10   # starts the app itself
+    python -m loadtest.run --plot-only loadtest/results/*/summary.json --out loadtest/results/all
+
+Locust is never imported here: it runs as a subprocess (gevent and a process that already
+imported ssl do not mix), so this runner can be called from anywhere, Ray included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def parse_stats_csv(path: str, seconds: float | None = None) -> dict[str, Any]:
+    """The ``Aggregated`` row of a locust ``*_stats.csv`` as our row fields."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    agg = next((r for r in rows if r.get("Name") == "Aggregated"), None)
+    if agg is None:
+        raise ValueError(f"{path} has no Aggregated row")
+
+    def num(k: str) -> float:
+        v = agg.get(k, "") or "0"
+        return float(v) if v not in ("N/A", "") else 0.0
+
+    reqs, fails = int(num("Request Count")), int(num("Failure Count"))
+    ok = reqs - fails
+    rps = ok / seconds if seconds else num("Requests/s") * (ok / reqs if reqs else 0)
+    return {
+        "requests": reqs,
+        "errors": fails,
+        "img_s": round(rps, 2),
+        "p50_ms": num("50%"),
+        "p99_ms": num("99%"),
+    }
+
+
+def write_summary(
+    rows: list[dict[str, Any]], out_dir: str, meta: dict[str, Any] | None = None
+) -> str:
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "summary.json")
+    with open(path, "w") as f:
+        json.dump({**(meta or {}), "rows": rows}, f, indent=2)
+        f.write("\n")
+    return path
+
+
+def plot(rows: list[dict[str, Any]], path: str, title: str = "") -> str:
+    """Two panels against concurrency (log x): throughput, and p50 (dashed) / p99 (solid)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    systems = sorted(
+        {r["system"] for r in rows}, key=lambda s: [r["system"] for r in rows].index(s)
+    )
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for s in systems:
+        rs = sorted((r for r in rows if r["system"] == s), key=lambda r: r["clients"])
+        x = [r["clients"] for r in rs]
+        (line,) = a.plot(x, [r["img_s"] for r in rs], marker="o", label=s)
+        b.plot(x, [r["p99_ms"] for r in rs], marker="o", color=line.get_color(), label=f"{s} p99")
+        b.plot(
+            x,
+            [r["p50_ms"] for r in rs],
+            marker=".",
+            linestyle="--",
+            color=line.get_color(),
+            label=f"{s} p50",
+        )
+    a.set(xscale="log", xlabel="concurrent clients", ylabel="images / s", title="throughput")
+    b.set(
+        xscale="log",
+        yscale="log",
+        xlabel="concurrent clients",
+        ylabel="latency (ms)",
+        title="p50 (dashed), p99",
+    )
+    a.grid(True, alpha=0.3)
+    b.grid(True, alpha=0.3, which="both")
+    a.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def wait_ready(url: str, timeout: float) -> bool:
+    import urllib.request
+
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            with urllib.request.urlopen(url + "/v2/health/ready", timeout=2) as r:
+                if r.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(2)
+    return False
+
+
+def start_app(config: str, log_path: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    serve_bin = os.path.join(os.path.dirname(sys.executable), "serve")
+    return subprocess.Popen(
+        [serve_bin if os.path.exists(serve_bin) else "serve", "run", config],
+        cwd=ROOT,
+        env=env,
+        stdout=open(log_path, "wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def stop_app(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def run_level(
+    url: str, users: int, seconds: float, out_dir: str, user_class: str, model: str
+) -> dict[str, Any]:
+    prefix = os.path.join(out_dir, f"u{users}")
+    locust_bin = os.path.join(os.path.dirname(sys.executable), "locust")
+    cmd = [
+        locust_bin if os.path.exists(locust_bin) else "locust",
+        "-f",
+        os.path.join(HERE, "locustfile.py"),
+        "--headless",
+        "-u",
+        str(users),
+        "-r",
+        str(users),
+        "-t",
+        f"{int(seconds)}s",
+        "--csv",
+        prefix,
+        "--only-summary",
+        "--host",
+        url,
+        "--stop-timeout",
+        "10",
+        "--loglevel",
+        "WARNING",
+        user_class,
+    ]
+    env = {
+        **os.environ,
+        "FERRY_MODEL": model,
+        "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
+    env.pop("FERRY_SHAPE", None)
+    t0 = time.time()
+    with open(prefix + "_locust.log", "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        while proc.poll() is None:
+            el = time.time() - t0
+            print(
+                f"\r  {users:>5} users: {min(el, seconds):5.0f}/{seconds:.0f} s", end="", flush=True
+            )
+            time.sleep(1)
+    print()
+    if proc.returncode not in (0, 1):  # locust exits 1 when any request failed
+        raise RuntimeError(f"locust failed ({proc.returncode}); see {prefix}_locust.log")
+    return parse_stats_csv(prefix + "_stats.csv", seconds)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--url", help="a running Ferry (http://host:port)")
+    ap.add_argument("--config", help="start this Serve config with `serve run` and test it")
+    ap.add_argument("--users", default="1,16,64")
+    ap.add_argument("--seconds", type=float, default=20)
+    ap.add_argument("--model", default="resnet50")
+    ap.add_argument(
+        "--user-class", default="ClassifyUser", choices=["ClassifyUser", "V2User", "SlowUploadUser"]
+    )
+    ap.add_argument(
+        "--system", default="ferry", help="the name of this system in the summary and plots"
+    )
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "run"))
+    ap.add_argument("--plot-only", nargs="*", help="merge these summary.json files into one plot")
+    args = ap.parse_args(argv)
+    if args.plot_only:
+        rows = [r for p in args.plot_only for r in json.load(open(p))["rows"]]
+        write_summary(rows, args.out, {"merged": args.plot_only})
+        print(plot(rows, os.path.join(args.out, "summary.png")))
+        return 0
+    if not args.url and not args.config:
+        ap.error("give --url or --config")
+    os.makedirs(args.out, exist_ok=True)
+    proc = None
+    url = args.url or "http://127.0.0.1:8000"
+    try:
+        if args.config:
+            print(f"starting {args.config} ...", flush=True)
+            proc = start_app(args.config, os.path.join(args.out, "serve.log"))
+            if not wait_ready(url, 300):
+                raise SystemExit(f"the app did not become ready; see {args.out}/serve.log")
+        rows = []
+        for n in (int(u) for u in args.users.split(",")):
+            r = {
+                "system": args.system,
+                "clients": n,
+                **run_level(url, n, args.seconds, args.out, args.user_class, args.model),
+            }
+            rows.append(r)
+            print(
+                f"  {n:>5} users: {r['img_s']:9.1f} img/s  p50 {r['p50_ms']:8.1f} ms  p99 {r['p99_ms']:8.1f} ms  "
+                f"errors {r['errors']}",
+                flush=True,
+            )
+    finally:
+        if proc is not None:
+            stop_app(proc)
+    write_summary(
+        rows,
+        args.out,
+        {"url": url, "seconds": args.seconds, "model": args.model, "user_class": args.user_class},
+    )
+    print(plot(rows, os.path.join(args.out, "summary.png"), f"{args.system}: {args.model}"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""Load shapes (tick sequences) and the summary/plot writer on a synthetic locust CSV."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from loadtest import run as runner
+from loadtest.shapes import Pulse, SlowClients, StepRamp
+
+
+def test_step_ramp_doubles_until_max():
+    s = StepRamp(start_users=2, step_s=10, max_users=16)
+    seq = [s.tick(t, {}) for t in (0, 5, 10, 25, 31, 39)]
+    assert [x[0] for x in seq] == [2, 2, 4, 8, 16, 16]
+    assert s.tick(39.5, {}) == (16, 16.0, None)
+    assert s.tick(41, {}) is None  # 32 > max_users
+
+
+def test_step_ramp_stops_when_latency_or_errors_break_the_limit():
+    s = StepRamp(start_users=1, step_s=10, p99_limit_ms=500, fail_limit=0.01)
+    assert s.tick(10.2, {"p99_ms": 400, "fail_ratio": 0.0}) == (2, 2.0, None)
+    assert s.tick(20.5, {"p99_ms": 800, "fail_ratio": 0.0}) is None
+    s2 = StepRamp(start_users=1, step_s=10, fail_limit=0.01)
+    assert s2.tick(10.5, {"p99_ms": 10, "fail_ratio": 0.05}) is None
+
+
+def test_pulse_bursts_three_times_the_level():
+    p = Pulse(users=10, factor=3, burst_s=60, period_s=180, duration_s=400)
+    assert [p.tick(t, {})[0] for t in (0, 100, 119, 120, 179, 180, 300)] == [
+        10,
+        10,
+        10,
+        30,
+        30,
+        10,
+        30,
+    ]
+    assert p.tick(400, {}) is None
+
+
+def test_slow_clients_mix():
+    s = SlowClients(users=40, slow_share=0.25, duration_s=10)
+    users, rate, weights = s.tick(1, {})
+    assert users == 40 and weights == {"SlowUploadUser": 0.25, "ClassifyUser": 0.75}
+    assert s.tick(10, {}) is None
+
+
+CSV = """Type,Name,Request Count,Failure Count,Median Response Time,Average Response Time,Min Response Time,Max Response Time,Average Content Size,Requests/s,Failures/s,50%,66%,75%,80%,90%,95%,98%,99%,99.9%,99.99%,100%
+POST,classify,1000,4,12,13.5,3,80,250,100.0,0.4,12,14,15,16,20,25,40,55,79,80,80
+,Aggregated,1000,4,12,13.5,3,80,250,100.0,0.4,12,14,15,16,20,25,40,55,79,80,80
+"""
+
+
+def test_summary_and_plot_from_a_synthetic_csv(tmp_path):
+    p = tmp_path / "u8_stats.csv"
+    p.write_text(CSV)
+    row = runner.parse_stats_csv(str(p), seconds=10)
+    assert row == {"requests": 1000, "errors": 4, "img_s": 99.6, "p50_ms": 12.0, "p99_ms": 55.0}
+    rows = [{"system": "a", "clients": c, **row} for c in (1, 8)] + [
+        {"system": "b", "clients": 8, **row}
+    ]
+    path = runner.write_summary(rows, str(tmp_path / "out"), {"seconds": 10})
+    assert json.load(open(path))["rows"][2]["system"] == "b"
+    png = runner.plot(rows, str(tmp_path / "out" / "summary.png"), "t")
+    assert os.path.getsize(png) > 5000
+    with open(png, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
