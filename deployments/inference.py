@@ -61,6 +61,7 @@ class InferenceCore:
         self.default_deadline_s = (
             None if b.default_deadline_ms is None else b.default_deadline_ms / 1e3
         )
+        self._pool_reported = 0.0
         self.ready = True
 
     def _on_batch(self, batch: Batch) -> None:
@@ -82,7 +83,9 @@ class InferenceCore:
         t1 = time.monotonic()
         gpu_ms = (t1 - t0) * 1e3
         metrics.observe_stage("gpu", batch.key, gpu_ms)
-        metrics.set_pool(self.executor.pool.stats().as_dict())
+        if t1 - self._pool_reported > 1.0:  # gauges once a second, not per batch
+            self._pool_reported = t1
+            metrics.set_pool(self.executor.pool.stats().as_dict())
         out = []
         for i, p in enumerate(batch.items):
             out.append((logits[i], (t0 - p.enqueued) * 1e3, gpu_ms, len(batch)))
