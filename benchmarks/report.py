@@ -38,27 +38,31 @@ def e2e_section(e2e: dict) -> list[str]:
         f"Machine: {e2e['machine']}; {e2e['date']}. Image: {e2e['image']}.",
         f"Method: {e2e['method']}.",
         "",
-        "img/s (p50 / p99 ms) by concurrent clients:",
-        "",
     ]
+    for k, v in e2e.get("runs", {}).items():
+        lines.append(f"* {k}: {v}.")
+    lines += ["", "img/s (p50 / p99 ms) by concurrent clients:", ""]
     head = "| system | " + " | ".join(f"{c} clients" for c in clients) + " |"
     lines += [head, "|" + "---|" * (len(clients) + 1)]
     for s in systems:
         cells = []
         for c in clients:
             r = by.get((s, c))
-            cells.append(
-                "-"
-                if r is None
-                else f"{r['img_s']:,.0f} ({r['p50_ms']:.0f} / {r['p99_ms']:.0f})"
-                + (f", {r['errors']} err" if r["errors"] else "")
-            )
+            if r is None:
+                cells.append("not measured")
+            elif not r["img_s"]:
+                cells.append("0 answered within the window")
+            else:
+                cells.append(
+                    f"{r['img_s']:,.0f} ({r['p50_ms']:.0f} / {r['p99_ms']:.0f})"
+                    + (f", {r['errors']} err" if r["errors"] else "")
+                )
         lines.append(f"| {s} | " + " | ".join(cells) + " |")
     peak = {s: max(by[(s, c)]["img_s"] for c in clients if (s, c) in by) for s in systems}
     if "ferry" in peak:
         lines += [
             "",
-            "Peak throughput and Ferry's ratio to each system (same run, same machine):",
+            "Peak throughput and Ferry's ratio to each system (same machine, the two runs above):",
             "",
         ]
         lines += ["| system | peak img/s | Ferry / system |", "|---|---|---|"]
@@ -136,6 +140,9 @@ def main() -> int:
             "![e2e](results/e2e.png)",
             "",
         ]
+        notes = os.path.join(HERE, "results", "e2e_notes.md")
+        if os.path.exists(notes):
+            out += [open(notes).read().strip(), ""]
     eng = load("engine.json")
     if eng:
         out += [
