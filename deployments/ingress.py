@@ -44,7 +44,6 @@ logger = logging.getLogger(__name__)
 app = FastAPI(
     title="Ferry", description="GPU inference at high concurrency on Ray Serve", version="0.1.0"
 )
-_SETTINGS = Settings.from_env()
 PUBLIC_PATHS = ("/v2/health/",)
 
 
@@ -90,20 +89,23 @@ def error_response(exc: BaseException, request_id: str) -> JSONResponse:
 class BearerAuth:
     """Pure ASGI middleware: every route but /v2/health/* needs ``Authorization: Bearer``.
 
+    The token is read from the replica's environment at its first request -- not at
+    import: Serve pickles this app in the driver, where the variable may not be set.
     (Starlette's ``BaseHTTPMiddleware`` costs a task and a stream per request; at thousands
     of requests a second a plain ASGI callable is the cheap way.)
     """
 
-    def __init__(self, app: Any, token: str | None) -> None:
+    _UNREAD = object()
+
+    def __init__(self, app: Any) -> None:
         self.app = app
-        self.expected = f"Bearer {token}".encode() if token else None
+        self.expected: Any = self._UNREAD
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if (
-            self.expected is None
-            or scope["type"] != "http"
-            or scope["path"].startswith(PUBLIC_PATHS)
-        ):
+        if self.expected is self._UNREAD:
+            token = Settings.from_env().auth_token
+            self.expected = f"Bearer {token}".encode() if token else None
+        if self.expected is None or scope["type"] != "http" or scope["path"].startswith(PUBLIC_PATHS):
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
@@ -119,7 +121,7 @@ class BearerAuth:
         await resp(scope, receive, send)
 
 
-app.add_middleware(BearerAuth, token=_SETTINGS.auth_token)
+app.add_middleware(BearerAuth)
 
 
 @app.exception_handler(FerryError)

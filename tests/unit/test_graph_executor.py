@@ -313,3 +313,24 @@ def test_commit_takes_a_list_of_rows(digits_executor):
     with pytest.raises(InvalidInput):
         ex.commit(ex.prepare("digits", 2), [rows[0], np.zeros((8, 8, 3), np.uint8)])
     assert ex.pool.stats().bytes_in_use == 0
+
+
+def test_converter_checks_and_writes_weights_that_load_the_same(tmp_path):
+    from pipeline.models.convert import main as convert_main
+
+    sd = resnet50.random_state_dict(5)
+    sd["bn1.num_batches_tracked"] = np.array(7)  # torchvision carries these; the converter drops them
+    src = str(tmp_path / "sd.npz")
+    np.savez(src, **sd)
+    dst = str(tmp_path / "resnet50.safetensors")
+    assert convert_main(["resnet50", src, dst]) == 0
+    loaded = load_model("r", "resnet50", weights=dst)
+    assert not loaded.random_weights and loaded.source == dst
+    direct = resnet50.build(resnet50.random_state_dict(5), "r")
+    for k, c in direct.constants.items():
+        np.testing.assert_array_equal(loaded.graph.constants[k].array, c.array)
+    bad = dict(sd)
+    del bad["fc.weight"]
+    np.savez(str(tmp_path / "bad.npz"), **bad)
+    with pytest.raises(KeyError):
+        convert_main(["resnet50", str(tmp_path / "bad.npz"), str(tmp_path / "x.npz")])
