@@ -105,7 +105,11 @@ class BearerAuth:
         if self.expected is self._UNREAD:
             token = Settings.from_env().auth_token
             self.expected = f"Bearer {token}".encode() if token else None
-        if self.expected is None or scope["type"] != "http" or scope["path"].startswith(PUBLIC_PATHS):
+        if (
+            self.expected is None
+            or scope["type"] != "http"
+            or scope["path"].startswith(PUBLIC_PATHS)
+        ):
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])

@@ -81,3 +81,52 @@ def test_serve_run_serve_config_yaml_answers(tmp_path):
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
+
+
+def test_serve_deploy_to_a_running_ray_start_head(tmp_path):
+    """The same file with `serve deploy` against `ray start --head`, as on a cluster."""
+    bindir = os.path.dirname(sys.executable)
+    ray_bin = shutil.which("ray", path=bindir) or "ray"
+    serve_bin = shutil.which("serve", path=bindir) or "serve"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
+    env["RAY_AUTH_MODE"] = (
+        "token"  # Ray 2.60's `ray start` turns token auth on; the CLI must send it
+    )
+    subprocess.run(
+        [ray_bin, "start", "--head", "--num-cpus", "4", "--disable-usage-stats"],
+        cwd=str(tmp_path),
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=180,
+    )
+    try:
+        r = subprocess.run(
+            [serve_bin, "deploy", "serve_config.yaml"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            try:
+                if httpx.get(URL + "/v2/health/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(2)
+        png = encode_png(digits.load_split()[2][0])
+        r = httpx.post(
+            URL + "/v1/models/digits/classify",
+            content=png,
+            headers={"content-type": "image/png"},
+            timeout=60,
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["top_k"][0]["label"] == "2"
+    finally:
+        subprocess.run([ray_bin, "stop", "--force"], env=env, capture_output=True, timeout=120)

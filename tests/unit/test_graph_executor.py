@@ -319,7 +319,9 @@ def test_converter_checks_and_writes_weights_that_load_the_same(tmp_path):
     from pipeline.models.convert import main as convert_main
 
     sd = resnet50.random_state_dict(5)
-    sd["bn1.num_batches_tracked"] = np.array(7)  # torchvision carries these; the converter drops them
+    sd["bn1.num_batches_tracked"] = np.array(
+        7
+    )  # torchvision carries these; the converter drops them
     src = str(tmp_path / "sd.npz")
     np.savez(src, **sd)
     dst = str(tmp_path / "resnet50.safetensors")
