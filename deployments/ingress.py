@@ -204,12 +204,20 @@ def _stamp(result: Any, t_send: float) -> Any:
     return result
 
 
-def _finish_timings(t: dict[str, float], total: float) -> None:
+def _finish_timings(result: Any, t0: float) -> float:
+    """Raise a request's own error; else complete its timings (``ingress``: arrival to its
+    group leaving; ``hops``: what no stage accounts for) and return the total in ms."""
+    if isinstance(result, BaseException):
+        raise result
+    total = (time.perf_counter() - t0) * 1e3
+    t = result["timings_ms"]
+    t["ingress"] = t.pop("sent_at", 0.0) - t0 * 1e3
     stages = sum(t.get(k, 0.0) for k in ("ingress", "preprocess", "queue", "gpu", "postprocess"))
     t["hops"] = max(0.0, total - stages)
     t["total"] = total
     for k, v in t.items():
         t[k] = round(v, 3)
+    return total
 
 
 @serve.deployment
@@ -252,13 +260,7 @@ class Ingress:
         pre = self.pre.remote(model, [(d, ct) for d, ct, *_ in items])
         inf = self.inf.remote(model, pre, [it[3] for it in items])  # pre goes by reference
         post = self.post.remote(model, inf, [PostSpec("classify", top_k=it[2]) for it in items])
-        try:
-            results = await post
-        except BaseException as exc:
-            raise unwrap(exc) from None
-        for r in results:  # a loop, not a comprehension: Serve pickles these methods by value
-            _stamp(r, t_send)
-        return results
+        return await self._answers(post, t_send)
 
     async def _v2_group(self, model: str, items: list[tuple]) -> list[Any]:
         import numpy as np
@@ -269,6 +271,11 @@ class Ingress:
         rows = Rows(len(items), np.concatenate(arrays), owner)
         inf = self.inf.remote(model, rows, [it[1] for it in items])
         post = self.post.remote(model, inf, [it[2] for it in items])
+        return await self._answers(post, t_send)
+
+    @staticmethod
+    async def _answers(post: Any, t_send: float) -> list[Any]:
+        """The chain's answers, each stamped with when its group left this process."""
         try:
             results = await post
         except BaseException as exc:
@@ -317,11 +324,7 @@ class Ingress:
         result = await self._await(
             self._coalescer(model, "classify").submit((body, ct, k, meta)), rid
         )
-        if isinstance(result, BaseException):
-            raise result
-        total = (time.perf_counter() - t0) * 1e3
-        result["timings_ms"]["ingress"] = result["timings_ms"].pop("sent_at", 0.0) - t0 * 1e3
-        _finish_timings(result["timings_ms"], total)
+        total = _finish_timings(result, t0)
         metrics.observe_stage(
             "total", model, total
         )  # (Serve itself counts requests by route and code)
@@ -404,11 +407,7 @@ class Ingress:
         result = await self._await(
             self._coalescer(model, "v2").submit((req.images, meta, spec)), rid
         )
-        if isinstance(result, BaseException):
-            raise result
-        total = (time.perf_counter() - t0) * 1e3
-        result["timings_ms"]["ingress"] = result["timings_ms"].pop("sent_at", 0.0) - t0 * 1e3
-        _finish_timings(result["timings_ms"], total)
+        _finish_timings(result, t0)
         extra = {
             "request_id": rid,
             "random_weights": result["random_weights"],

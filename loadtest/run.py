@@ -119,8 +119,12 @@ def wait_ready(url: str, timeout: float) -> bool:
     return False
 
 
-def start_app(config: str, log_path: str) -> subprocess.Popen:
+def start_app(
+    config: str, log_path: str, extra_env: dict[str, str] | None = None
+) -> subprocess.Popen:
+    """`serve run CONFIG` as its own process group (a fresh local Ray), logging to a file."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(extra_env or {})
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     serve_bin = os.path.join(os.path.dirname(sys.executable), "serve")
     return subprocess.Popen(
@@ -133,13 +137,15 @@ def start_app(config: str, log_path: str) -> subprocess.Popen:
     )
 
 
-def stop_app(proc: subprocess.Popen) -> None:
+def stop_app(proc: subprocess.Popen, timeout: float = 60) -> None:
+    """Ctrl-C to the group (Serve shuts down and so does its Ray), then a kill if it hangs."""
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGINT)
         try:
-            proc.wait(60)
+            proc.wait(timeout)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
 
 
 def run_level(
