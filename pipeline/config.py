@@ -212,14 +212,12 @@ class PipelineConfig(_Strict):
 class Settings:
     """Process-level switches from the environment -- the only place that reads it."""
 
-    backend: str | None
-    auth_token: str | None
-    log_level: str
+    backend: str | None  # FERRY_BACKEND: forces "cupy" or "numpy" where a config says "auto"
+    auth_token: str | None  # FERRY_AUTH_TOKEN: the ingress's bearer token
 
     @classmethod
     def from_env(cls) -> Settings:
         return cls(
             backend=os.environ.get("FERRY_BACKEND") or None,
             auth_token=os.environ.get("FERRY_AUTH_TOKEN") or None,
-            log_level=os.environ.get("FERRY_LOG_LEVEL", "INFO"),
         )

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from .async_result import AsyncResult, CompletionWatcher
-from .config import ExecutorConfig
+from .config import ExecutorConfig, Settings
 from .device import Backend, Stream, StreamSet, select_backend
 from .errors import DeviceError, FerryError, InvalidInput, ModelNotFound
 from .graph import BoundGraph, GraphPlan
@@ -118,7 +118,10 @@ class GpuExecutor:
         self, config: ExecutorConfig | None = None, backend: Backend | None = None
     ) -> None:
         self.config = config or ExecutorConfig()
-        self.backend = backend or select_backend(self.config.backend, self.config.device_id)
+        kind = self.config.backend
+        if kind == "auto":
+            kind = Settings.from_env().backend or "auto"  # FERRY_BACKEND=numpy forces the CPU path
+        self.backend = backend or select_backend(kind, self.config.device_id)
         self.backend.activate()
         self.dtype = (
             self.backend.compute_dtype.name if self.config.dtype == "auto" else self.config.dtype

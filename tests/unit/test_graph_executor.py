@@ -336,3 +336,13 @@ def test_converter_checks_and_writes_weights_that_load_the_same(tmp_path):
     np.savez(str(tmp_path / "bad.npz"), **bad)
     with pytest.raises(KeyError):
         convert_main(["resnet50", str(tmp_path / "bad.npz"), str(tmp_path / "x.npz")])
+
+
+def test_ferry_backend_env_forces_the_backend_of_auto_configs(monkeypatch):
+    monkeypatch.setenv("FERRY_BACKEND", "numpy")
+    ex = GpuExecutor(ExecutorConfig(backend="auto", buckets=(1,)))
+    assert ex.backend.name == "numpy"
+    ex.close()
+    monkeypatch.setenv("FERRY_BACKEND", "tpu")
+    with pytest.raises(ValueError):
+        GpuExecutor(ExecutorConfig(backend="auto", buckets=(1,)))
