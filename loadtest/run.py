@@ -104,11 +104,21 @@ def plot(rows: list[dict[str, Any]], path: str, title: str = "") -> str:
     return path
 
 
-def wait_ready(url: str, timeout: float) -> bool:
+def subprocess_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This environment for a child that starts its own Ray: no RAY_ADDRESS inherited, the
+    checkout importable."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(extra or {})
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def wait_ready(url: str, timeout: float, proc: subprocess.Popen | None = None) -> bool:
+    """Poll ``/v2/health/ready`` until it answers 200, ``timeout`` passes or ``proc`` exits."""
     import urllib.request
 
     end = time.time() + timeout
-    while time.time() < end:
+    while time.time() < end and (proc is None or proc.poll() is None):
         try:
             with urllib.request.urlopen(url + "/v2/health/ready", timeout=2) as r:
                 if r.status == 200:
@@ -123,9 +133,7 @@ def start_app(
     config: str, log_path: str, extra_env: dict[str, str] | None = None
 ) -> subprocess.Popen:
     """`serve run CONFIG` as its own process group (a fresh local Ray), logging to a file."""
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env.update(extra_env or {})
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env = subprocess_env(extra_env)
     serve_bin = os.path.join(os.path.dirname(sys.executable), "serve")
     return subprocess.Popen(
         [serve_bin if os.path.exists(serve_bin) else "serve", "run", config],
@@ -228,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.config:
             print(f"starting {args.config} ...", flush=True)
             proc = start_app(args.config, os.path.join(args.out, "serve.log"))
-            if not wait_ready(url, 300):
+            if not wait_ready(url, 300, proc):
                 raise SystemExit(f"the app did not become ready; see {args.out}/serve.log")
         rows = []
         for n in (int(u) for u in args.users.split(",")):

@@ -89,12 +89,6 @@ class Backend:
         except (ValueError, OSError, AttributeError):
             return 8 << 30
 
-    def to_host(self, array: Any) -> np.ndarray:
-        """A host copy (synchronous: never on a request's path in the real mode)."""
-        if self.is_cuda:
-            return array.get()
-        return np.asarray(array)
-
     def describe(self) -> str:
         if not self.is_cuda:
             return "numpy (CPU)"

@@ -92,9 +92,6 @@ class Graph:
             k: (c.array.astype(dtype) if c.cast else c.array) for k, c in self.constants.items()
         }
 
-    def weights_bytes(self, dtype: str) -> int:
-        return sum(self.constant_spec(k, dtype).nbytes for k in self.constants)
-
     # -- planning
     def prepare(
         self,

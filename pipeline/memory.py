@@ -451,10 +451,6 @@ class PinnedRing:
                     )
             return self._free.pop()
 
-    def try_acquire(self) -> PinnedSlot | None:
-        with self._cond:
-            return self._free.pop() if self._free else None
-
     def release(self, slot: PinnedSlot) -> None:
         with self._cond:
             if slot in self._free:

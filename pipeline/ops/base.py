@@ -119,9 +119,6 @@ class Op:
     ) -> OpPlan:
         return self._plan(specs, dict(attrs))
 
-    def cache_info(self) -> Any:
-        return self._prepare_cached.cache_info()
-
     def _plan(
         self, specs: tuple[TensorSpec, ...], attrs: dict[str, Any]
     ) -> OpPlan:  # pragma: no cover

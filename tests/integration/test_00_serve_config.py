@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 
+from loadtest.run import start_app, stop_app, subprocess_env, wait_ready
 from pipeline.imaging import encode_png
 from pipeline.models import digits
 
@@ -31,37 +30,16 @@ def test_readme_uses_serve_config_yaml():
 
 
 def test_serve_run_serve_config_yaml_answers(tmp_path):
-    serve_bin = shutil.which("serve", path=os.path.dirname(sys.executable)) or shutil.which("serve")
-    assert serve_bin, "the `serve` command comes with ray[serve]"
-    env = {
-        k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"
-    }  # a fresh local Ray, as on a laptop
-    env["PYTHONPATH"] = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
-    proc = subprocess.Popen(
-        [serve_bin, "run", "serve_config.yaml"],
-        cwd=ROOT,
-        env=env,
-        stdout=(tmp_path / "serve.log").open("wb"),  # a file, not a pipe nobody drains
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    log = tmp_path / "serve.log"  # a file, not a pipe nobody drains
+    proc = start_app(
+        "serve_config.yaml", str(log)
+    )  # `serve run`, a fresh local Ray, as on a laptop
     try:
-        deadline = time.time() + 240
-        ready = False
-        while time.time() < deadline and proc.poll() is None:
-            try:
-                if httpx.get(URL + "/v2/health/ready", timeout=2).status_code == 200:
-                    ready = True
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(2)
-        if not ready:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-            out = (tmp_path / "serve.log").read_text(errors="replace")[-3000:]
-            pytest.fail(f"serve run serve_config.yaml did not become ready:\n{out}")
+        if not wait_ready(URL, 240, proc):
+            stop_app(proc)
+            pytest.fail(
+                f"serve run serve_config.yaml did not become ready:\n{log.read_text(errors='replace')[-3000:]}"
+            )
         png = encode_png(digits.load_split()[2][0])
         r = httpx.post(
             URL + "/v1/models/digits/classify",
@@ -74,13 +52,7 @@ def test_serve_run_serve_config_yaml_answers(tmp_path):
         models = {m["name"] for m in httpx.get(URL + "/v1/models", timeout=10).json()["models"]}
         assert models == {"digits", "resnet50"}
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+        stop_app(proc)
 
 
 def test_serve_deploy_to_a_running_ray_start_head(tmp_path):
@@ -88,11 +60,8 @@ def test_serve_deploy_to_a_running_ray_start_head(tmp_path):
     bindir = os.path.dirname(sys.executable)
     ray_bin = shutil.which("ray", path=bindir) or "ray"
     serve_bin = shutil.which("serve", path=bindir) or "serve"
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env["PYTHONPATH"] = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
-    env["RAY_AUTH_MODE"] = (
-        "token"  # Ray 2.60's `ray start` turns token auth on; the CLI must send it
-    )
+    # Ray 2.60's `ray start` turns token auth on; the CLI must send it
+    env = subprocess_env({"RAY_AUTH_MODE": "token"})
     subprocess.run(
         [ray_bin, "start", "--head", "--num-cpus", "4", "--disable-usage-stats"],
         cwd=str(tmp_path),
@@ -111,14 +80,7 @@ def test_serve_deploy_to_a_running_ray_start_head(tmp_path):
             timeout=180,
         )
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-        deadline = time.time() + 240
-        while time.time() < deadline:
-            try:
-                if httpx.get(URL + "/v2/health/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(2)
+        assert wait_ready(URL, 240), "serve deploy serve_config.yaml did not become ready"
         png = encode_png(digits.load_split()[2][0])
         r = httpx.post(
             URL + "/v1/models/digits/classify",

@@ -9,14 +9,15 @@ import sys
 
 import pytest
 
+from loadtest.run import subprocess_env
+
 pytestmark = pytest.mark.integration
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
 def test_tensors_cross_nodes_intact_in_order_none_lost():
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env = subprocess_env()
     r = subprocess.run(
         [sys.executable, os.path.join(HERE, "multinode_transport.py")],
         cwd=ROOT,
