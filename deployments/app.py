@@ -55,8 +55,15 @@ def build(config: PipelineConfig) -> serve.Application:
     def opts(d) -> dict:
         return {**d.serve_options(), "logging_config": log}
 
-    pre = Preprocess.options(**opts(config.preprocess_deployment)).bind(raw)
-    inf = Inference.options(**opts(config.inference_deployment)).bind(raw)
+    if config.preprocess.device == "gpu":  # inference calls it and receives the batch
+        from .preprocess_gpu import PreprocessGPU
+
+        gpu_pre = PreprocessGPU.options(**opts(config.preprocess_deployment)).bind(raw)
+        pre = None
+        inf = Inference.options(**opts(config.inference_deployment)).bind(raw, gpu_pre)
+    else:
+        pre = Preprocess.options(**opts(config.preprocess_deployment)).bind(raw)
+        inf = Inference.options(**opts(config.inference_deployment)).bind(raw)
     post = Postprocess.options(**opts(config.postprocess_deployment)).bind(raw)
     return Ingress.options(**opts(config.ingress_deployment)).bind(raw, pre, inf, post)
 

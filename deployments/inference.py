@@ -33,8 +33,9 @@ logger = logging.getLogger(__name__)
 class InferenceCore:
     """The stage's logic without Ray: executor + scheduler + the row bookkeeping."""
 
-    def __init__(self, config: PipelineConfig) -> None:
+    def __init__(self, config: PipelineConfig, preprocess_gpu: Any = None) -> None:
         self.config = config
+        self.preprocess_gpu = preprocess_gpu  # a handle (or core) to PreprocessGPU, or None
         self.executor = GpuExecutor(config.executor)
         for m in config.models:
             self.executor.load_model(m.name, m.arch, m.weights, m.seed)
@@ -62,7 +63,50 @@ class InferenceCore:
             None if b.default_deadline_ms is None else b.default_deadline_ms / 1e3
         )
         self._pool_reported = 0.0
+        self._init_transport()
         self.ready = True
+
+    def _init_transport(self) -> None:
+        """The receiving end of the GPU preprocess hop, when there is one."""
+        self.endpoint: Any = None
+        self.receivers: dict[str, Any] = {}
+        self.to: dict[str, Any] = {}
+        if self.preprocess_gpu is None:
+            return
+        from pipeline.transport.base import choose_transport
+        from pipeline.transport.object_store import ObjectStoreReceiver
+
+        cuda = self.executor.backend.is_cuda
+        kind = choose_transport(self.config.transport.preprocess_to_inference, True, cuda)
+        self.receivers["object_store"] = ObjectStoreReceiver("preprocess->inference", cuda)
+        self.to = {"transport": kind}
+        if kind == "nccl":
+            from pipeline.transport.nccl import NcclEndpoint
+
+            self.endpoint = NcclEndpoint(
+                self.executor.backend.device_id, timeout_s=self.config.transport.timeout_s
+            )
+            self.receivers["nccl"] = self.endpoint.receiver("preprocess->inference")
+            self.to["endpoint"] = self.endpoint.id
+        self.recv_pool = ThreadPoolExecutor(4, thread_name_prefix="ferry-recv")
+        logger.info("GPU preprocessing hands batches over by %s", kind)
+
+    def _recv(self, envelope: Any) -> Any:
+        data, _ = self.receivers[envelope.transport].recv(envelope, self.config.transport.timeout_s)
+        return data
+
+    async def run_encoded(
+        self, model: str, items: list[tuple[bytes, str | None]], meta: list[RequestMeta]
+    ) -> Rows:
+        """Encoded images: PreprocessGPU makes the batch and sends it here, then as ``run``."""
+        if self.preprocess_gpu is None:
+            raise FerryError("this inference replica has no GPU preprocessing stage")
+        images = await self.preprocess_gpu.remote(model, items, self.to)
+        if images.envelope is not None:
+            loop = asyncio.get_running_loop()
+            images.data = await loop.run_in_executor(self.recv_pool, self._recv, images.envelope)
+            images.envelope = None
+        return await self.run(model, images, meta)
 
     def _on_batch(self, batch: Batch) -> None:
         metrics.observe_batch(batch.key, len(batch))
@@ -164,11 +208,16 @@ class InferenceCore:
 
 @serve.deployment
 class Inference:
-    def __init__(self, config: dict[str, Any]) -> None:
-        self.core = InferenceCore(PipelineConfig.model_validate(config))
+    def __init__(self, config: dict[str, Any], preprocess_gpu: Any = None) -> None:
+        self.core = InferenceCore(PipelineConfig.model_validate(config), preprocess_gpu)
 
     async def __call__(self, model: str, images: Rows, meta: list[RequestMeta]) -> Rows:
         return await self.core.run(model, images, meta)
+
+    async def encoded(
+        self, model: str, items: list[tuple[bytes, str | None]], meta: list[RequestMeta]
+    ) -> Rows:
+        return await self.core.run_encoded(model, items, meta)
 
     async def status(self) -> dict[str, Any]:
         return self.core.status()

@@ -257,8 +257,13 @@ class Ingress:
 
     async def _classify_group(self, model: str, items: list[tuple]) -> list[Any]:
         t_send = time.perf_counter()
-        pre = self.pre.remote(model, [(d, ct) for d, ct, *_ in items])
-        inf = self.inf.remote(model, pre, [it[3] for it in items])  # pre goes by reference
+        encoded = [(d, ct) for d, ct, *_ in items]
+        meta = [it[3] for it in items]
+        if self.pre is None:  # GPU preprocessing: the inference replica drives it
+            inf = self.inf.encoded.remote(model, encoded, meta)
+        else:
+            pre = self.pre.remote(model, encoded)
+            inf = self.inf.remote(model, pre, meta)  # pre goes by reference
         post = self.post.remote(model, inf, [PostSpec("classify", top_k=it[2]) for it in items])
         return await self._answers(post, t_send)
 

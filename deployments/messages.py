@@ -8,6 +8,7 @@ on the way are carried as errors, so one bad image never fails its neighbours.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -27,6 +28,7 @@ class Rows:
         default_factory=dict
     )  # per row (queue, gpu, batch)
     random_weights: bool = False
+    envelope: Any = None  # GPU preprocessing: the batch is on its way over a transport
 
     def rows_of(self, request: int) -> list[int]:
         return [i for i, o in enumerate(self.owner) if o == request]

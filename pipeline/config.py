@@ -156,10 +156,29 @@ class IngressConfig(_Strict):
 
 
 class PreprocessConfig(_Strict):
-    """CPU decoding and resizing."""
+    """Decoding and resizing."""
 
     threads: int = Field(4, ge=1, le=256)
     """Worker threads per replica for decode + resize (simplejpeg and Pillow release the GIL)."""
+    device: Literal["cpu", "gpu"] = "cpu"
+    """``gpu``: the PreprocessGPU stage -- decode on CPU threads, resize on its GPU, and hand
+    the batch to the inference replica over ``transport.preprocess_to_inference``. Needs
+    ``preprocess_deployment.num_gpus`` > 0."""
+
+
+class TransportConfig(_Strict):
+    """How tensors move between GPU stages."""
+
+    preprocess_to_inference: Literal["auto", "nccl", "object_store"] = "auto"
+    """The GPU preprocess -> inference hop: ``auto`` is NCCL when both ends hold CUDA devices
+    and NCCL loads, the object store otherwise."""
+    timeout_s: float = Field(30.0, gt=0.0, le=3600.0)
+    """Deadline of each transfer; past it the NCCL link is aborted (``TransportError``) and
+    rebuilt on next use."""
+    staging_slots: int = Field(4, ge=1, le=64)
+    """Pinned buffers the GPU preprocess stage uploads decoded images through."""
+    staging_slot_bytes: int = Field(64 << 20, ge=1 << 20, le=4 << 30)
+    """Size of each; a call whose decoded images do not fit is uploaded in parts."""
 
 
 class PipelineConfig(_Strict):
@@ -176,6 +195,7 @@ class PipelineConfig(_Strict):
     batching: BatchingConfig = Field(default_factory=BatchingConfig)
     ingress: IngressConfig = Field(default_factory=IngressConfig)
     preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
+    transport: TransportConfig = Field(default_factory=TransportConfig)
     ingress_deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
     preprocess_deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
     inference_deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
@@ -198,6 +218,11 @@ class PipelineConfig(_Strict):
         if mb > self.executor.buckets[-1]:
             raise ValueError(
                 f"batching.max_batch_size ({mb}) exceeds the largest bucket ({self.executor.buckets[-1]})"
+            )
+        if self.preprocess.device == "gpu" and self.preprocess_deployment.num_gpus <= 0:
+            raise ValueError(
+                "preprocess.device is 'gpu' but preprocess_deployment.num_gpus is "
+                f"{self.preprocess_deployment.num_gpus}; give it a GPU share"
             )
         ongoing = self.inference_deployment.max_ongoing_requests
         if ongoing < mb // max(1, self.ingress.max_coalesce):

@@ -291,9 +291,13 @@ class GpuExecutor:
         if isinstance(x, list | tuple):
             if len(x) != p.n:
                 raise InvalidInput("batch has the wrong number of rows", rows=len(x), expected=p.n)
+            on_device = bool(x) and _is_device(x[0])
+            if on_device and (p.naive or not self.backend.is_cuda):
+                x = [r.get() for r in x]  # the baseline (and the CPU) take host rows
+                on_device = False
             for r in x:
                 if (
-                    not isinstance(r, np.ndarray)
+                    not (_is_device(r) if on_device else isinstance(r, np.ndarray))
                     or tuple(r.shape) != item
                     or r.dtype != spec.np_dtype
                 ):
@@ -339,7 +343,9 @@ class GpuExecutor:
         assert slot is not None and p.reservation is not None
         spec_in = plan.input_spec
         stage_in = slot.view(0, spec_in.shape, spec_in.dtype)
-        self._stage(stage_in, x, p.n)  # the host copy into pinned memory, in the caller's thread
+        on_device = isinstance(x, list) and bool(x) and _is_device(x[0])
+        if not on_device:
+            self._stage(stage_in, x, p.n)  # the host copy into pinned memory, in this thread
         outs_host = []
         off = round_up(spec_in.nbytes, 256)
         for s in plan.output_specs:
@@ -350,8 +356,15 @@ class GpuExecutor:
             self.backend.activate()
             compute = streams.next_compute()
             bound, cuda_graph = self._bound_graph(p, compute)
-            streams.h2d.copy_h2d(bound.input, stage_in)
-            compute.wait(streams.h2d.record())
+            if on_device:  # rows already on this device (GPU preprocessing): d2d copies
+                with compute:
+                    for i, r in enumerate(x):
+                        bound.input[i] = r
+                    if p.n < p.bucket:
+                        bound.input[p.n :] = 0
+            else:
+                streams.h2d.copy_h2d(bound.input, stage_in)
+                compute.wait(streams.h2d.record())
             if cuda_graph is not None:
                 cuda_graph.launch(compute.raw)
                 replay = True
@@ -374,13 +387,17 @@ class GpuExecutor:
         )
         n = p.n
 
+        keep = list(x) if on_device else []  # device rows live until the batch is done
+
         def finish() -> Any:
+            keep.clear()
             rows = [np.array(h[:n]) for h in outs_host]  # out of the slot before it is reused
             p.release()
             self._count(in_flight=-1)
             return rows[0] if len(rows) == 1 else tuple(rows)
 
         def failed(_exc: BaseException) -> None:
+            keep.clear()
             p.release()
             self._count(in_flight=-1, failed=1)
 
@@ -542,3 +559,7 @@ class GpuExecutor:
         if self.ring is not None:
             self.ring.close()
         self.pool.trim()
+
+
+def _is_device(a: Any) -> bool:
+    return type(a).__module__.startswith("cupy")

@@ -86,20 +86,28 @@ class Target:
 
 def decode(data: bytes, content_type: str | None, target: Target, max_pixels: int) -> np.ndarray:
     """Bytes -> uint8 [H, W, C] at the target size. Raises 4xx-mapped ``FerryError``s."""
+    return fit(decode_unfitted(data, content_type, target, max_pixels), target)
+
+
+def decode_unfitted(
+    data: bytes, content_type: str | None, target: Target, max_pixels: int
+) -> np.ndarray:
+    """Bytes -> uint8 [H, W, C], checked, decoded but not resized: a JPEG at the smallest DCT
+    scale still at least the size ``fit`` resizes to (GPU preprocessing resizes it there)."""
     kind = check_media(data, content_type)
     h, w = image_size(data, kind)
     if h < 1 or w < 1:
         raise InvalidInput("image has no pixels", height=h, width=w)
     if h * w > max_pixels:
         raise PayloadTooLarge("image has too many pixels", height=h, width=w, max_pixels=max_pixels)
-    rh, rw = _resize_to(h, w, target)
+    rh, rw = resize_to(h, w, target)
     img = _decode_jpeg(data, target.channels, rh, rw) if kind == "jpeg" else None
     if img is None:
         img = _decode_pillow(data, target.channels)
-    return fit(img, target)
+    return img
 
 
-def _resize_to(h: int, w: int, t: Target) -> tuple[int, int]:
+def resize_to(h: int, w: int, t: Target) -> tuple[int, int]:
     if t.fit == "stretch":
         return t.height, t.width
     s = max(t.height / (h * t.crop_fraction), t.width / (w * t.crop_fraction))
@@ -144,7 +152,7 @@ def fit(img: np.ndarray, t: Target) -> np.ndarray:
     from PIL import Image
 
     h, w = img.shape[:2]
-    rh, rw = _resize_to(h, w, t)
+    rh, rw = resize_to(h, w, t)
     if (h, w) != (rh, rw):
         pil = Image.fromarray(img[..., 0] if img.shape[2] == 1 else img)
         img = np.asarray(pil.resize((rw, rh), Image.BILINEAR))

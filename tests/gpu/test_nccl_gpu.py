@@ -1,0 +1,231 @@
+"""The NCCL channel between two Ray actors on two GPUs (needs two CUDA devices).
+
+Bit-exact payloads of every dtype from 1 element to 512 MB, in order, over NVLink and over
+NCCL's socket transport; a receiver killed mid-stream gives the sender a TransportError
+within the timeout and a new link works afterwards; GPU preprocessing on one GPU feeds
+inference on the other and classifies as the CPU path does.
+"""
+
+from __future__ import annotations
+
+import glob
+import time
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+MB = 1 << 20
+CASES = [
+    (11, (1,), "float32"),
+    (12, (7, 5), "float16"),
+    (13, (3, 224, 224, 3), "uint8"),
+    (14, (1000,), "int64"),
+    (15, (2, 3, 4), "float64"),
+    (16, (513, 129), "int32"),
+    (17, (0,), "float32"),
+    (18, (8, 8), "bool"),
+    (19, (33,), "int8"),
+    (20, (32 * MB,), "float16"),  # 64 MB
+    (21, (512 * MB,), "uint8"),  # 512 MB
+]
+SOCKET_ENV = {
+    "NCCL_P2P_DISABLE": "1",
+    "NCCL_SHM_DISABLE": "1",
+    "NCCL_IB_DISABLE": "1",
+    "NCCL_DEBUG": "INFO",
+    "NCCL_DEBUG_SUBSYS": "INIT,NET",
+}
+
+
+def _two_gpus() -> bool:
+    try:
+        import cupy
+
+        from pipeline.transport.base import nccl_available
+
+        return cupy.cuda.runtime.getDeviceCount() >= 2 and nccl_available()
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="module")
+def ray2():
+    if not _two_gpus():
+        pytest.skip("needs two CUDA devices and NCCL")
+    import ray
+
+    ray.init(num_gpus=2, num_cpus=12, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def _exchange(ray, a, b, rounds: int = 2) -> None:
+    """Send every case ``rounds`` times from a to b; b takes them concurrently."""
+    b_id = ray.get(b.endpoint_id.remote())
+    for r in range(rounds):
+        envs = ray.get(a.send.remote(b_id, [(s + 100 * r, sh, dt) for s, sh, dt in CASES]))
+        takes = [b.take.remote(e) for e in reversed(envs)]  # arrive out of order on purpose
+        got = ray.get(takes, timeout=120)
+        assert all(g["ok"] for g in got), [g for g in got if not g["ok"]]
+        assert sorted(g["seq"] for g in got) == [e.seq for e in envs]
+        assert {g["seed"] for g in got} == {s + 100 * r for s, _, _ in CASES}
+        assert ray.get(a.wait.remote(b_id, envs)) == ["ok"] * len(envs)
+    stats = ray.get(a.stats.remote())
+    assert list(stats["out"].values()) == [(0, True, 0)]  # one link, never rebuilt, drained
+
+
+def test_every_dtype_and_size_arrives_bit_exact_in_order_over_nvlink(ray2):
+    from benchmarks.transport_peers import peer_actor
+
+    a, b = peer_actor(), peer_actor()
+    ga, gb = ray2.get([a.gpu.remote(), b.gpu.remote()])
+    assert ga["pci_bus"] != gb["pci_bus"]  # two different GPUs
+    _exchange(ray2, a, b)
+    received = ray2.get(b.received.remote())
+    assert [g["seq"] for g in received] == sorted(g["seq"] for g in received)  # in order
+    ray2.kill(a)
+    ray2.kill(b)
+
+
+def test_the_same_over_nccls_socket_transport(ray2, tmp_path):
+    from benchmarks.transport_peers import peer_actor
+
+    env = {**SOCKET_ENV, "NCCL_DEBUG_FILE": str(tmp_path / "nccl.%h.%p.log")}
+    a, b = peer_actor(env), peer_actor(env)
+    _exchange(ray2, a, b, rounds=1)
+    ray2.kill(a)
+    ray2.kill(b)
+    logs = "".join(open(p).read() for p in glob.glob(str(tmp_path / "nccl.*.log")))
+    assert "NET/Socket" in logs, logs[-2000:]
+    assert "via P2P" not in logs and "via SHM" not in logs
+
+
+def test_killed_receiver_gives_sender_transport_error_in_time_then_new_link_works(ray2):
+    from benchmarks.transport_peers import peer_actor
+
+    timeout = 5.0
+    a, b = peer_actor(timeout_s=timeout), peer_actor(timeout_s=timeout)
+    b_id = ray2.get(b.endpoint_id.remote())
+    envs = ray2.get(a.send.remote(b_id, CASES[:3]))
+    assert all(g["ok"] for g in ray2.get([b.take.remote(e) for e in envs]))
+
+    run = a.stream_to.remote(b_id, b, 100_000, 256 * MB)  # until something breaks
+    time.sleep(2.0)
+    ray2.kill(b)
+    t_kill = time.monotonic()
+    res = ray2.get(run, timeout=60)
+    waited = time.monotonic() - t_kill
+    assert res["error"] == "TransportError", res
+    assert res["sent"] > 0, res
+    assert res["after_last_ok_s"] <= timeout + 2.0, res
+    assert waited <= timeout + 5.0, (waited, res)
+
+    c = peer_actor(timeout_s=timeout)  # a new receiver on the freed GPU; a reuses its process
+    c_id = ray2.get(c.endpoint_id.remote())
+    envs = ray2.get(a.send.remote(c_id, CASES))
+    got = ray2.get([c.take.remote(e) for e in envs], timeout=120)
+    assert all(g["ok"] for g in got)
+    assert ray2.get(a.wait.remote(c_id, envs)) == ["ok"] * len(envs)
+    out = ray2.get(a.stats.remote())["out"]
+    assert out[b_id][1] is False and out[c_id][1] is True  # the dead link aborted, new one up
+    ray2.kill(a)
+    ray2.kill(c)
+
+
+def test_a_lost_envelope_times_out_then_the_link_is_rebuilt(ray2):
+    """The receiver lives but never gets envelope 0: the sender aborts at the deadline, the
+    receiver refuses what came before the abort, and the next send opens generation 1."""
+    from benchmarks.transport_peers import peer_actor
+
+    a, b = peer_actor(timeout_s=3.0), peer_actor(timeout_s=3.0)
+    b_id = ray2.get(b.endpoint_id.remote())
+    first = ray2.get(a.send.remote(b_id, CASES[:2]))
+    assert all(g["ok"] for g in ray2.get([b.take.remote(e) for e in first]))
+    lost = ray2.get(a.send.remote(b_id, [CASES[9]]))  # 64 MB: more than NCCL buffers eagerly
+    t0 = time.monotonic()
+    status = ray2.get(a.wait.remote(b_id, lost))
+    assert status[0].startswith("TransportError") and time.monotonic() - t0 < 6.0, status
+    again = ray2.get(a.send.remote(b_id, CASES[:4]))
+    assert again[0].token.generation == 1
+    got = ray2.get([b.take.remote(e) for e in again], timeout=60)
+    assert all(g["ok"] for g in got)
+    with pytest.raises(Exception, match="stale envelope"):  # the lost one, late
+        ray2.get(b.take.remote(lost[0]))
+    ray2.kill(a)
+    ray2.kill(b)
+
+
+def test_gpu_preprocessing_on_one_gpu_feeds_inference_on_the_other(ray2):
+    """The Serve app with PreprocessGPU (GPU 0 or 1) and Inference on the other GPU, over
+    HTTP, against the CPU decode + CPU executor path on the same PNGs."""
+    import httpx
+    from ray import serve
+
+    from deployments.app import build
+    from pipeline.config import ExecutorConfig, PipelineConfig
+    from pipeline.executor import GpuExecutor
+    from pipeline.imaging import decode, encode_png
+    from pipeline.models import digits
+    from pipeline.models.registry import model_info
+
+    _, _, xte, yte = digits.load_split()
+    n = 300
+    big = np.repeat(np.repeat(xte[:n], 2, axis=1), 2, axis=2)  # 56x56: both paths resize
+    pngs = [encode_png(x) for x in big]
+
+    cpu = GpuExecutor(ExecutorConfig(backend="numpy", buckets=(1, 8, 64)))
+    cpu.load_model("digits", "digits")
+    target = model_info("digits").target()
+    cpu_pred = []
+    for i in range(0, n, 64):
+        rows = [decode(p, "image/png", target, 1 << 24) for p in pngs[i : i + 64]]
+        cpu_pred += list(np.argmax(cpu.infer("digits", np.stack(rows)), axis=1))
+    cpu.close()
+
+    config = PipelineConfig.model_validate(
+        {
+            "models": [{"name": "digits", "arch": "digits"}],
+            "executor": {"backend": "cupy", "buckets": [1, 8, 32, 64], "pool_limit_fraction": 0.1},
+            "batching": {"max_batch_size": 64, "max_wait_ms": 5},
+            "preprocess": {"device": "gpu", "threads": 4},
+            "transport": {"preprocess_to_inference": "nccl", "timeout_s": 20},
+            "ingress_deployment": {"num_cpus": 1},
+            "preprocess_deployment": {"num_cpus": 1, "num_gpus": 1},
+            "inference_deployment": {"num_cpus": 1, "num_gpus": 1},
+            "postprocess_deployment": {"num_cpus": 1},
+        }
+    )
+    serve.start(http_options={"host": "127.0.0.1", "port": 8131})
+    serve.run(build(config), name="gpupre", route_prefix="/")
+    try:
+        import asyncio
+
+        async def main():
+            sem = asyncio.Semaphore(32)
+            async with httpx.AsyncClient(base_url="http://127.0.0.1:8131", timeout=60) as c:
+
+                async def one(b):
+                    async with sem:
+                        r = await c.post(
+                            "/v1/models/digits/classify?top_k=1",
+                            content=b,
+                            headers={"content-type": "image/png"},
+                        )
+                        assert r.status_code == 200, r.text
+                        return int(r.json()["top_k"][0]["label"])
+
+                return await asyncio.gather(*(one(b) for b in pngs))
+
+        gpu_pred = np.array(asyncio.run(main()))
+        rv = ray2.get_actor("ferry_nccl_rendezvous", namespace="ferry")  # NCCL was used
+        assert ray2.get(rv.pending.remote()) == 0
+    finally:
+        serve.delete("gpupre")
+        serve.shutdown()
+    agree = float(np.mean(gpu_pred == np.array(cpu_pred)))
+    acc = float(np.mean(gpu_pred == yte[:n]))
+    print(f"GPU preprocessing: agreement with the CPU path {agree:.3f}, accuracy {acc:.3f}")
+    assert agree >= 0.97, agree
+    assert acc >= 0.95, acc
