@@ -75,7 +75,7 @@ def main() -> int:
     # ---------------------------------------------------------------- raw NCCL
     a, b = peer_actor(), peer_actor()
     gpu_a, gpu_b = ray.get([a.gpu.remote(), b.gpu.remote()])
-    assert gpu_a["pci_bus"] != gpu_b["pci_bus"], (gpu_a, gpu_b)
+    assert (gpu_a["uuid"], gpu_a["visible"]) != (gpu_b["uuid"], gpu_b["visible"]), (gpu_a, gpu_b)
     progress(f"peers on GPUs {gpu_a} and {gpu_b}")
     uid = nccl.get_unique_id()
     ray.get([a.raw_open.remote(uid, 0), b.raw_open.remote(uid, 1)])

@@ -62,9 +62,11 @@ class TensorPeer:
         import cupy
 
         props = cupy.cuda.runtime.getDeviceProperties(0)
+        uuid = props.get("uuid", b"")
         return {
             "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            "pci_bus": int(props["pciBusID"]),
+            "uuid": uuid.hex() if isinstance(uuid, bytes) else str(uuid),
+            "pci": f"{props.get('pciDomainID', 0)}:{props['pciBusID']}:{props.get('pciDeviceID', 0)}",
             "name": props["name"].decode() if isinstance(props["name"], bytes) else props["name"],
         }
 

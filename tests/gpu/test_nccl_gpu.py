@@ -61,100 +61,109 @@ def ray2():
     ray.shutdown()
 
 
+@pytest.fixture
+def peers(ray2):
+    """Makes TensorPeer actors (one GPU each) and kills them after the test, pass or fail."""
+    from benchmarks.transport_peers import peer_actor
+
+    made = []
+
+    def make(env=None, timeout_s=20.0):
+        made.append(peer_actor(env, timeout_s))
+        return made[-1]
+
+    yield make
+    for a in made:
+        ray2.kill(a)
+    time.sleep(0.5)  # the GPUs go back to Ray
+
+
+def GET(refs, timeout: float = 90.0):
+    """ray.get with a deadline: a hang fails its test instead of the whole session."""
+    import ray
+
+    return ray.get(refs, timeout=timeout)
+
+
 def _exchange(ray, a, b, rounds: int = 2) -> None:
     """Send every case ``rounds`` times from a to b; b takes them concurrently."""
-    b_id = ray.get(b.endpoint_id.remote())
+    b_id = GET(b.endpoint_id.remote())
     for r in range(rounds):
-        envs = ray.get(a.send.remote(b_id, [(s + 100 * r, sh, dt) for s, sh, dt in CASES]))
+        envs = GET(a.send.remote(b_id, [(s + 100 * r, sh, dt) for s, sh, dt in CASES]))
         takes = [b.take.remote(e) for e in reversed(envs)]  # arrive out of order on purpose
-        got = ray.get(takes, timeout=120)
+        got = GET(takes, 120)
         assert all(g["ok"] for g in got), [g for g in got if not g["ok"]]
         assert sorted(g["seq"] for g in got) == [e.seq for e in envs]
         assert {g["seed"] for g in got} == {s + 100 * r for s, _, _ in CASES}
-        assert ray.get(a.wait.remote(b_id, envs)) == ["ok"] * len(envs)
-    stats = ray.get(a.stats.remote())
+        assert GET(a.wait.remote(b_id, envs)) == ["ok"] * len(envs)
+    stats = GET(a.stats.remote())
     assert list(stats["out"].values()) == [(0, True, 0)]  # one link, never rebuilt, drained
 
 
-def test_every_dtype_and_size_arrives_bit_exact_in_order_over_nvlink(ray2):
-    from benchmarks.transport_peers import peer_actor
-
-    a, b = peer_actor(), peer_actor()
-    ga, gb = ray2.get([a.gpu.remote(), b.gpu.remote()])
-    assert ga["pci_bus"] != gb["pci_bus"]  # two different GPUs
+def test_every_dtype_and_size_arrives_bit_exact_in_order_over_nvlink(ray2, peers):
+    a, b = peers(), peers()
+    ga, gb = GET([a.gpu.remote(), b.gpu.remote()])
+    assert (ga["uuid"], ga["visible"]) != (gb["uuid"], gb["visible"])  # two different GPUs
     _exchange(ray2, a, b)
-    received = ray2.get(b.received.remote())
+    received = GET(b.received.remote())
     assert [g["seq"] for g in received] == sorted(g["seq"] for g in received)  # in order
-    ray2.kill(a)
-    ray2.kill(b)
 
 
-def test_the_same_over_nccls_socket_transport(ray2, tmp_path):
-    from benchmarks.transport_peers import peer_actor
-
+def test_the_same_over_nccls_socket_transport(ray2, peers, tmp_path):
     env = {**SOCKET_ENV, "NCCL_DEBUG_FILE": str(tmp_path / "nccl.%h.%p.log")}
-    a, b = peer_actor(env), peer_actor(env)
+    a, b = peers(env), peers(env)
     _exchange(ray2, a, b, rounds=1)
-    ray2.kill(a)
-    ray2.kill(b)
     logs = "".join(open(p).read() for p in glob.glob(str(tmp_path / "nccl.*.log")))
     assert "NET/Socket" in logs, logs[-2000:]
     assert "via P2P" not in logs and "via SHM" not in logs
 
 
-def test_killed_receiver_gives_sender_transport_error_in_time_then_new_link_works(ray2):
-    from benchmarks.transport_peers import peer_actor
-
+def test_killed_receiver_gives_sender_transport_error_in_time_then_new_link_works(ray2, peers):
     timeout = 5.0
-    a, b = peer_actor(timeout_s=timeout), peer_actor(timeout_s=timeout)
-    b_id = ray2.get(b.endpoint_id.remote())
-    envs = ray2.get(a.send.remote(b_id, CASES[:3]))
-    assert all(g["ok"] for g in ray2.get([b.take.remote(e) for e in envs]))
+    a, b = peers(timeout_s=timeout), peers(timeout_s=timeout)
+    b_id = GET(b.endpoint_id.remote())
+    envs = GET(a.send.remote(b_id, CASES[:3]))
+    assert all(g["ok"] for g in GET([b.take.remote(e) for e in envs]))
 
     run = a.stream_to.remote(b_id, b, 100_000, 256 * MB)  # until something breaks
     time.sleep(2.0)
     ray2.kill(b)
     t_kill = time.monotonic()
-    res = ray2.get(run, timeout=60)
+    res = GET(run, 60)
     waited = time.monotonic() - t_kill
     assert res["error"] == "TransportError", res
     assert res["sent"] > 0, res
     assert res["after_last_ok_s"] <= timeout + 2.0, res
     assert waited <= timeout + 5.0, (waited, res)
 
-    c = peer_actor(timeout_s=timeout)  # a new receiver on the freed GPU; a reuses its process
-    c_id = ray2.get(c.endpoint_id.remote())
-    envs = ray2.get(a.send.remote(c_id, CASES))
-    got = ray2.get([c.take.remote(e) for e in envs], timeout=120)
+    time.sleep(0.5)
+    c = peers(timeout_s=timeout)  # a new receiver on the freed GPU; a reuses its process
+    c_id = GET(c.endpoint_id.remote())
+    envs = GET(a.send.remote(c_id, CASES))
+    got = GET([c.take.remote(e) for e in envs], 120)
     assert all(g["ok"] for g in got)
-    assert ray2.get(a.wait.remote(c_id, envs)) == ["ok"] * len(envs)
-    out = ray2.get(a.stats.remote())["out"]
+    assert GET(a.wait.remote(c_id, envs)) == ["ok"] * len(envs)
+    out = GET(a.stats.remote())["out"]
     assert out[b_id][1] is False and out[c_id][1] is True  # the dead link aborted, new one up
-    ray2.kill(a)
-    ray2.kill(c)
 
 
-def test_a_lost_envelope_times_out_then_the_link_is_rebuilt(ray2):
+def test_a_lost_envelope_times_out_then_the_link_is_rebuilt(ray2, peers):
     """The receiver lives but never gets envelope 0: the sender aborts at the deadline, the
     receiver refuses what came before the abort, and the next send opens generation 1."""
-    from benchmarks.transport_peers import peer_actor
-
-    a, b = peer_actor(timeout_s=3.0), peer_actor(timeout_s=3.0)
-    b_id = ray2.get(b.endpoint_id.remote())
-    first = ray2.get(a.send.remote(b_id, CASES[:2]))
-    assert all(g["ok"] for g in ray2.get([b.take.remote(e) for e in first]))
-    lost = ray2.get(a.send.remote(b_id, [CASES[9]]))  # 64 MB: more than NCCL buffers eagerly
+    a, b = peers(timeout_s=3.0), peers(timeout_s=3.0)
+    b_id = GET(b.endpoint_id.remote())
+    first = GET(a.send.remote(b_id, CASES[:2]))
+    assert all(g["ok"] for g in GET([b.take.remote(e) for e in first]))
+    lost = GET(a.send.remote(b_id, [CASES[9]]))  # 64 MB: more than NCCL buffers eagerly
     t0 = time.monotonic()
-    status = ray2.get(a.wait.remote(b_id, lost))
+    status = GET(a.wait.remote(b_id, lost))
     assert status[0].startswith("TransportError") and time.monotonic() - t0 < 6.0, status
-    again = ray2.get(a.send.remote(b_id, CASES[:4]))
+    again = GET(a.send.remote(b_id, CASES[:4]))
     assert again[0].token.generation == 1
-    got = ray2.get([b.take.remote(e) for e in again], timeout=60)
+    got = GET([b.take.remote(e) for e in again], 60)
     assert all(g["ok"] for g in got)
     with pytest.raises(Exception, match="stale envelope"):  # the lost one, late
-        ray2.get(b.take.remote(lost[0]))
-    ray2.kill(a)
-    ray2.kill(b)
+        GET(b.take.remote(lost[0]))
 
 
 def test_gpu_preprocessing_on_one_gpu_feeds_inference_on_the_other(ray2):
@@ -220,7 +229,7 @@ def test_gpu_preprocessing_on_one_gpu_feeds_inference_on_the_other(ray2):
 
         gpu_pred = np.array(asyncio.run(main()))
         rv = ray2.get_actor("ferry_nccl_rendezvous", namespace="ferry")  # NCCL was used
-        assert ray2.get(rv.pending.remote()) == 0
+        assert GET(rv.pending.remote()) == 0
     finally:
         serve.delete("gpupre")
         serve.shutdown()
