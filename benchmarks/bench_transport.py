@@ -14,9 +14,11 @@ from an actor on GPU 0 to an actor on GPU 1:
   network transport over TCP, standing in for two nodes without RDMA.
 * ``object_store``: device to host, ``ray.put``, envelope, ``ray.get``, host to device.
 
-``gb_s`` streams ``k`` transfers with all of them in flight (as a pipeline does);
-``p50_us`` is the median of transfers made one at a time, from the send call until the
-receiving end holds the tensor (Ray call included for the Ferry paths).
+``gb_s`` streams ``k`` transfers with all of them in flight; the Ferry paths carry their
+envelopes 8 to a Ray call (``recv_many`` posts all 8 receives before waiting), as Ferry's
+hops carry batches, and ``gb_s_one_envelope_per_call`` is the same with one envelope per
+call. ``p50_us`` is the median of transfers made one at a time, from the send call until
+the receiving end holds the tensor (the Ray call included for the Ferry paths).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ SIZES = [1 * MB, 16 * MB, 64 * MB, 512 * MB]
 # (streamed k, one-at-a-time k) per size, per kind of path
 K_FAST = {1 * MB: (200, 50), 16 * MB: (100, 30), 64 * MB: (60, 20), 512 * MB: (12, 6)}
 K_SLOW = {1 * MB: (40, 20), 16 * MB: (16, 8), 64 * MB: (8, 5), 512 * MB: (3, 3)}
+PER_CALL = 8  # envelopes per Ray call when streaming: hops carry batches
 SOCKET_ENV = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_IB_DISABLE": "1"}
 
 
@@ -93,9 +96,11 @@ def main() -> int:
         ray.get(tx.timed_send.remote(rx_id, rx, MB, 4, True))  # opens the link
         for n in SIZES:
             k, k1 = (max(2, x // scale) for x in (K_FAST if path == "ferry_nccl" else K_SLOW)[n])
-            streamed = ray.get(tx.timed_send.remote(rx_id, rx, n, k, False))
+            streamed = ray.get(tx.timed_send.remote(rx_id, rx, n, k, False, PER_CALL))
             single = ray.get(tx.timed_send.remote(rx_id, rx, n, k1, True))
+            one_each = ray.get(tx.timed_send.remote(rx_id, rx, n, k, False, 1))
             rows.append(row(path, n, streamed, single, k))
+            rows[-1]["gb_s_one_envelope_per_call"] = n * k / one_each["seconds"] / 1e9
             progress(f"{path} {n // MB} MB: {rows[-1]['gb_s']:.1f} GB/s")
 
     channel("ferry_nccl", a, b)

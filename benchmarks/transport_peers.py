@@ -126,7 +126,13 @@ class TensorPeer:
         return rec
 
     def take_all(self, envs: list, check: bool = True) -> list[dict]:
-        return [self.take(e, check) for e in envs]
+        """Several envelopes in one call: every receive is posted before any is waited on."""
+        out = []
+        for env, (arr, meta) in zip(envs, self.rx.recv_many(envs), strict=True):
+            ok = same_bytes(arr, pattern(meta["seed"], env.shape, env.dtype)) if check else None
+            out.append({"seq": env.seq, "seed": meta["seed"], "shape": list(arr.shape), "ok": ok})
+        self.got.extend(out)
+        return out
 
     def received(self) -> list[dict]:
         return self.got
@@ -135,25 +141,32 @@ class TensorPeer:
         return self.ep.stats()
 
     # ------------------------------------------------------------------ timed runs
-    def timed_send(self, dst: str, receiver: Any, nbytes: int, k: int, one_at_a_time: bool) -> dict:
-        """Ferry's channel: ``k`` sends, each envelope in its own Ray call to the receiver.
-        Streamed (all in flight), or one at a time (latency: send to received)."""
+    def timed_send(
+        self, dst: str, receiver: Any, nbytes: int, k: int, one_at_a_time: bool, per_call: int = 1
+    ) -> dict:
+        """Ferry's channel: ``k`` sends, their envelopes ``per_call`` to a Ray call to the
+        receiver. Streamed (all in flight), or one at a time (latency: send to received)."""
         import ray
 
         tx = self.ep.sender(dst)
         x = self._payload(2, (nbytes,), "uint8")
         lat = []
         t0 = time.perf_counter()
-        refs = []
+        refs, group = [], []
         for _ in range(k):
             t1 = time.perf_counter()
-            env = tx.send(x, {"seed": 2})
-            ref = receiver.take.remote(env, False)
+            group.append(tx.send(x, {"seed": 2}))
+            if len(group) < per_call and not one_at_a_time:
+                continue
+            ref = receiver.take_all.remote(group, False)
+            group = []
             if one_at_a_time:
                 ray.get(ref)
                 lat.append(time.perf_counter() - t1)
             else:
                 refs.append(ref)
+        if group:
+            refs.append(receiver.take_all.remote(group, False))
         ray.get(refs)
         return {"seconds": time.perf_counter() - t0, "lat_s": lat}
 
@@ -224,7 +237,7 @@ def peer_actor(env_vars: dict[str, str] | None = None, timeout_s: float = 20.0) 
     """A ``TensorPeer`` actor on a GPU of its own (threaded: takes run concurrently)."""
     import ray
 
-    opts: dict[str, Any] = {"num_gpus": 1, "num_cpus": 1, "max_concurrency": 8}
+    opts: dict[str, Any] = {"num_gpus": 1, "num_cpus": 1, "max_concurrency": 32}
     if env_vars:
         opts["runtime_env"] = {"env_vars": env_vars}
     return ray.remote(TensorPeer).options(**opts).remote(timeout_s)

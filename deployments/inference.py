@@ -91,9 +91,21 @@ class InferenceCore:
         self.recv_pool = ThreadPoolExecutor(4, thread_name_prefix="ferry-recv")
         logger.info("GPU preprocessing hands batches over by %s", kind)
 
-    def _recv(self, envelope: Any) -> Any:
-        data, _ = self.receivers[envelope.transport].recv(envelope, self.config.transport.timeout_s)
-        return data
+    async def _recv(self, envelope: Any) -> Any:
+        """The batch an envelope stands for. NCCL receives are posted from a thread and
+        polled from here: one waiting for an earlier envelope never holds a thread."""
+        loop = asyncio.get_running_loop()
+        rx = self.receivers[envelope.transport]
+        timeout = self.config.transport.timeout_s
+        if envelope.transport != "nccl":
+            data, _ = await loop.run_in_executor(self.recv_pool, rx.recv, envelope, timeout)
+            return data
+        posted = await loop.run_in_executor(self.recv_pool, rx.post, [envelope], timeout)
+        pause = 5e-5
+        while not posted.done():
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 1e-3)
+        return posted.wait()[0][0]
 
     async def run_encoded(
         self, model: str, items: list[tuple[bytes, str | None]], meta: list[RequestMeta]
@@ -103,8 +115,7 @@ class InferenceCore:
             raise FerryError("this inference replica has no GPU preprocessing stage")
         images = await self.preprocess_gpu.remote(model, items, self.to)
         if images.envelope is not None:
-            loop = asyncio.get_running_loop()
-            images.data = await loop.run_in_executor(self.recv_pool, self._recv, images.envelope)
+            images.data = await self._recv(images.envelope)
             images.envelope = None
         return await self.run(model, images, meta)
 

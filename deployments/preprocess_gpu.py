@@ -125,6 +125,7 @@ class PreprocessGpuCore:
                     self._fit(cupy.asarray(imgs[i]), out[i], t)
                     i += 1
                     continue
+                self._reap()  # a slot back from an upload that finished
                 slot = self.ring.acquire(self.timeout_s)
                 placed, off = [], 0
                 while i < n and off + imgs[i].nbytes <= self.ring.slot_bytes:

@@ -148,7 +148,7 @@ def _wait_event(event: Any, deadline: float) -> bool:
         if time.monotonic() >= deadline:
             return bool(event.done)
         time.sleep(pause)
-        pause = min(pause * 2, 1e-3)
+        pause = min(pause * 2, 2e-4)
     return True
 
 
@@ -391,6 +391,7 @@ class NcclEndpoint:
         self._lock = threading.Lock()
         self._out: dict[str, Link] = {}  # by receiver id
         self._in: dict[str, Link] = {}  # by sender id
+        self._opening: dict[str, threading.Lock] = {}  # by sender id
         self._generation = itertools.count()
         self._rendezvous: Any = None
         self._closed = threading.Event()
@@ -427,6 +428,18 @@ class NcclEndpoint:
         return link
 
     def link_from(self, src: str, generation: int, deadline: float) -> Link:
+        """The link from ``src`` for an envelope of ``generation``; one thread opens it while
+        any others receiving from ``src`` wait for it."""
+        with self._lock:
+            opening = self._opening.setdefault(src, threading.Lock())
+        if not opening.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise TransportError("the NCCL link did not open in time", peer=src)
+        try:
+            return self._link_from(src, generation, deadline)
+        finally:
+            opening.release()
+
+    def _link_from(self, src: str, generation: int, deadline: float) -> Link:
         import ray
 
         with self._lock:
@@ -557,29 +570,77 @@ class NcclReceiver(Receiver):
         """The tensor, on this endpoint's device, complete; the caller's current stream waits
         on the receive's event. ``TransportError`` (link aborted) when it does not arrive
         within ``timeout`` (default: the endpoint's)."""
+        return self.recv_many([envelope], timeout)[0]
+
+    def recv_many(
+        self, envelopes: list[Envelope], timeout: float | None = None
+    ) -> list[tuple[Any, dict[str, Any]]]:
+        """Post every receive first, then wait for them: the link's stream never idles
+        between tensors of one call."""
+        return self.post(envelopes, timeout).wait()
+
+    def post(self, envelopes: list[Envelope], timeout: float | None = None) -> Posted:
+        """Enqueue the receives and return at once (only opening a link waits, for the peer).
+
+        Receives wait for earlier sequence numbers on their own, without holding a thread,
+        so callers that take envelopes out of order on a bounded pool cannot deadlock:
+        post from the pool, then poll ``Posted.done()`` from an event loop."""
         import cupy
 
-        self.check(envelope)
-        tok = envelope.token
-        if not isinstance(tok, NcclToken) or tok.dst != self.endpoint.id:
-            raise TransportError(
-                "envelope is addressed to another endpoint",
-                to=getattr(tok, "dst", None),
-                here=self.endpoint.id,
-            )
-        ntype = nccl_type(envelope.dtype)
         deadline = time.monotonic() + (self.endpoint.timeout_s if timeout is None else timeout)
-        link = self.endpoint.link_from(tok.src, tok.generation, deadline)
-        link.wait_open(deadline)
+        posted = []
         with cupy.cuda.Device(self.endpoint.device):
-            out = cupy.empty(envelope.shape, dtype=envelope.dtype)
             caller = cupy.cuda.get_current_stream()
-            ready = cupy.cuda.Event(block=False, disable_timing=True)
-            ready.record(caller)
-            t = Transfer(envelope.seq, out, deadline)
-            count = int(out.size) if envelope.dtype != "bool" else int(out.nbytes)
-            link.submit_recv(t, count, ntype, ready)
-            link.wait(t, deadline)
-            if t.done_event is not None:
-                caller.wait_event(t.done_event)
-        return out, envelope.meta
+            for envelope in envelopes:
+                self.check(envelope)
+                tok = envelope.token
+                if not isinstance(tok, NcclToken) or tok.dst != self.endpoint.id:
+                    raise TransportError(
+                        "envelope is addressed to another endpoint",
+                        to=getattr(tok, "dst", None),
+                        here=self.endpoint.id,
+                    )
+                ntype = nccl_type(envelope.dtype)
+                link = self.endpoint.link_from(tok.src, tok.generation, deadline)
+                link.wait_open(deadline)
+                out = cupy.empty(envelope.shape, dtype=envelope.dtype)
+                ready = cupy.cuda.Event(block=False, disable_timing=True)
+                ready.record(caller)
+                t = Transfer(envelope.seq, out, deadline)
+                count = int(out.size) if envelope.dtype != "bool" else int(out.nbytes)
+                link.submit_recv(t, count, ntype, ready)
+                posted.append((link, t, out, envelope.meta))
+        return Posted(self.endpoint.device, posted, deadline)
+
+
+class Posted:
+    """Receives in flight: ``done()`` polls (and enforces the deadline), ``wait()`` blocks."""
+
+    def __init__(self, device: int, posted: list[tuple], deadline: float) -> None:
+        self.device = device
+        self.posted = posted
+        self.deadline = deadline
+
+    def done(self) -> bool:
+        for link, t, _, _ in self.posted:
+            if t.error is not None:
+                return True
+            if not t.complete():
+                if time.monotonic() > self.deadline:
+                    link.fail(f"receive {t.seq} did not complete by its deadline")
+                    return True
+                return False
+        return True
+
+    def wait(self) -> list[tuple[Any, dict[str, Any]]]:
+        import cupy
+
+        results = []
+        with cupy.cuda.Device(self.device):
+            caller = cupy.cuda.get_current_stream()
+            for link, t, out, meta in self.posted:
+                link.wait(t, self.deadline)
+                if t.done_event is not None:
+                    caller.wait_event(t.done_event)
+                results.append((out, meta))
+        return results

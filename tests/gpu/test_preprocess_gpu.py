@@ -64,7 +64,7 @@ def test_gpu_batch_of_digits_stretch_and_more_images_than_slots():
     out = out.get()
     target = model_info("digits").target()
     want = np.stack([decode(encode_png(x), "image/png", target, 1 << 20) for x in big])
-    assert out.shape == want.shape == (200, 28, 28, 1)
+    assert out.shape == want.shape == (200, target.height, target.width, 1)
     assert np.abs(out.astype(np.int16) - want).mean() < 4.0
     assert core.ring.available() >= 0
     core.close()
