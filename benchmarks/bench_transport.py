@@ -15,7 +15,7 @@ from an actor on GPU 0 to an actor on GPU 1:
 * ``object_store``: device to host, ``ray.put``, envelope, ``ray.get``, host to device.
 
 ``gb_s`` streams ``k`` transfers with all of them in flight; the Ferry paths carry their
-envelopes 8 to a Ray call (``recv_many`` posts all 8 receives before waiting), as Ferry's
+envelopes 16 to a Ray call (``recv_many`` posts all 16 receives before waiting), as Ferry's
 hops carry batches, and ``gb_s_one_envelope_per_call`` is the same with one envelope per
 call. ``p50_us`` is the median of transfers made one at a time, from the send call until
 the receiving end holds the tensor (the Ray call included for the Ferry paths).
@@ -37,9 +37,9 @@ from benchmarks.common import machine, table, today, write_json  # noqa: E402
 MB = 1 << 20
 SIZES = [1 * MB, 16 * MB, 64 * MB, 512 * MB]
 # (streamed k, one-at-a-time k) per size, per kind of path
-K_FAST = {1 * MB: (200, 50), 16 * MB: (100, 30), 64 * MB: (60, 20), 512 * MB: (12, 6)}
+K_FAST = {1 * MB: (400, 50), 16 * MB: (200, 30), 64 * MB: (160, 20), 512 * MB: (40, 6)}
 K_SLOW = {1 * MB: (40, 20), 16 * MB: (16, 8), 64 * MB: (8, 5), 512 * MB: (3, 3)}
-PER_CALL = 8  # envelopes per Ray call when streaming: hops carry batches
+PER_CALL = 16  # envelopes per Ray call when streaming: hops carry batches
 SOCKET_ENV = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_IB_DISABLE": "1"}
 
 
@@ -96,6 +96,7 @@ def main() -> int:
         ray.get(tx.timed_send.remote(rx_id, rx, MB, 4, True))  # opens the link
         for n in SIZES:
             k, k1 = (max(2, x // scale) for x in (K_FAST if path == "ferry_nccl" else K_SLOW)[n])
+            ray.get(tx.timed_send.remote(rx_id, rx, n, k, False, PER_CALL))  # pools grow here
             streamed = ray.get(tx.timed_send.remote(rx_id, rx, n, k, False, PER_CALL))
             single = ray.get(tx.timed_send.remote(rx_id, rx, n, k1, True))
             one_each = ray.get(tx.timed_send.remote(rx_id, rx, n, k, False, 1))
@@ -109,6 +110,7 @@ def main() -> int:
     ray.get(a.timed_object_store.remote(b, MB, 2, True))
     for n in SIZES:
         k, k1 = (max(2, x // scale) for x in K_SLOW[n])
+        ray.get(a.timed_object_store.remote(b, n, 2, False))
         streamed = ray.get(a.timed_object_store.remote(b, n, k, False))
         single = ray.get(a.timed_object_store.remote(b, n, k1, True))
         rows.append(row("object_store", n, streamed, single, k))

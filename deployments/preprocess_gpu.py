@@ -9,8 +9,9 @@ receiving end has to say who it is). What comes back is a ``Rows`` whose payload
 Decoding: JPEG through simplejpeg at the smallest DCT scale still at least the size the
 model's fit resizes to, PNG through Pillow -- the same checks and errors as the CPU stage.
 The decoded images of one call are packed into a pinned staging buffer, copied to the
-device in one asynchronous copy, resized (bilinear, the runtime's ``resize_bilinear``
-kernel) and centre-cropped into one uint8 batch at the model's input size. Normalization
+device in one asynchronous copy, resized (the runtime's ``resize_bilinear`` kernel with
+Pillow's antialiasing filter, so it agrees with the CPU stage) and centre-cropped into one
+uint8 batch at the model's input size. Normalization
 stays fused into the model's first kernel on the inference GPU: uint8 is half the bytes
 of float16 on the wire.
 """
@@ -158,7 +159,9 @@ class PreprocessGpuCore:
         if (h, w) == (rh, rw):
             tmp = src[None]
         else:
-            plan = self.resize.prepare(TensorSpec((1, h, w, c), "uint8"), size=(rh, rw))
+            plan = self.resize.prepare(
+                TensorSpec((1, h, w, c), "uint8"), size=(rh, rw), antialias=True
+            )
             tmp = dst[None] if t.fit == "stretch" else cupy.empty((1, rh, rw, c), cupy.uint8)
             self.resize.commit(plan, [src[None]], [tmp], None, self.stream)
             if t.fit == "stretch":

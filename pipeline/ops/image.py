@@ -57,6 +57,41 @@ extern "C" __global__ void resize_bilinear_u8(const unsigned char* __restrict__ 
     y[i] = (unsigned char)fminf(fmaxf(floorf(v + 0.5f), 0.f), 255.f);
   }
 }
+
+// Pillow's BILINEAR: a triangle filter widened by the scale when shrinking (antialiased),
+// weights normalized over the window, both axes in one pass (float, not uint8, in between).
+extern "C" __global__ void resize_aa_u8(const unsigned char* __restrict__ x,
+    unsigned char* __restrict__ y, long long total, int H, int W, int C, int OH, int OW,
+    float sy, float sx) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+       i += (long long)gridDim.x * blockDim.x) {
+    int c = (int)(i % C);
+    long long t = i / C;
+    int ox = (int)(t % OW); t /= OW;
+    int oy = (int)(t % OH);
+    long long n = t / OH;
+    float fy = fmaxf(sy, 1.f), fx = fmaxf(sx, 1.f);
+    float cy = (oy + 0.5f) * sy, cx = (ox + 0.5f) * sx;
+    int y0 = max((int)(cy - fy + 0.5f), 0), y1 = min((int)(cy + fy + 0.5f), H);
+    int x0 = max((int)(cx - fx + 0.5f), 0), x1 = min((int)(cx + fx + 0.5f), W);
+    const unsigned char* b = x + n * (long long)H * W * C;
+    float acc = 0.f, wys = 0.f, wxs = 0.f;
+    for (int xx = x0; xx < x1; ++xx) wxs += fmaxf(0.f, 1.f - fabsf((xx - cx + 0.5f) / fx));
+    for (int yy = y0; yy < y1; ++yy) {
+      float wy = fmaxf(0.f, 1.f - fabsf((yy - cy + 0.5f) / fy));
+      if (wy == 0.f) continue;
+      float row = 0.f;
+      for (int xx = x0; xx < x1; ++xx) {
+        float wx = fmaxf(0.f, 1.f - fabsf((xx - cx + 0.5f) / fx));
+        row += wx * b[((long long)yy * W + xx) * C + c];
+      }
+      acc += wy * row;
+      wys += wy;
+    }
+    float v = acc / (wys * wxs);
+    y[i] = (unsigned char)fminf(fmaxf(floorf(v + 0.5f), 0.f), 255.f);
+  }
+}
 """
 
 
@@ -186,22 +221,26 @@ class ResizeBilinear(Op):
         if oh < 1 or ow < 1 or oh > 16384 or ow > 16384:
             raise InvalidInput("resize_bilinear: size out of range [1, 16384]", size=(oh, ow))
         n, h, w, c = x.shape
+        aa = bool(attrs.get("antialias", False))
         out = TensorSpec((n, oh, ow, c), "uint8")
+        taps = (2 * max(1.0, h / oh) + 1) * (2 * max(1.0, w / ow) + 1) if aa else 4
         return OpPlan(
             self.name,
             specs,
             (out,),
             0,
-            flops=out.size * 8,
+            flops=int(out.size * 2 * taps),
             bytes_moved=x.nbytes + out.nbytes,
-            attrs=(("size", (oh, ow)),),
-            detail=(oh, ow),
+            attrs=(("size", (oh, ow)), ("antialias", aa)),
+            detail=(oh, ow, aa),
         )
 
     def _run_host(
         self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any
     ) -> None:
-        outputs[0][...] = resize_bilinear_reference(inputs[0], *plan.detail)
+        oh, ow, aa = plan.detail
+        ref = resize_antialias_reference if aa else resize_bilinear_reference
+        outputs[0][...] = ref(inputs[0], oh, ow)
 
     def _run_cuda(
         self,
@@ -213,8 +252,8 @@ class ResizeBilinear(Op):
     ) -> None:
         x, y = inputs[0], outputs[0]
         n, h, w, c = x.shape
-        oh, ow = plan.detail
-        kern = _cuda.kernel(SOURCE, "resize_bilinear_u8", "float32")
+        oh, ow, aa = plan.detail
+        kern = _cuda.kernel(SOURCE, "resize_aa_u8" if aa else "resize_bilinear_u8", "float32")
         total = int(y.size)
         _cuda.launch(
             kern,
@@ -253,6 +292,28 @@ def resize_bilinear_reference(x: np.ndarray, oh: int, ow: int) -> np.ndarray:
     bot = xf[:, y1][:, :, x0] * (1 - wx_) + xf[:, y1][:, :, x1] * wx_
     wy_ = wy[None, :, None, None]
     v = top * (1 - wy_) + bot * wy_
+    return np.clip(np.floor(v + 0.5), 0, 255).astype(np.uint8)
+
+
+def _aa_weights(size: int, out: int) -> np.ndarray:
+    """[out, size] weights of Pillow's antialiased bilinear filter along one axis."""
+    scale = size / out
+    fs = max(scale, 1.0)
+    centre = (np.arange(out, dtype=np.float64) + 0.5) * scale
+    lo = np.maximum((centre - fs + 0.5).astype(np.int64), 0)
+    hi = np.minimum((centre + fs + 0.5).astype(np.int64), size)
+    j = np.arange(size, dtype=np.float64)[None, :]
+    w = np.maximum(0.0, 1.0 - np.abs((j - centre[:, None] + 0.5) / fs))
+    w[(j < lo[:, None]) | (j >= hi[:, None])] = 0.0
+    return w / w.sum(axis=1, keepdims=True)
+
+
+def resize_antialias_reference(x: np.ndarray, oh: int, ow: int) -> np.ndarray:
+    """numpy antialiased bilinear resize of uint8 [N, H, W, C] (Pillow's filter)."""
+    wy = _aa_weights(x.shape[1], oh)
+    wx = _aa_weights(x.shape[2], ow)
+    v = np.einsum("oh,nhwc->nowc", wy, x.astype(np.float64), optimize=True)
+    v = np.einsum("nowc,pw->nopc", v, wx, optimize=True)
     return np.clip(np.floor(v + 0.5), 0, 255).astype(np.uint8)
 
 

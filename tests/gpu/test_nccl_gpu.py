@@ -105,8 +105,10 @@ def test_every_dtype_and_size_arrives_bit_exact_in_order_over_nvlink(ray2, peers
     ga, gb = GET([a.gpu.remote(), b.gpu.remote()])
     assert (ga["uuid"], ga["visible"]) != (gb["uuid"], gb["visible"])  # two different GPUs
     _exchange(ray2, a, b)
+    # in order: every receive got its own payload (sizes and bytes differ per sequence
+    # number), so the receives were matched with the sends in sequence order
     received = GET(b.received.remote())
-    assert [g["seq"] for g in received] == sorted(g["seq"] for g in received)  # in order
+    assert len(received) == 2 * len(CASES) and all(g["ok"] for g in received)
 
 
 def test_the_same_over_nccls_socket_transport(ray2, peers, tmp_path):
@@ -148,22 +150,31 @@ def test_killed_receiver_gives_sender_transport_error_in_time_then_new_link_work
 
 
 def test_a_lost_envelope_times_out_then_the_link_is_rebuilt(ray2, peers):
-    """The receiver lives but never gets envelope 0: the sender aborts at the deadline, the
-    receiver refuses what came before the abort, and the next send opens generation 1."""
-    a, b = peers(timeout_s=3.0), peers(timeout_s=3.0)
+    """Envelope 2 never reaches the receiver. Envelope 3 waits for it and fails at the
+    deadline, aborting the receiver's end; the sender's next large send cannot complete and
+    fails at its deadline, aborting its end; the send after that opens generation 1."""
+    timeout = 3.0
+    a, b = peers(timeout_s=timeout), peers(timeout_s=timeout)
     b_id = GET(b.endpoint_id.remote())
     first = GET(a.send.remote(b_id, CASES[:2]))
     assert all(g["ok"] for g in GET([b.take.remote(e) for e in first]))
-    lost = GET(a.send.remote(b_id, [CASES[9]]))  # 64 MB: more than NCCL buffers eagerly
+    GET(a.send.remote(b_id, [CASES[2]]))  # lost: never given to b
+    nxt = GET(a.send.remote(b_id, [CASES[3]]))
     t0 = time.monotonic()
-    status = GET(a.wait.remote(b_id, lost))
-    assert status[0].startswith("TransportError") and time.monotonic() - t0 < 6.0, status
+    with pytest.raises(Exception, match="TransportError"):
+        GET(b.take.remote(nxt[0]))
+    assert time.monotonic() - t0 < timeout + 3.0
+    big = GET(a.send.remote(b_id, [CASES[10]]))  # 512 MB: cannot complete without a receiver
+    t0 = time.monotonic()
+    status = GET(a.wait.remote(b_id, big))
+    assert status[0].startswith("TransportError"), status
+    assert time.monotonic() - t0 < timeout + 3.0
     again = GET(a.send.remote(b_id, CASES[:4]))
     assert again[0].token.generation == 1
     got = GET([b.take.remote(e) for e in again], 60)
     assert all(g["ok"] for g in got)
-    with pytest.raises(Exception, match="stale envelope"):  # the lost one, late
-        GET(b.take.remote(lost[0]))
+    with pytest.raises(Exception, match="stale envelope"):  # generation 0, late
+        GET(b.take.remote(nxt[0]))
 
 
 def test_gpu_preprocessing_on_one_gpu_feeds_inference_on_the_other(ray2):
@@ -236,5 +247,5 @@ def test_gpu_preprocessing_on_one_gpu_feeds_inference_on_the_other(ray2):
     agree = float(np.mean(gpu_pred == np.array(cpu_pred)))
     acc = float(np.mean(gpu_pred == yte[:n]))
     print(f"GPU preprocessing: agreement with the CPU path {agree:.3f}, accuracy {acc:.3f}")
-    assert agree >= 0.97, agree
+    assert agree >= 0.98, agree
     assert acc >= 0.95, acc

@@ -175,6 +175,10 @@ def test_image_ops_gpu(dtype):
     got = on_gpu(RESIZE_BILINEAR, img, size=(24, 17))[0]
     ref = on_host(RESIZE_BILINEAR, img, size=(24, 17))[0]
     assert np.abs(got.astype(int) - ref.astype(int)).max() <= 1
+    for size in ((24, 17), (5, 3), (70, 90)):  # the antialiased filter: shrink and grow
+        got = on_gpu(RESIZE_BILINEAR, img, size=size, antialias=True)[0]
+        ref = on_host(RESIZE_BILINEAR, img, size=size, antialias=True)[0]
+        assert np.abs(got.astype(int) - ref.astype(int)).max() <= 1
 
 
 def test_pinned_ring_on_the_device():

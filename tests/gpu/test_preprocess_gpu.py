@@ -47,8 +47,8 @@ def test_gpu_batch_matches_cpu_decode_for_photos_jpeg_and_png():
     for i, (b, ct) in enumerate(blobs):
         want = decode(b, ct, target, 1 << 30)
         diff = np.abs(got[i].astype(np.int16) - want.astype(np.int16))
-        # GPU bilinear has no antialiasing filter and Pillow's has: close, not equal
-        assert diff.mean() < 4.0, (i, diff.mean())
+        # the same filter as Pillow's; Pillow rounds to uint8 between its two passes
+        assert diff.mean() < 0.5 and np.percentile(diff, 99.9) <= 2, (i, diff.mean(), diff.max())
     core.close()
 
 
@@ -65,6 +65,7 @@ def test_gpu_batch_of_digits_stretch_and_more_images_than_slots():
     target = model_info("digits").target()
     want = np.stack([decode(encode_png(x), "image/png", target, 1 << 20) for x in big])
     assert out.shape == want.shape == (200, target.height, target.width, 1)
-    assert np.abs(out.astype(np.int16) - want).mean() < 4.0
+    diff = np.abs(out.astype(np.int16) - want)
+    assert diff.mean() < 0.5 and diff.max() <= 2, (diff.mean(), diff.max())
     assert core.ring.available() >= 0
     core.close()

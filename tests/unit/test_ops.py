@@ -291,3 +291,21 @@ def test_reshape_view_and_checks():
     np.testing.assert_array_equal(y, x.reshape(2, 12))
     with pytest.raises(InvalidInput):
         RESHAPE.prepare(TensorSpec((2, 3, 4), "float32"), shape=(5, -1))
+
+
+@pytest.mark.parametrize(
+    "src, size", [((300, 451), (256, 384)), ((64, 64), (8, 8)), ((9, 13), (20, 30))]
+)
+def test_antialiased_resize_matches_pillow(src, size):
+    """The GPU preprocessing filter: Pillow's BILINEAR (antialiased when shrinking)."""
+    from PIL import Image
+
+    from pipeline.ops.image import RESIZE_BILINEAR
+
+    rng = np.random.default_rng(3)
+    img = rng.integers(0, 256, (*src, 3), dtype=np.uint8)
+    img[: src[0] // 2] = 255 - img[: src[0] // 2] // 4  # structure, not only noise
+    want = np.asarray(Image.fromarray(img).resize(size[::-1], Image.BILINEAR)).astype(np.int16)
+    (got,) = eager(RESIZE_BILINEAR, img[None], size=size, antialias=True)
+    diff = np.abs(got[0].astype(np.int16) - want)
+    assert diff.max() <= 2 and diff.mean() < 0.5, (diff.max(), diff.mean())
