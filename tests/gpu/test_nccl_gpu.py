@@ -246,6 +246,10 @@ def test_gpu_preprocessing_on_one_gpu_feeds_inference_on_the_other(ray2):
         serve.shutdown()
     agree = float(np.mean(gpu_pred == np.array(cpu_pred)))
     acc = float(np.mean(gpu_pred == yte[:n]))
-    print(f"GPU preprocessing: agreement with the CPU path {agree:.3f}, accuracy {acc:.3f}")
+    cpu_acc = float(np.mean(np.array(cpu_pred) == yte[:n]))
+    print(
+        f"GPU preprocessing: agreement with the CPU path {agree:.3f}, "
+        f"accuracy {acc:.3f} (CPU path {cpu_acc:.3f}) on 2x-upscaled digits"
+    )
     assert agree >= 0.98, agree
-    assert acc >= 0.95, acc
+    assert acc >= cpu_acc - 0.01 and acc >= 0.9, (acc, cpu_acc)
