@@ -88,6 +88,7 @@ class InferenceCore:
             )
             self.receivers["nccl"] = self.endpoint.receiver("preprocess->inference")
             self.to["endpoint"] = self.endpoint.id
+            self.to["gpu"] = self.endpoint.gpu
         self.recv_pool = ThreadPoolExecutor(4, thread_name_prefix="ferry-recv")
         logger.info("GPU preprocessing hands batches over by %s", kind)
 

@@ -70,6 +70,7 @@ class PreprocessGpuCore:
             self.endpoint = NcclEndpoint(self.backend.device_id, timeout_s=t.timeout_s)
         self.os_tx = ObjectStoreSender("preprocess->inference")
         self._senders: dict[str, Any] = {}
+        self._same_gpu_warned = False
         self._inflight: deque = deque()  # (event, slot) of uploads not yet known complete
 
     # ------------------------------------------------------------------ decode (CPU threads)
@@ -188,6 +189,15 @@ class PreprocessGpuCore:
             from pipeline.errors import TransportError
 
             raise TransportError("NCCL is not available in this preprocess replica")
+        if to.get("gpu") == self.endpoint.gpu:  # both replicas share this GPU: NCCL can't
+            if not self._same_gpu_warned:
+                self._same_gpu_warned = True
+                logger.warning(
+                    "preprocess and inference share GPU %s; NCCL needs two devices, "
+                    "so batches go by the object store",
+                    self.endpoint.gpu,
+                )
+            return self.os_tx
         dst = to["endpoint"]
         s = self._senders.get(dst)
         if s is None:

@@ -79,6 +79,17 @@ def nccl_type(dtype: Any) -> int:
     return int(getattr(nccl, NCCL_TYPES[name]))
 
 
+def device_uuid(device: int) -> str:
+    """The physical GPU behind a device ordinal (ordinals differ between processes)."""
+    import cupy
+
+    props = cupy.cuda.runtime.getDeviceProperties(device)
+    uuid_ = props.get("uuid", b"")
+    if isinstance(uuid_, bytes) and uuid_:
+        return uuid_.hex()
+    return f"pci-{props.get('pciDomainID', 0)}-{props['pciBusID']}-{props.get('pciDeviceID', 0)}"
+
+
 # --------------------------------------------------------------------------- rendezvous
 
 
@@ -388,6 +399,7 @@ class NcclEndpoint:
         self.id = (
             name or f"{os.uname().nodename}-{os.getpid()}-gpu{self.device}-{uuid.uuid4().hex[:6]}"
         )
+        self.gpu = device_uuid(self.device)  # NCCL cannot link two ranks on one GPU
         self._lock = threading.Lock()
         self._out: dict[str, Link] = {}  # by receiver id
         self._in: dict[str, Link] = {}  # by sender id

@@ -35,3 +35,24 @@ def test_tensors_cross_nodes_intact_in_order_none_lost():
     assert len(got) == len(sent) == 24  # none lost
     assert [g["seq"] for g in got] == list(range(24))  # in order
     assert got == sent  # intact: same shape, dtype and bytes
+
+
+def test_nccl_rendezvous_actor_hands_each_id_over_once(ray_cluster):
+    """The named actor that carries NCCL unique ids from the sending end to the receiving
+    end (pure Ray: no GPU needed)."""
+    import ray
+
+    from pipeline.transport.nccl import RENDEZVOUS_NAME, RENDEZVOUS_NAMESPACE, rendezvous
+
+    rv = rendezvous()
+    assert ray.get_actor(RENDEZVOUS_NAME, namespace=RENDEZVOUS_NAMESPACE) is not None
+    waiting = rv.fetch.remote("a->b#0", 10.0)  # the receiver may ask first
+    uid = tuple(range(128))
+    ray.get(rv.publish.remote("a->b#0", uid))
+    assert ray.get(waiting, timeout=15) == uid
+    assert ray.get(rendezvous().fetch.remote("a->b#0", 0.2)) is None  # taken once
+    assert ray.get(rv.fetch.remote("never->published#0", 0.2)) is None  # times out
+    ray.get(rv.publish.remote("a->b#1", uid))
+    assert ray.get(rv.pending.remote()) == 1
+    assert ray.get(rv.fetch.remote("a->b#1", 1.0)) == uid
+    assert ray.get(rv.pending.remote()) == 0

@@ -88,3 +88,29 @@ def test_deployment_options_map_to_serve():
         "num_gpus": 0.5,
         "runtime_env": {"env_vars": {"A": "1"}},
     }
+
+
+def test_gpu_preprocessing_needs_a_gpu_share_and_wires_inference_to_it():
+    from deployments.app import build
+
+    with pytest.raises(ValidationError, match="num_gpus is 0.0"):
+        PipelineConfig.model_validate({"preprocess": {"device": "gpu"}})
+    with pytest.raises(ValidationError):
+        PipelineConfig.model_validate({"transport": {"preprocess_to_inference": "carrier pigeon"}})
+    with pytest.raises(ValidationError):
+        PipelineConfig.model_validate({"transport": {"timeout_s": 0}})
+    cfg = PipelineConfig.model_validate(
+        {
+            "preprocess": {"device": "gpu"},
+            "preprocess_deployment": {"num_gpus": 0.5},
+            "transport": {"preprocess_to_inference": "nccl", "timeout_s": 5},
+        }
+    )
+    ingress = build(cfg)._bound_deployment
+    pre, inf = ingress.init_args[1], ingress.init_args[2]
+    assert pre is None  # the ingress sends encoded images to inference, which drives PreprocessGPU
+    gpu_pre = inf._bound_deployment.init_args[1]._bound_deployment
+    assert gpu_pre.name == "PreprocessGPU"
+    assert gpu_pre.ray_actor_options["num_gpus"] == 0.5
+    plain = build(PipelineConfig())._bound_deployment
+    assert plain.init_args[1]._bound_deployment.name == "Preprocess"

@@ -68,3 +68,17 @@ def test_envelopes_pickle_and_receivers_refuse_other_transports():
     assert back == env and back.nbytes == 16
     with pytest.raises(TransportError):
         ObjectStoreReceiver("c").recv(env)
+
+
+def test_nccl_dtype_table_refuses_what_nccl_cannot_carry():
+    from pipeline.transport.base import DTYPES
+    from pipeline.transport.nccl import NCCL_TYPES, NcclToken, nccl_type
+
+    assert set(NCCL_TYPES) == set(DTYPES)
+    for bad in ("int16", "complex64", "uint16"):
+        with pytest.raises(InvalidInput) as info:
+            nccl_type(bad)
+        assert info.value.fields["dtype"] == bad and "float16" in info.value.fields["supported"]
+    env = Envelope("c", "nccl", 3, (2, 2), "float16", {"k": 1}, NcclToken("a", "b", 4))
+    back = pickle.loads(pickle.dumps(env))
+    assert back.token == NcclToken("a", "b", 4) and back.nbytes == 8
