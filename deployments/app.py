@@ -55,16 +55,18 @@ def build(config: PipelineConfig) -> serve.Application:
     def opts(d) -> dict:
         return {**d.serve_options(), "logging_config": log}
 
+    pre = post = None
     if config.preprocess.device == "gpu":  # inference calls it and receives the batch
         from .preprocess_gpu import PreprocessGPU
 
         gpu_pre = PreprocessGPU.options(**opts(config.preprocess_deployment)).bind(raw)
-        pre = None
         inf = Inference.options(**opts(config.inference_deployment)).bind(raw, gpu_pre)
     else:
-        pre = Preprocess.options(**opts(config.preprocess_deployment)).bind(raw)
+        if not config.fusion.preprocess_in_ingress:
+            pre = Preprocess.options(**opts(config.preprocess_deployment)).bind(raw)
         inf = Inference.options(**opts(config.inference_deployment)).bind(raw)
-    post = Postprocess.options(**opts(config.postprocess_deployment)).bind(raw)
+    if not config.fusion.postprocess_in_inference:
+        post = Postprocess.options(**opts(config.postprocess_deployment)).bind(raw)
     return Ingress.options(**opts(config.ingress_deployment)).bind(raw, pre, inf, post)
 
 

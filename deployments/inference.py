@@ -25,7 +25,7 @@ from pipeline.config import PipelineConfig
 from pipeline.errors import FerryError, ModelNotFound
 from pipeline.executor import GpuExecutor
 
-from .messages import RequestMeta, Rows
+from .messages import PostSpec, RequestMeta, Rows
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +63,11 @@ class InferenceCore:
             None if b.default_deadline_ms is None else b.default_deadline_ms / 1e3
         )
         self._pool_reported = 0.0
+        self.post = None
+        if config.fusion.postprocess_in_inference:
+            from .postprocess import PostprocessCore
+
+            self.post = PostprocessCore(config)
         self._init_transport()
         self.ready = True
 
@@ -108,17 +113,15 @@ class InferenceCore:
             pause = min(pause * 2, 1e-3)
         return posted.wait()[0][0]
 
-    async def run_encoded(
-        self, model: str, items: list[tuple[bytes, str | None]], meta: list[RequestMeta]
-    ) -> Rows:
-        """Encoded images: PreprocessGPU makes the batch and sends it here, then as ``run``."""
+    async def preprocess_here(self, model: str, items: list[tuple[bytes, str | None]]) -> Rows:
+        """Encoded images: PreprocessGPU makes the batch and sends it here (on this GPU)."""
         if self.preprocess_gpu is None:
             raise FerryError("this inference replica has no GPU preprocessing stage")
         images = await self.preprocess_gpu.remote(model, items, self.to)
         if images.envelope is not None:
             images.data = await self._recv(images.envelope)
             images.envelope = None
-        return await self.run(model, images, meta)
+        return images
 
     def _on_batch(self, batch: Batch) -> None:
         metrics.observe_batch(batch.key, len(batch))
@@ -210,6 +213,18 @@ class InferenceCore:
             random_weights=self.random[model],
         )
 
+    async def answer(
+        self, model: str, images: Rows, meta: list[RequestMeta], specs: list[PostSpec] | None
+    ) -> Rows | list[Any]:
+        """``run``, then -- when postprocessing is fused in here and the caller sent its
+        specs -- the answers themselves (softmax and top-k in a worker thread)."""
+        logits = await self.run(model, images, meta)
+        if specs is None:
+            return logits
+        if self.post is None:
+            raise FerryError("postprocessing is not fused into this inference replica")
+        return await asyncio.to_thread(self.post.run, model, logits, specs)
+
     def status(self) -> dict[str, Any]:
         s = self.executor.stats()
         s["queue_depth"] = len(self.scheduler.queue)
@@ -223,13 +238,24 @@ class Inference:
     def __init__(self, config: dict[str, Any], preprocess_gpu: Any = None) -> None:
         self.core = InferenceCore(PipelineConfig.model_validate(config), preprocess_gpu)
 
-    async def __call__(self, model: str, images: Rows, meta: list[RequestMeta]) -> Rows:
-        return await self.core.run(model, images, meta)
+    async def __call__(
+        self,
+        model: str,
+        images: Rows,
+        meta: list[RequestMeta],
+        specs: list[PostSpec] | None = None,
+    ) -> Rows | list[Any]:
+        return await self.core.answer(model, images, meta, specs)
 
     async def encoded(
-        self, model: str, items: list[tuple[bytes, str | None]], meta: list[RequestMeta]
-    ) -> Rows:
-        return await self.core.run_encoded(model, items, meta)
+        self,
+        model: str,
+        items: list[tuple[bytes, str | None]],
+        meta: list[RequestMeta],
+        specs: list[PostSpec] | None = None,
+    ) -> Rows | list[Any]:
+        images = await self.core.preprocess_here(model, items)
+        return await self.core.answer(model, images, meta, specs)
 
     async def status(self) -> dict[str, Any]:
         return self.core.status()

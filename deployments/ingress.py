@@ -8,6 +8,10 @@ gives every request an id, and coalesces the requests that arrive within
 ``coalesce_window_ms`` into one downstream call: preprocess -> inference -> postprocess,
 chained as DeploymentResponses, so images and tensors go from stage to stage through the
 object store and never come back through this process. Only the small answers do.
+
+``fusion`` folds stages into their neighbours (decode here, answers from the inference
+replica): fewer hops per call. With ``preprocess.device: gpu`` the inference replica
+drives the GPU preprocess stage itself.
 """
 
 import asyncio
@@ -39,6 +43,7 @@ from pipeline.models.registry import model_info
 
 from . import v2
 from .messages import PostSpec, RequestMeta, Rows
+from .preprocess import PreprocessCore
 
 logger = logging.getLogger(__name__)
 app = FastAPI(
@@ -228,6 +233,10 @@ class Ingress:
     ) -> None:
         self.cfg = PipelineConfig.model_validate(config)
         self.pre, self.inf, self.post = preprocess, inference, postprocess
+        self.gpu_pre = self.cfg.preprocess.device == "gpu"
+        self.pre_core = None
+        if self.cfg.fusion.preprocess_in_ingress:  # decode in this replica's threads
+            self.pre_core = PreprocessCore(self.cfg)
         self.models = {m.name: m for m in self.cfg.models}
         self.info = {m.name: model_info(m.arch) for m in self.cfg.models}
         ic = self.cfg.ingress
@@ -259,13 +268,18 @@ class Ingress:
         t_send = time.perf_counter()
         encoded = [(d, ct) for d, ct, *_ in items]
         meta = [it[3] for it in items]
-        if self.pre is None:  # GPU preprocessing: the inference replica drives it
-            inf = self.inf.encoded.remote(model, encoded, meta)
+        specs = [PostSpec("classify", top_k=it[2]) for it in items]
+        fused = specs if self.post is None else None  # inference answers itself
+        if self.gpu_pre:  # GPU preprocessing: the inference replica drives it
+            inf = self.inf.encoded.remote(model, encoded, meta, fused)
+        elif self.pre_core is not None:
+            rows = await self.pre_core.run(model, encoded)
+            t_send = time.perf_counter()
+            inf = self.inf.remote(model, rows, meta, fused)
         else:
             pre = self.pre.remote(model, encoded)
-            inf = self.inf.remote(model, pre, meta)  # pre goes by reference
-        post = self.post.remote(model, inf, [PostSpec("classify", top_k=it[2]) for it in items])
-        return await self._answers(post, t_send)
+            inf = self.inf.remote(model, pre, meta, fused)  # pre goes by reference
+        return await self._answers(inf if fused else self.post.remote(model, inf, specs), t_send)
 
     async def _v2_group(self, model: str, items: list[tuple]) -> list[Any]:
         import numpy as np
@@ -274,9 +288,10 @@ class Ingress:
         arrays = [it[0] for it in items]
         owner = [i for i, a in enumerate(arrays) for _ in range(len(a))]
         rows = Rows(len(items), np.concatenate(arrays), owner)
-        inf = self.inf.remote(model, rows, [it[1] for it in items])
-        post = self.post.remote(model, inf, [it[2] for it in items])
-        return await self._answers(post, t_send)
+        specs = [it[2] for it in items]
+        fused = specs if self.post is None else None
+        inf = self.inf.remote(model, rows, [it[1] for it in items], fused)
+        return await self._answers(inf if fused else self.post.remote(model, inf, specs), t_send)
 
     @staticmethod
     async def _answers(post: Any, t_send: float) -> list[Any]:

@@ -181,6 +181,19 @@ class TransportConfig(_Strict):
     """Size of each; a call whose decoded images do not fit is uploaded in parts."""
 
 
+class FusionConfig(_Strict):
+    """Stages that run inside a neighbour instead of a deployment of their own. Each saves
+    one Serve hop per coalesced call -- a hop costs CPU in the caller, the callee and Serve's
+    router, and on a GPU node the CPUs run out in the hops before the GPU is busy."""
+
+    preprocess_in_ingress: bool = False
+    """Decode and resize in the ingress replicas' thread pools (``preprocess.threads`` each);
+    no Preprocess deployment. Scale ``ingress_deployment`` for the decode work instead."""
+    postprocess_in_inference: bool = False
+    """Softmax, top-k and the answers in the inference replica (a worker thread); no
+    Postprocess deployment."""
+
+
 class PipelineConfig(_Strict):
     """A whole Ferry application: models, executor, batching and the four stages."""
 
@@ -196,6 +209,7 @@ class PipelineConfig(_Strict):
     ingress: IngressConfig = Field(default_factory=IngressConfig)
     preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
     transport: TransportConfig = Field(default_factory=TransportConfig)
+    fusion: FusionConfig = Field(default_factory=FusionConfig)
     ingress_deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
     preprocess_deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
     inference_deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
@@ -218,6 +232,10 @@ class PipelineConfig(_Strict):
         if mb > self.executor.buckets[-1]:
             raise ValueError(
                 f"batching.max_batch_size ({mb}) exceeds the largest bucket ({self.executor.buckets[-1]})"
+            )
+        if self.preprocess.device == "gpu" and self.fusion.preprocess_in_ingress:
+            raise ValueError(
+                "fusion.preprocess_in_ingress and preprocess.device 'gpu' exclude each other"
             )
         if self.preprocess.device == "gpu" and self.preprocess_deployment.num_gpus <= 0:
             raise ValueError(
