@@ -33,8 +33,10 @@ from loadtest.run import start_app, stop_app  # noqa: E402
 
 FERRY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
 FERRY_CONFIG = os.path.join(ROOT, "benchmarks", "configs", "ferry_e2e.yaml")
+FERRY_FUSED_CONFIG = os.path.join(ROOT, "benchmarks", "configs", "ferry_e2e_fused.yaml")
 SYSTEMS: dict[str, dict[str, Any]] = {
     "ferry": {"kind": "ferry", "env": FERRY_ENV},
+    "ferry_fused": {"kind": "ferry", "env": FERRY_ENV, "fused": True},
     "ferry_naive": {"kind": "ferry", "env": FERRY_ENV, "naive": True},
     "rayserve_batch_1rep": {"kind": "peer", "replicas": 1, "env": {}},
     "rayserve_batch_4rep": {"kind": "peer", "replicas": 4, "env": {}},
@@ -59,6 +61,9 @@ def serve_config(name: str, spec: dict[str, Any]) -> str:
             cfg = yaml.safe_load(f)
         if spec.get("naive"):
             cfg["applications"][0]["args"]["config"]["executor"]["mode"] = "naive"
+        if spec.get("fused"):  # decode in the ingress, answers from inference: 1 hop a call
+            with open(FERRY_FUSED_CONFIG) as f:
+                cfg = yaml.safe_load(f)
     else:
         cfg = {
             "proxy_location": "EveryNode",

@@ -114,3 +114,18 @@ def test_gpu_preprocessing_needs_a_gpu_share_and_wires_inference_to_it():
     assert gpu_pre.ray_actor_options["num_gpus"] == 0.5
     plain = build(PipelineConfig())._bound_deployment
     assert plain.init_args[1]._bound_deployment.name == "Preprocess"
+
+
+@pytest.mark.parametrize("name", ["ferry_e2e.yaml", "ferry_e2e_fused.yaml"])
+def test_benchmark_serve_configs_validate(name):
+    from ray.serve.schema import ServeDeploySchema
+
+    raw = _load(os.path.join("benchmarks", "configs", name))
+    ServeDeploySchema.model_validate(raw)
+    cfg = PipelineConfig.model_validate(raw["applications"][0]["args"]["config"])
+    assert cfg.executor.backend == "cupy"
+    cpus = cfg.ingress_deployment.num_cpus * cfg.ingress_deployment.num_replicas
+    cpus += cfg.inference_deployment.num_cpus
+    if not cfg.fusion.preprocess_in_ingress:
+        cpus += cfg.preprocess_deployment.num_cpus * cfg.preprocess_deployment.num_replicas
+    assert cpus <= 14  # leaves the 16-core GPU node room for HAProxy and the load generator
