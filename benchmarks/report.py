@@ -122,6 +122,92 @@ def e2e_section(e2e: dict) -> list[str]:
     return lines
 
 
+def fused_section(e2e: dict) -> list[str]:
+    rows = e2e["rows"]
+    lines = [
+        f"Machine: {e2e['machine']}; {e2e['date']}. Image: {e2e['image']}. One run, 20 s per "
+        "level; `ferry_fused` is `benchmarks/configs/ferry_e2e_fused.yaml` (decode in 9 ingress "
+        "replicas, answers from the inference replica: one Serve hop per call instead of three).",
+        "",
+        md_table(
+            rows,
+            [
+                ("system", "system"),
+                ("clients", "clients"),
+                ("img/s", "img_s"),
+                ("p50 ms", "p50_ms"),
+                ("p99 ms", "p99_ms"),
+                ("errors", "errors"),
+            ],
+        ),
+    ]
+    peak = {}
+    for r in rows:
+        peak[r["system"]] = max(peak.get(r["system"], 0.0), r["img_s"])
+    if len(peak) == 2:
+        a, b = list(peak)
+        lines += [
+            "",
+            f"Peak: {a} {peak[a]:,.0f}, {b} {peak[b]:,.0f} img/s: {peak[a] / peak[b]:.2f}x.",
+        ]
+    bd = e2e.get("ferry_breakdown", {})
+    keys = ["ingress", "preprocess", "queue", "gpu", "postprocess", "hops", "total"]
+    if bd:
+        lines += ["", "| ferry_fused clients | " + " | ".join(keys) + " |"]
+        lines.append("|" + "---|" * (len(keys) + 1))
+        for k in sorted(bd, key=lambda x: int(x.split("@")[1])):
+            lines.append(
+                f"| {k.split('@')[1]} | "
+                + " | ".join(f"{bd[k].get(x, 0):.1f}" for x in keys)
+                + " |"
+            )
+    notes = os.path.join(RES, "e2e_fused_notes.md")
+    if os.path.exists(notes):
+        lines += ["", open(notes).read().strip()]
+    return lines
+
+
+def transport_section(tr: dict) -> list[str]:
+    lines = [f"{tr['machine']}; {tr['date']}. {tr['method']}.", ""]
+    mb = 1 << 20
+    rows = [{**r, "MB": r["bytes"] // mb} for r in tr["rows"]]
+    for r in rows:
+        r["gb_s_1"] = r.get("gb_s_one_envelope_per_call", "")
+    lines.append(
+        md_table(
+            rows,
+            [
+                ("path", "path"),
+                ("MB", "MB"),
+                ("GB/s", "gb_s"),
+                ("GB/s, 1 envelope a call", "gb_s_1"),
+                ("p50 us", "p50_us"),
+                ("p99 us", "p99_us"),
+            ],
+        )
+    )
+    lines += [
+        "",
+        "| MB | Ferry NCCL / raw NCCL | Ferry NCCL / object store | Ferry NCCL socket / object store |",
+    ]
+    lines.append("|---|---|---|---|")
+    for r in tr["ratios"]:
+        lines.append(
+            f"| {r['bytes'] // mb} | {r['ferry_nccl_vs_raw']:.2f}x | "
+            f"{r['ferry_nccl_vs_object_store']:.1f}x | {r['ferry_nccl_socket_vs_object_store']:.1f}x |"
+        )
+    lines += [
+        "",
+        "Goals: "
+        + "; ".join(f"{k}: {'met' if v else 'missed'}" for k, v in tr["goals"].items())
+        + ".",
+    ]
+    notes = os.path.join(RES, "transport_notes.md")
+    if os.path.exists(notes):
+        lines += ["", open(notes).read().strip()]
+    return lines
+
+
 def main() -> int:
     out = [
         "# Benchmark results",
@@ -143,6 +229,22 @@ def main() -> int:
         notes = os.path.join(HERE, "results", "e2e_notes.md")
         if os.path.exists(notes):
             out += [open(notes).read().strip(), ""]
+    fused = load("e2e_fused.json")
+    if fused:
+        out += [
+            "## Fused stages, end to end (`bench_e2e.py --systems ferry_fused,...`)",
+            "",
+            *fused_section(fused),
+            "",
+        ]
+    tr = load("transport.json")
+    if tr:
+        out += [
+            "## Tensors between two GPUs (`bench_transport.py`)",
+            "",
+            *transport_section(tr),
+            "",
+        ]
     eng = load("engine.json")
     if eng:
         out += [
