@@ -27,6 +27,29 @@ from .messages import Rows
 logger = logging.getLogger(__name__)
 
 
+async def decode_all(
+    pool: ThreadPoolExecutor, decode_one: Any, model: str, items: list[tuple[bytes, str | None]]
+) -> tuple[list[np.ndarray], list[int], dict[int, FerryError]]:
+    """Decode every item in ``pool``: the images, which request each is, and the errors of
+    the requests that failed (one bad image never fails its neighbours)."""
+    loop = asyncio.get_running_loop()
+    futs = [loop.run_in_executor(pool, decode_one, model, data, ct) for data, ct in items]
+    done = await asyncio.gather(*futs, return_exceptions=True)
+    imgs, owner, errors = [], [], {}
+    for i, r in enumerate(done):
+        if isinstance(r, FerryError):
+            errors[i] = r
+        elif isinstance(r, BaseException):
+            logger.exception("decoding failed unexpectedly", exc_info=r)
+            errors[i] = InvalidInput(
+                "could not decode the image", detail=f"{type(r).__name__}: {r}"
+            )
+        else:
+            imgs.append(r)
+            owner.append(i)
+    return imgs, owner, errors
+
+
 class PreprocessCore:
     """The stage's logic, usable without Ray (tests, the CLI, the GPU preprocessing path)."""
 
@@ -44,23 +67,7 @@ class PreprocessCore:
 
     async def run(self, model: str, items: list[tuple[bytes, str | None]]) -> Rows:
         t0 = time.perf_counter()
-        loop = asyncio.get_running_loop()
-        futs = [
-            loop.run_in_executor(self.pool, self.decode_one, model, data, ct) for data, ct in items
-        ]
-        done = await asyncio.gather(*futs, return_exceptions=True)
-        rows, owner, errors = [], [], {}
-        for i, r in enumerate(done):
-            if isinstance(r, FerryError):
-                errors[i] = r
-            elif isinstance(r, BaseException):
-                logger.exception("decoding failed unexpectedly", exc_info=r)
-                errors[i] = InvalidInput(
-                    "could not decode the image", detail=f"{type(r).__name__}: {r}"
-                )
-            else:
-                rows.append(r)
-                owner.append(i)
+        rows, owner, errors = await decode_all(self.pool, self.decode_one, model, items)
         ms = (time.perf_counter() - t0) * 1e3
         metrics.observe_stage("preprocess", model, ms)
         return Rows(len(items), np.stack(rows) if rows else None, owner, errors, {"preprocess": ms})

@@ -30,11 +30,12 @@ from ray import serve
 
 from pipeline import metrics
 from pipeline.config import PipelineConfig
-from pipeline.errors import FerryError, InvalidInput, ModelNotFound
+from pipeline.errors import InvalidInput, ModelNotFound
 from pipeline.imaging import Target, decode_unfitted, resize_to
 from pipeline.models.registry import model_info
 
 from .messages import Rows
+from .preprocess import decode_all
 
 logger = logging.getLogger(__name__)
 
@@ -86,25 +87,10 @@ class PreprocessGpuCore:
         if model not in self.targets:
             raise ModelNotFound("no such model", model=model, served=sorted(self.targets))
         t0 = time.perf_counter()
-        loop = asyncio.get_running_loop()
-        futs = [
-            loop.run_in_executor(self.decode_pool, self.decode_one, model, d, ct) for d, ct in items
-        ]
-        done = await asyncio.gather(*futs, return_exceptions=True)
-        imgs, owner, errors = [], [], {}
-        for i, r in enumerate(done):
-            if isinstance(r, FerryError):
-                errors[i] = r
-            elif isinstance(r, BaseException):
-                logger.exception("decoding failed unexpectedly", exc_info=r)
-                errors[i] = InvalidInput(
-                    "could not decode the image", detail=f"{type(r).__name__}: {r}"
-                )
-            else:
-                imgs.append(r)
-                owner.append(i)
+        imgs, owner, errors = await decode_all(self.decode_pool, self.decode_one, model, items)
         env = None
         if imgs:
+            loop = asyncio.get_running_loop()
             env = await loop.run_in_executor(self.gpu_pool, self.make_and_send, model, imgs, to)
         ms = (time.perf_counter() - t0) * 1e3
         metrics.observe_stage("preprocess", model, ms)

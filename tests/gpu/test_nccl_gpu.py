@@ -180,7 +180,6 @@ def test_a_lost_envelope_times_out_then_the_link_is_rebuilt(ray2, peers):
 def test_gpu_preprocessing_on_one_gpu_feeds_inference_on_the_other(ray2):
     """The Serve app with PreprocessGPU (GPU 0 or 1) and Inference on the other GPU, over
     HTTP, against the CPU decode + CPU executor path on the same PNGs."""
-    import httpx
     from ray import serve
 
     from deployments.app import build
@@ -189,6 +188,7 @@ def test_gpu_preprocessing_on_one_gpu_feeds_inference_on_the_other(ray2):
     from pipeline.imaging import decode, encode_png
     from pipeline.models import digits
     from pipeline.models.registry import model_info
+    from tests.integration.helpers import classify_many
 
     _, _, xte, yte = digits.load_split()
     n = 300
@@ -220,25 +220,11 @@ def test_gpu_preprocessing_on_one_gpu_feeds_inference_on_the_other(ray2):
     serve.start(http_options={"host": "127.0.0.1", "port": 8131})
     serve.run(build(config), name="gpupre", route_prefix="/")
     try:
-        import asyncio
-
-        async def main():
-            sem = asyncio.Semaphore(32)
-            async with httpx.AsyncClient(base_url="http://127.0.0.1:8131", timeout=60) as c:
-
-                async def one(b):
-                    async with sem:
-                        r = await c.post(
-                            "/v1/models/digits/classify?top_k=1",
-                            content=b,
-                            headers={"content-type": "image/png"},
-                        )
-                        assert r.status_code == 200, r.text
-                        return int(r.json()["top_k"][0]["label"])
-
-                return await asyncio.gather(*(one(b) for b in pngs))
-
-        gpu_pred = np.array(asyncio.run(main()))
+        rs = classify_many(
+            "http://127.0.0.1:8131", [(p, "image/png") for p in pngs], "digits", "?top_k=1"
+        )
+        assert all(r.status_code == 200 for r in rs), [r.text for r in rs if r.status_code != 200]
+        gpu_pred = np.array([int(r.json()["top_k"][0]["label"]) for r in rs])
         rv = ray2.get_actor("ferry_nccl_rendezvous", namespace="ferry")  # NCCL was used
         assert GET(rv.pending.remote()) == 0
     finally:

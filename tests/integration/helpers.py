@@ -90,3 +90,29 @@ def png_header_claiming(width: int, height: int) -> bytes:
         + struct.pack(">I", zlib.crc32(b"IHDR" + ihdr))
     )
     return b"\x89PNG\r\n\x1a\n" + chunk
+
+
+def classify_many(
+    base: str, blobs: list[tuple[bytes, str]], model: str, query: str = "", concurrency: int = 32
+) -> list:
+    """POST every (body, content type) to ``/v1/models/{model}/classify{query}``,
+    ``concurrency`` at a time; the responses in order."""
+    import asyncio
+
+    import httpx
+
+    async def main():
+        sem = asyncio.Semaphore(concurrency)
+        async with httpx.AsyncClient(base_url=base, timeout=60) as c:
+
+            async def one(body, ct):
+                async with sem:
+                    return await c.post(
+                        f"/v1/models/{model}/classify{query}",
+                        content=body,
+                        headers={"content-type": ct},
+                    )
+
+            return await asyncio.gather(*(one(b, ct) for b, ct in blobs))
+
+    return asyncio.run(main())

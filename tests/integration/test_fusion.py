@@ -3,45 +3,25 @@ four-deployment pipeline does: the same predictions, the same errors, v1 and v2.
 
 from __future__ import annotations
 
-import asyncio
-
 import httpx
 import numpy as np
 import pytest
 
 from pipeline.imaging import encode_jpeg, encode_png
 from pipeline.models import digits
-from tests.integration.helpers import BASE, cpu_config, deploy, photos, undeploy
+from tests.integration.helpers import BASE, classify_many, cpu_config, deploy, photos, undeploy
 
 pytestmark = pytest.mark.integration
-
-
-def _classify_all(base: str, blobs: list[tuple[bytes, str]], model: str) -> list[httpx.Response]:
-    async def main():
-        sem = asyncio.Semaphore(32)
-        async with httpx.AsyncClient(base_url=base, timeout=60) as c:
-
-            async def one(b, ct):
-                async with sem:
-                    return await c.post(
-                        f"/v1/models/{model}/classify?top_k=3",
-                        content=b,
-                        headers={"content-type": ct},
-                    )
-
-            return await asyncio.gather(*(one(b, ct) for b, ct in blobs))
-
-    return asyncio.run(main())
 
 
 def _answers(base: str) -> dict:
     _, _, xte, yte = digits.load_split()
     pngs = [(encode_png(x), "image/png") for x in xte[:120]]
-    rd = _classify_all(base, pngs + [(b"not an image", "image/png")], "digits")
+    rd = classify_many(base, pngs + [(b"not an image", "image/png")], "digits", "?top_k=3")
     assert all(r.status_code == 200 for r in rd[:-1]) and rd[-1].status_code == 400
     pred = np.array([int(r.json()["top_k"][0]["label"]) for r in rd[:-1]])
     photos_ = [(encode_jpeg(img), "image/jpeg") for img in photos().values()]
-    rr = _classify_all(base, photos_, "resnet50")
+    rr = classify_many(base, photos_, "resnet50", "?top_k=3")
     assert all(r.status_code == 200 for r in rr)
     top = [[t["class"] for t in r.json()["top_k"]] for r in rr]
     x = np.random.default_rng(0).integers(0, 256, (2, 8, 8, 1)).astype(np.uint8)

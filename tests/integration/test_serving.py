@@ -14,6 +14,7 @@ from pipeline.imaging import encode_jpeg, encode_png
 from pipeline.models import digits
 from tests.integration.helpers import (
     BASE,
+    classify_many,
     cpu_config,
     deploy,
     jpeg_of_size,
@@ -75,25 +76,9 @@ def test_multipart_upload_and_request_id_passthrough(app):
 
 def test_digits_end_to_end_over_http_reach_97_percent(app):
     _, _, xte, yte = digits.load_split()
-    pngs = [encode_png(x) for x in xte]
-
-    async def main():
-        sem = asyncio.Semaphore(32)
-        async with httpx.AsyncClient(base_url=BASE, timeout=60) as c:
-
-            async def one(b):
-                async with sem:
-                    r = await c.post(
-                        "/v1/models/digits/classify?top_k=1",
-                        content=b,
-                        headers={"content-type": "image/png"},
-                    )
-                    assert r.status_code == 200, r.text
-                    return int(r.json()["top_k"][0]["label"])
-
-            return await asyncio.gather(*(one(b) for b in pngs))
-
-    preds = asyncio.run(main())
+    rs = classify_many(BASE, [(encode_png(x), "image/png") for x in xte], "digits", "?top_k=1")
+    assert all(r.status_code == 200 for r in rs), [r.text for r in rs if r.status_code != 200][:3]
+    preds = [int(r.json()["top_k"][0]["label"]) for r in rs]
     acc = float(np.mean(np.array(preds) == yte))
     assert acc >= 0.97, acc
 
