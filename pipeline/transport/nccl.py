@@ -431,6 +431,8 @@ class NcclEndpoint:
             link = self._out.get(dst)
             if link is not None and link.failed is None:
                 return link
+            if link is not None:  # aborted: let its worker thread go
+                link.close()
             gen = next(self._generation)
             uid = nccl.get_unique_id()
             self._rv().publish.remote(f"{self.id}->{dst}#{gen}", uid)
@@ -469,6 +471,7 @@ class NcclEndpoint:
                     peer=src,
                 )
             link.fail("the sender opened a new link")
+            link.close()
         key = f"{src}->{self.id}#{generation}"
         wait = max(0.1, deadline - time.monotonic())
         try:

@@ -19,7 +19,9 @@ def _load(name):
         return yaml.safe_load(f)
 
 
-@pytest.mark.parametrize("name", ["serve_config.yaml", "serve_config.gpu.yaml"])
+@pytest.mark.parametrize(
+    "name", ["serve_config.yaml", "serve_config.gpu.yaml", "serve_config.gpu2.yaml"]
+)
 def test_serve_configs_validate(name):
     from ray.serve.schema import ServeDeploySchema
 
@@ -38,6 +40,8 @@ def test_serve_configs_validate(name):
         assert total <= 2.0  # fits a two-core laptop
     else:
         assert cfg.executor.backend == "cupy" and cfg.inference_deployment.num_gpus >= 1
+    if name == "serve_config.gpu2.yaml":
+        assert cfg.preprocess.device == "gpu" and cfg.preprocess_deployment.num_gpus == 1
 
 
 def test_cluster_yaml_passes_rays_validation():
