@@ -306,3 +306,30 @@ def test_bad_input_gets_the_right_status_fast_and_service_keeps_serving(app, nam
         assert elapsed < 1.0, (name, elapsed)
     ok = post("/v1/models/digits/classify", encode_png(digits.load_split()[2][0]), "image/png")
     assert ok.status_code == 200
+
+
+def test_metrics_reach_a_prometheus_scrape_of_rays_endpoint(app):
+    """Ferry's metrics as Prometheus sees them: Ray's metrics endpoint, prefixed ``ray_``."""
+    import re
+
+    import ray
+
+    for x in digits.load_split()[2][:12]:
+        assert post("/v1/models/digits/classify", encode_png(x), "image/png").status_code == 200
+    node = next(n for n in ray.nodes() if n["Alive"])
+    url = f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics"
+    want = {"preprocess", "queue", "gpu", "postprocess", "total"}
+    stages, batches, deadline = set(), 0.0, time.time() + 90
+    while time.time() < deadline:
+        text = httpx.get(url, timeout=10).text
+        stages = set(
+            re.findall(r'^ray_ferry_stage_latency_ms_count\{[^}]*stage="(\w+)"', text, re.M)
+        )
+        batches = sum(
+            float(v) for v in re.findall(r"^ray_ferry_batch_size_count\{[^}]*\} (\S+)", text, re.M)
+        )
+        if want <= stages and batches >= 1:
+            break
+        time.sleep(2)
+    assert want <= stages, (stages, url)
+    assert batches >= 1
