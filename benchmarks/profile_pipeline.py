@@ -1,7 +1,7 @@
 """Where the CPU goes: CPU milliseconds per request in each Serve process under load.
 
     python benchmarks/profile_pipeline.py [--model digits] [--clients 32] [--seconds 10]
-        [--config serve_config.yaml]
+        [--config serve_config.yaml] [--image auto|digit|chelsea]
 
 Deploys the config's application on a local Ray cluster, drives it with the closed-loop
 load generator, and reads every Ray process's CPU time before and after (by its process
@@ -61,6 +61,13 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--seconds", type=float, default=10)
     ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument(
+        "--image",
+        choices=["auto", "digit", "chelsea"],
+        default="auto",
+        help="the body: a digit PNG, or chelsea as a 451x300 JPEG (auto: by model); chelsea "
+        "to the digits model costs a photo's decode but almost no inference",
+    )
     args = ap.parse_args()
     import numpy as np
     import ray
@@ -76,7 +83,10 @@ def main() -> int:
     ray.init(include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
     serve.run(build_app(raw["applications"][0]["args"]), name="ferry", route_prefix="/")
-    if args.model == "digits":
+    image = (
+        args.image if args.image != "auto" else ("digit" if args.model == "digits" else "chelsea")
+    )
+    if image == "digit":
         from pipeline.models.digits import load_split
 
         body, ct = encode_png(load_split()[2][0]), "image/png"
