@@ -313,7 +313,13 @@ class Link:
     def wait(self, t: Transfer, deadline: float) -> None:
         """Until ``t`` completes on the device; at the deadline the link is aborted."""
         if not t.enqueued.wait(max(0.0, deadline - time.monotonic())):
-            self.fail(f"transfer {t.seq} was never started (an earlier one is stuck)")
+            if self.rank == 1 and t.seq > self._next_recv:
+                self.fail(
+                    f"receive {t.seq} waited for tensor {self._next_recv} of this link, "
+                    "whose envelope never arrived"
+                )
+            else:
+                self.fail(f"transfer {t.seq} was never started (an earlier one is stuck)")
         elif (
             t.error is None and t.done_event is not None and not _wait_event(t.done_event, deadline)
         ):
