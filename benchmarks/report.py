@@ -29,6 +29,19 @@ def md_table(rows: list[dict], cols: list[tuple[str, str]]) -> str:
     return "\n".join(out)
 
 
+BREAKDOWN_KEYS = ["ingress", "preprocess", "queue", "gpu", "postprocess", "hops", "total"]
+
+
+def breakdown_table(bd: dict[str, dict], first: str) -> list[str]:
+    """Rows of ``"system@clients"`` -> mean ms per stage, ordered by clients."""
+    lines = [f"| {first} | " + " | ".join(BREAKDOWN_KEYS) + " |"]
+    lines.append("|" + "---|" * (len(BREAKDOWN_KEYS) + 1))
+    for k in sorted(bd, key=lambda x: int(x.split("@")[1])):
+        cells = " | ".join(f"{bd[k].get(x, 0):.1f}" for x in BREAKDOWN_KEYS)
+        lines.append(f"| {k.split('@')[1]} | {cells} |")
+    return lines
+
+
 def e2e_section(e2e: dict) -> list[str]:
     rows = e2e["rows"]
     systems = list(dict.fromkeys(r["system"] for r in rows))
@@ -102,7 +115,6 @@ def e2e_section(e2e: dict) -> list[str]:
             "per wall second) in any row, so it was not the bottleneck.",
         ]
     bd = e2e.get("ferry_breakdown", {})
-    keys = ["ingress", "preprocess", "queue", "gpu", "postprocess", "hops", "total"]
     picks = [k for k in bd if k.startswith("ferry@")]
     if picks:
         lines += [
@@ -113,12 +125,7 @@ def e2e_section(e2e: dict) -> list[str]:
             "calls and transfers between stages, HAProxy, the answer's way back.",
             "",
         ]
-        lines += ["| clients | " + " | ".join(keys) + " |", "|" + "---|" * (len(keys) + 1)]
-        for k in sorted(picks, key=lambda x: int(x.split("@")[1])):
-            t = bd[k]
-            lines.append(
-                f"| {k.split('@')[1]} | " + " | ".join(f"{t.get(x, 0):.1f}" for x in keys) + " |"
-            )
+        lines += breakdown_table({k: bd[k] for k in picks}, "clients")
     return lines
 
 
@@ -151,16 +158,8 @@ def fused_section(e2e: dict) -> list[str]:
             f"Peak: {a} {peak[a]:,.0f}, {b} {peak[b]:,.0f} img/s: {peak[a] / peak[b]:.2f}x.",
         ]
     bd = e2e.get("ferry_breakdown", {})
-    keys = ["ingress", "preprocess", "queue", "gpu", "postprocess", "hops", "total"]
     if bd:
-        lines += ["", "| ferry_fused clients | " + " | ".join(keys) + " |"]
-        lines.append("|" + "---|" * (len(keys) + 1))
-        for k in sorted(bd, key=lambda x: int(x.split("@")[1])):
-            lines.append(
-                f"| {k.split('@')[1]} | "
-                + " | ".join(f"{bd[k].get(x, 0):.1f}" for x in keys)
-                + " |"
-            )
+        lines += ["", *breakdown_table(bd, "ferry_fused clients")]
     notes = os.path.join(RES, "e2e_fused_notes.md")
     if os.path.exists(notes):
         lines += ["", open(notes).read().strip()]
