@@ -44,6 +44,11 @@ def cuda_available() -> bool:
     return cuda_device_count() > 0
 
 
+def is_device_array(a: Any) -> bool:
+    """A cupy array (checked by type, so it works where cupy is not installed)."""
+    return type(a).__module__.startswith("cupy")
+
+
 @dataclass(frozen=True)
 class Backend:
     """The array library and device a component computes with."""

@@ -34,7 +34,7 @@ import numpy as np
 
 from .async_result import AsyncResult, CompletionWatcher
 from .config import ExecutorConfig, Settings
-from .device import Backend, Stream, StreamSet, select_backend
+from .device import Backend, Stream, StreamSet, is_device_array, select_backend
 from .errors import DeviceError, FerryError, InvalidInput, ModelNotFound
 from .graph import BoundGraph, GraphPlan
 from .memory import PinnedRing, PinnedSlot, Reservation, make_pool, round_up
@@ -291,13 +291,13 @@ class GpuExecutor:
         if isinstance(x, list | tuple):
             if len(x) != p.n:
                 raise InvalidInput("batch has the wrong number of rows", rows=len(x), expected=p.n)
-            on_device = bool(x) and _is_device(x[0])
+            on_device = bool(x) and is_device_array(x[0])
             if on_device and (p.naive or not self.backend.is_cuda):
                 x = [r.get() for r in x]  # the baseline (and the CPU) take host rows
                 on_device = False
             for r in x:
                 if (
-                    not (_is_device(r) if on_device else isinstance(r, np.ndarray))
+                    not (is_device_array(r) if on_device else isinstance(r, np.ndarray))
                     or tuple(r.shape) != item
                     or r.dtype != spec.np_dtype
                 ):
@@ -343,7 +343,7 @@ class GpuExecutor:
         assert slot is not None and p.reservation is not None
         spec_in = plan.input_spec
         stage_in = slot.view(0, spec_in.shape, spec_in.dtype)
-        on_device = isinstance(x, list) and bool(x) and _is_device(x[0])
+        on_device = isinstance(x, list) and bool(x) and is_device_array(x[0])
         if not on_device:
             self._stage(stage_in, x, p.n)  # the host copy into pinned memory, in this thread
         outs_host = []
@@ -559,7 +559,3 @@ class GpuExecutor:
         if self.ring is not None:
             self.ring.close()
         self.pool.trim()
-
-
-def _is_device(a: Any) -> bool:
-    return type(a).__module__.startswith("cupy")

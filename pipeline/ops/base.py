@@ -198,13 +198,9 @@ def eager(op: Op, *arrays: Any, stream: Stream | None = None, **attrs: Any) -> t
     A convenience for tests, tools and one-off work: it allocates (commit itself never
     does) and, on the GPU, synchronizes before it returns.
     """
-    from ..device import Backend
+    from ..device import Backend, is_device_array
 
-    is_cuda = (
-        bool(arrays)
-        and hasattr(arrays[0], "device")
-        and type(arrays[0]).__module__.startswith("cupy")
-    )
+    is_cuda = bool(arrays) and is_device_array(arrays[0])
     backend = Backend("cupy" if is_cuda else "numpy")
     xp = backend.xp
     plan = op.prepare(*(TensorSpec.of(a) for a in arrays), **attrs)

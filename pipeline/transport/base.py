@@ -66,10 +66,6 @@ def check_array(array: Any, what: str = "array") -> tuple[tuple[int, ...], str]:
     return tuple(int(d) for d in array.shape), dt
 
 
-def is_cuda_array(array: Any) -> bool:
-    return type(array).__module__.startswith("cupy")
-
-
 class Sender(ABC):
     transport: ClassVar[str]
 

@@ -45,8 +45,9 @@ from typing import Any
 
 import numpy as np
 
+from ..device import is_device_array
 from ..errors import InvalidInput, TransportError
-from .base import DTYPES, Envelope, Receiver, Sender, check_array, is_cuda_array
+from .base import DTYPES, Envelope, Receiver, Sender, check_array
 
 logger = logging.getLogger(__name__)
 
@@ -542,7 +543,7 @@ class NcclSender(Sender):
 
         shape, dtype = check_array(array)
         ntype = nccl_type(dtype)
-        if not is_cuda_array(array):
+        if not is_device_array(array):
             raise InvalidInput(
                 "the nccl transport sends device (cupy) arrays; host arrays go by object_store",
                 got=type(array).__name__,

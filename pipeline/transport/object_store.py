@@ -12,8 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from ..device import is_device_array
 from ..errors import TransportError
-from .base import Envelope, Receiver, Sender, check_array, is_cuda_array
+from .base import Envelope, Receiver, Sender, check_array
 
 
 class ObjectStoreSender(Sender):
@@ -23,7 +24,7 @@ class ObjectStoreSender(Sender):
         import ray
 
         shape, dtype = check_array(array)
-        host = array.get() if is_cuda_array(array) else np.asarray(array)
+        host = array.get() if is_device_array(array) else np.asarray(array)
         try:
             ref = ray.put(host)
         except Exception as exc:  # object store full, Ray down
