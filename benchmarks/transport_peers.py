@@ -61,13 +61,13 @@ class TensorPeer:
 
         import cupy
 
-        props = cupy.cuda.runtime.getDeviceProperties(0)
-        uuid = props.get("uuid", b"")
+        from pipeline.transport.nccl import device_uuid
+
+        name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
         return {
             "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            "uuid": uuid.hex() if isinstance(uuid, bytes) else str(uuid),
-            "pci": f"{props.get('pciDomainID', 0)}:{props['pciBusID']}:{props.get('pciDeviceID', 0)}",
-            "name": props["name"].decode() if isinstance(props["name"], bytes) else props["name"],
+            "uuid": device_uuid(0),
+            "name": name.decode() if isinstance(name, bytes) else name,
         }
 
     def _payload(self, seed: int, shape: tuple, dtype: str) -> Any:
