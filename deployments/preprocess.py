@@ -19,7 +19,7 @@ from ray import serve
 from pipeline import metrics
 from pipeline.config import PipelineConfig
 from pipeline.errors import FerryError, InvalidInput, ModelNotFound
-from pipeline.imaging import decode
+from pipeline.imaging import decode, decode_unfitted
 from pipeline.models.registry import model_info
 
 from .messages import Rows
@@ -27,47 +27,49 @@ from .messages import Rows
 logger = logging.getLogger(__name__)
 
 
-async def decode_all(
-    pool: ThreadPoolExecutor, decode_one: Any, model: str, items: list[tuple[bytes, str | None]]
-) -> tuple[list[np.ndarray], list[int], dict[int, FerryError]]:
-    """Decode every item in ``pool``: the images, which request each is, and the errors of
-    the requests that failed (one bad image never fails its neighbours)."""
-    loop = asyncio.get_running_loop()
-    futs = [loop.run_in_executor(pool, decode_one, model, data, ct) for data, ct in items]
-    done = await asyncio.gather(*futs, return_exceptions=True)
-    imgs, owner, errors = [], [], {}
-    for i, r in enumerate(done):
-        if isinstance(r, FerryError):
-            errors[i] = r
-        elif isinstance(r, BaseException):
-            logger.exception("decoding failed unexpectedly", exc_info=r)
-            errors[i] = InvalidInput(
-                "could not decode the image", detail=f"{type(r).__name__}: {r}"
-            )
-        else:
-            imgs.append(r)
-            owner.append(i)
-    return imgs, owner, errors
-
-
 class PreprocessCore:
     """The stage's logic, usable without Ray (tests, the CLI, the GPU preprocessing path)."""
 
-    def __init__(self, config: PipelineConfig) -> None:
+    def __init__(self, config: PipelineConfig, fitted: bool = True) -> None:
+        """``fitted=False`` (GPU preprocessing) leaves the resize to the caller: images come
+        out decoded at the smallest size ``fit`` could resize from."""
         self.config = config
         self.targets = {m.name: model_info(m.arch).target() for m in config.models}
         self.max_pixels = config.ingress.max_pixels
         self.pool = ThreadPoolExecutor(config.preprocess.threads, thread_name_prefix="ferry-decode")
+        self._decode = decode if fitted else decode_unfitted
 
     def decode_one(self, model: str, data: bytes, content_type: str | None) -> np.ndarray:
         target = self.targets.get(model)
         if target is None:
             raise ModelNotFound("no such model", model=model)
-        return decode(data, content_type, target, self.max_pixels)
+        return self._decode(data, content_type, target, self.max_pixels)
+
+    async def decode_many(
+        self, model: str, items: list[tuple[bytes, str | None]]
+    ) -> tuple[list[np.ndarray], list[int], dict[int, FerryError]]:
+        """Decode every item in the pool: the images, which request each is, and the errors
+        of the requests that failed (one bad image never fails its neighbours)."""
+        loop = asyncio.get_running_loop()
+        futs = [loop.run_in_executor(self.pool, self.decode_one, model, d, ct) for d, ct in items]
+        done = await asyncio.gather(*futs, return_exceptions=True)
+        imgs, owner, errors = [], [], {}
+        for i, r in enumerate(done):
+            if isinstance(r, FerryError):
+                errors[i] = r
+            elif isinstance(r, BaseException):
+                logger.exception("decoding failed unexpectedly", exc_info=r)
+                errors[i] = InvalidInput(
+                    "could not decode the image", detail=f"{type(r).__name__}: {r}"
+                )
+            else:
+                imgs.append(r)
+                owner.append(i)
+        return imgs, owner, errors
 
     async def run(self, model: str, items: list[tuple[bytes, str | None]]) -> Rows:
         t0 = time.perf_counter()
-        rows, owner, errors = await decode_all(self.pool, self.decode_one, model, items)
+        rows, owner, errors = await self.decode_many(model, items)
         ms = (time.perf_counter() - t0) * 1e3
         metrics.observe_stage("preprocess", model, ms)
         return Rows(len(items), np.stack(rows) if rows else None, owner, errors, {"preprocess": ms})

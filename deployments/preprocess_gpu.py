@@ -31,11 +31,10 @@ from ray import serve
 from pipeline import metrics
 from pipeline.config import PipelineConfig
 from pipeline.errors import InvalidInput, ModelNotFound
-from pipeline.imaging import Target, decode_unfitted, resize_to
-from pipeline.models.registry import model_info
+from pipeline.imaging import Target, resize_to
 
 from .messages import Rows
-from .preprocess import decode_all
+from .preprocess import PreprocessCore
 
 logger = logging.getLogger(__name__)
 
@@ -53,11 +52,8 @@ class PreprocessGpuCore:
         self.config = config
         self.backend = select_backend("cupy", device)
         self.backend.activate()
-        self.targets = {m.name: model_info(m.arch).target() for m in config.models}
-        self.max_pixels = config.ingress.max_pixels
-        self.decode_pool = ThreadPoolExecutor(
-            config.preprocess.threads, thread_name_prefix="ferry-decode"
-        )
+        self.cpu = PreprocessCore(config, fitted=False)  # decoding, as the CPU stage does it
+        self.targets = self.cpu.targets
         self.gpu_pool = ThreadPoolExecutor(1, thread_name_prefix="ferry-pre-gpu")
         t = config.transport
         self.timeout_s = t.timeout_s
@@ -74,20 +70,13 @@ class PreprocessGpuCore:
         self._same_gpu_warned = False
         self._inflight: deque = deque()  # (event, slot) of uploads not yet known complete
 
-    # ------------------------------------------------------------------ decode (CPU threads)
-    def decode_one(self, model: str, data: bytes, content_type: str | None) -> np.ndarray:
-        target = self.targets.get(model)
-        if target is None:
-            raise ModelNotFound("no such model", model=model)
-        return decode_unfitted(data, content_type, target, self.max_pixels)
-
     async def run(self, model: str, items: list[tuple[bytes, str | None]], to: dict) -> Rows:
         """Decode ``items``, make the batch on the GPU, send it as ``to`` says; the Rows
         that come back carry the envelope instead of the data."""
         if model not in self.targets:
             raise ModelNotFound("no such model", model=model, served=sorted(self.targets))
         t0 = time.perf_counter()
-        imgs, owner, errors = await decode_all(self.decode_pool, self.decode_one, model, items)
+        imgs, owner, errors = await self.cpu.decode_many(model, items)
         env = None
         if imgs:
             loop = asyncio.get_running_loop()

@@ -38,7 +38,7 @@ def test_gpu_batch_matches_cpu_decode_for_photos_jpeg_and_png():
     for name in ("chelsea", "astronaut", "coffee", "rocket"):
         img = getattr(d, name)()
         blobs += [(encode_jpeg(img), "image/jpeg"), (encode_png(img), "image/png")]
-    imgs = [core.decode_one("resnet50", b, ct) for b, ct in blobs]
+    imgs = [core.cpu.decode_one("resnet50", b, ct) for b, ct in blobs]
     # 1 MB slots: the PNGs (up to 786 KB decoded) force several uploads and one oversize path
     out = core.batch("resnet50", imgs)
     core.stream.synchronize()
@@ -58,7 +58,7 @@ def test_gpu_batch_of_digits_stretch_and_more_images_than_slots():
     core = _core()
     _, _, xte, _ = digits.load_split()
     big = np.repeat(np.repeat(xte[:200], 2, axis=1), 2, axis=2)
-    imgs = [core.decode_one("digits", encode_png(x), "image/png") for x in big]
+    imgs = [core.cpu.decode_one("digits", encode_png(x), "image/png") for x in big]
     out = core.batch("digits", imgs)
     core.stream.synchronize()
     out = out.get()
