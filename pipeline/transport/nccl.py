@@ -559,7 +559,7 @@ class NcclSender(Sender):
         ready = cupy.cuda.Event(block=False, disable_timing=True)
         ready.record(cupy.cuda.get_current_stream())
         t = Transfer(seq, array, time.monotonic() + self.endpoint.timeout_s)
-        count = int(array.size) if dtype != "bool" else int(array.nbytes)
+        count = int(array.size)  # bool is one byte, carried as uint8
         link.submit_send(t, count, ntype, ready)
         token = NcclToken(self.endpoint.id, self.dst, link.generation)
         return Envelope(self.channel, self.transport, seq, shape, dtype, dict(meta or {}), token)
@@ -629,7 +629,7 @@ class NcclReceiver(Receiver):
                 ready = cupy.cuda.Event(block=False, disable_timing=True)
                 ready.record(caller)
                 t = Transfer(envelope.seq, out, deadline)
-                count = int(out.size) if envelope.dtype != "bool" else int(out.nbytes)
+                count = int(out.size)
                 link.submit_recv(t, count, ntype, ready)
                 posted.append((link, t, out, envelope.meta))
         return Posted(self.endpoint.device, posted, deadline)
