@@ -29,8 +29,9 @@ sys.path.insert(0, ROOT)
 
 from benchmarks import loadgen  # noqa: E402
 from benchmarks.common import machine, today, write_json  # noqa: E402
-from loadtest.run import start_app, stop_app  # noqa: E402
+from loadtest.run import start_app, stop_app, wait_ok  # noqa: E402
 
+JPEG = {"content-type": "image/jpeg"}
 FERRY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
 FERRY_CONFIG = os.path.join(ROOT, "benchmarks", "configs", "ferry_e2e.yaml")
 FERRY_FUSED_CONFIG = os.path.join(ROOT, "benchmarks", "configs", "ferry_e2e_fused.yaml")
@@ -98,22 +99,6 @@ def start(name: str, spec: dict[str, Any], log_dir: str) -> subprocess.Popen:
     )
 
 
-def wait_answering(url: str, body: bytes, timeout: float) -> bool:
-    import urllib.request
-
-    end = time.time() + timeout
-    while time.time() < end:
-        try:
-            req = urllib.request.Request(url, data=body, headers={"content-type": "image/jpeg"})
-            with urllib.request.urlopen(req, timeout=10) as r:
-                if r.status == 200:
-                    return True
-        except OSError:
-            pass
-        time.sleep(2)
-    return False
-
-
 def stop(proc: subprocess.Popen) -> None:
     stop_app(proc, timeout=45)
     subprocess.run(["ray", "stop", "--force"], capture_output=True, timeout=60)
@@ -158,7 +143,8 @@ def main() -> int:
         t0 = time.time()
         proc = start(name, spec, log_dir)
         try:
-            if not wait_answering(url_of(spec), body, 300):
+            answering = wait_ok(url_of(spec), 300, body=body, headers=JPEG, request_timeout=10)
+            if not answering:
                 print(f"{name} did not come up; see serve_{name}.log", flush=True)
                 continue
             print(f"   up in {time.time() - t0:.0f} s", flush=True)

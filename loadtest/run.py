@@ -115,12 +115,26 @@ def subprocess_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 def wait_ready(url: str, timeout: float, proc: subprocess.Popen | None = None) -> bool:
     """Poll ``/v2/health/ready`` until it answers 200, ``timeout`` passes or ``proc`` exits."""
+    return wait_ok(url + "/v2/health/ready", timeout, proc)
+
+
+def wait_ok(
+    url: str,
+    timeout: float,
+    proc: subprocess.Popen | None = None,
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    request_timeout: float = 2.0,
+) -> bool:
+    """Request ``url`` (GET, or POST of ``body``) every 2 s until it answers 200 (True), or
+    ``timeout`` passes or ``proc`` exits (False)."""
     import urllib.request
 
     end = time.time() + timeout
     while time.time() < end and (proc is None or proc.poll() is None):
         try:
-            with urllib.request.urlopen(url + "/v2/health/ready", timeout=2) as r:
+            req = urllib.request.Request(url, data=body, headers=headers or {})
+            with urllib.request.urlopen(req, timeout=request_timeout) as r:
                 if r.status == 200:
                     return True
         except OSError:
