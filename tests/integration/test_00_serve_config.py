@@ -29,6 +29,18 @@ def test_readme_uses_serve_config_yaml():
     assert "serve run serve_config.yaml" in readme
 
 
+def _assert_classifies_the_first_held_out_digit() -> None:
+    png = encode_png(digits.load_split()[2][0])
+    r = httpx.post(
+        URL + "/v1/models/digits/classify",
+        content=png,
+        headers={"content-type": "image/png"},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["top_k"][0]["label"] == "2"
+
+
 def test_serve_run_serve_config_yaml_answers(tmp_path):
     log = tmp_path / "serve.log"  # a file, not a pipe nobody drains
     proc = start_app(
@@ -40,15 +52,7 @@ def test_serve_run_serve_config_yaml_answers(tmp_path):
             pytest.fail(
                 f"serve run serve_config.yaml did not become ready:\n{log.read_text(errors='replace')[-3000:]}"
             )
-        png = encode_png(digits.load_split()[2][0])
-        r = httpx.post(
-            URL + "/v1/models/digits/classify",
-            content=png,
-            headers={"content-type": "image/png"},
-            timeout=60,
-        )
-        assert r.status_code == 200, r.text
-        assert r.json()["top_k"][0]["label"] == "2"
+        _assert_classifies_the_first_held_out_digit()
         models = {m["name"] for m in httpx.get(URL + "/v1/models", timeout=10).json()["models"]}
         assert models == {"digits", "resnet50"}
     finally:
@@ -81,14 +85,6 @@ def test_serve_deploy_to_a_running_ray_start_head(tmp_path):
         )
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
         assert wait_ready(URL, 240), "serve deploy serve_config.yaml did not become ready"
-        png = encode_png(digits.load_split()[2][0])
-        r = httpx.post(
-            URL + "/v1/models/digits/classify",
-            content=png,
-            headers={"content-type": "image/png"},
-            timeout=60,
-        )
-        assert r.status_code == 200, r.text
-        assert r.json()["top_k"][0]["label"] == "2"
+        _assert_classifies_the_first_held_out_digit()
     finally:
         subprocess.run([ray_bin, "stop", "--force"], env=env, capture_output=True, timeout=120)
