@@ -92,7 +92,6 @@ class PreprocessGpuCore:
         import cupy
 
         t = self.targets[model]
-        self._reap()
         n = len(imgs)
         with self.stream:
             out = cupy.empty((n, t.height, t.width, t.channels), dtype=cupy.uint8)
