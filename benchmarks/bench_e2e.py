@@ -35,9 +35,11 @@ JPEG = {"content-type": "image/jpeg"}
 FERRY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
 FERRY_CONFIG = os.path.join(ROOT, "benchmarks", "configs", "ferry_e2e.yaml")
 FERRY_FUSED_CONFIG = os.path.join(ROOT, "benchmarks", "configs", "ferry_e2e_fused.yaml")
+FERRY_GPU_DECODE_CONFIG = os.path.join(ROOT, "benchmarks", "configs", "ferry_e2e_gpu_decode.yaml")
 SYSTEMS: dict[str, dict[str, Any]] = {
     "ferry": {"kind": "ferry", "env": FERRY_ENV},
-    "ferry_fused": {"kind": "ferry", "env": FERRY_ENV, "fused": True},
+    "ferry_fused": {"kind": "ferry", "env": FERRY_ENV, "config": FERRY_FUSED_CONFIG},
+    "ferry_gpu_decode": {"kind": "ferry", "env": FERRY_ENV, "config": FERRY_GPU_DECODE_CONFIG},
     "ferry_naive": {"kind": "ferry", "env": FERRY_ENV, "naive": True},
     "rayserve_batch_1rep": {"kind": "peer", "replicas": 1, "env": {}},
     "rayserve_batch_4rep": {"kind": "peer", "replicas": 4, "env": {}},
@@ -58,13 +60,10 @@ def serve_config(name: str, spec: dict[str, Any]) -> str:
     import yaml
 
     if spec["kind"] == "ferry":
-        with open(FERRY_CONFIG) as f:
+        with open(spec.get("config", FERRY_CONFIG)) as f:
             cfg = yaml.safe_load(f)
         if spec.get("naive"):
             cfg["applications"][0]["args"]["config"]["executor"]["mode"] = "naive"
-        if spec.get("fused"):  # decode in the ingress, answers from inference: 1 hop a call
-            with open(FERRY_FUSED_CONFIG) as f:
-                cfg = yaml.safe_load(f)
     else:
         cfg = {
             "proxy_location": "EveryNode",

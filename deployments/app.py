@@ -56,7 +56,9 @@ def build(config: PipelineConfig) -> serve.Application:
         return {**d.serve_options(), "logging_config": log}
 
     pre = post = None
-    if config.preprocess.device == "gpu":  # inference calls it and receives the batch
+    if config.fusion.preprocess_in_inference:  # the inference replica decodes
+        inf = Inference.options(**opts(config.inference_deployment)).bind(raw)
+    elif config.preprocess.device == "gpu":  # inference calls it and receives the batch
         from .preprocess_gpu import PreprocessGPU
 
         gpu_pre = PreprocessGPU.options(**opts(config.preprocess_deployment)).bind(raw)

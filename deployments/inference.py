@@ -68,8 +68,26 @@ class InferenceCore:
             from .postprocess import PostprocessCore
 
             self.post = PostprocessCore(config)
+        self.local_pre: Any = None
+        if config.fusion.preprocess_in_inference:
+            self.local_pre = self._local_preprocess(config)
         self._init_transport()
         self.ready = True
+
+    def _local_preprocess(self, config: PipelineConfig) -> Any:
+        """Decode and resize here: on this replica's GPU, or on its threads."""
+        if config.preprocess.device == "cpu":
+            from .preprocess import PreprocessCore
+
+            return PreprocessCore(config)
+        if not self.executor.backend.is_cuda:
+            raise FerryError(
+                "preprocess.device 'gpu' with fusion.preprocess_in_inference needs a CUDA "
+                "device in the inference replica"
+            )
+        from .preprocess_gpu import PreprocessGpuCore
+
+        return PreprocessGpuCore(config, self.executor.backend.device_id, local=True)
 
     def _init_transport(self) -> None:
         """The receiving end of the GPU preprocess hop, when there is one."""
@@ -114,9 +132,12 @@ class InferenceCore:
         return posted.wait()[0][0]
 
     async def preprocess_here(self, model: str, items: list[tuple[bytes, str | None]]) -> Rows:
-        """Encoded images: PreprocessGPU makes the batch and sends it here (on this GPU)."""
+        """Encoded images: decoded and resized in this replica (fused), or by PreprocessGPU,
+        which sends the batch here (on this GPU)."""
+        if self.local_pre is not None:
+            return await self.local_pre.run(model, items)
         if self.preprocess_gpu is None:
-            raise FerryError("this inference replica has no GPU preprocessing stage")
+            raise FerryError("this inference replica has no preprocessing stage")
         images = await self.preprocess_gpu.remote(model, items, self.to)
         if images.envelope is not None:
             images.data = await self._recv(images.envelope)

@@ -9,9 +9,10 @@ gives every request an id, and coalesces the requests that arrive within
 chained as DeploymentResponses, so images and tensors go from stage to stage through the
 object store and never come back through this process. Only the small answers do.
 
-``fusion`` folds stages into their neighbours (decode here, answers from the inference
-replica): fewer hops per call. With ``preprocess.device: gpu`` the inference replica
-drives the GPU preprocess stage itself.
+``fusion`` folds stages into their neighbours (decode here or in the inference replica,
+answers from the inference replica): fewer hops per call. With ``preprocess.device: gpu``
+the inference replica drives the GPU preprocess stage itself; either way it gets the
+encoded bytes.
 """
 
 import asyncio
@@ -233,7 +234,10 @@ class Ingress:
     ) -> None:
         self.cfg = PipelineConfig.model_validate(config)
         self.pre, self.inf, self.post = preprocess, inference, postprocess
-        self.gpu_pre = self.cfg.preprocess.device == "gpu"
+        # the inference replica decodes (fused there) or drives PreprocessGPU: send bytes
+        self.encoded_to_inf = (
+            self.cfg.preprocess.device == "gpu" or self.cfg.fusion.preprocess_in_inference
+        )
         self.pre_core = None
         if self.cfg.fusion.preprocess_in_ingress:  # decode in this replica's threads
             self.pre_core = PreprocessCore(self.cfg)
@@ -270,7 +274,7 @@ class Ingress:
         meta = [it[3] for it in items]
         specs = [PostSpec("classify", top_k=it[2]) for it in items]
         fused = specs if self.post is None else None  # inference answers itself
-        if self.gpu_pre:  # GPU preprocessing: the inference replica drives it
+        if self.encoded_to_inf:  # decoding happens in (or is driven by) the inference replica
             inf = self.inf.encoded.remote(model, encoded, meta, fused)
         elif self.pre_core is not None:
             rows = await self.pre_core.run(model, encoded)

@@ -1,19 +1,23 @@
-"""PreprocessGPU: decode on CPU threads, resize on this replica's GPU, and hand the batch to
-the inference replica over the transport (NCCL between GPUs, the object store otherwise).
+"""PreprocessGPU: decode, resize on a GPU, and hand the batch to the inference replica --
+over the transport (NCCL between GPUs, the object store otherwise) from a deployment of
+its own, or in place when it runs inside the inference replica
+(``fusion.preprocess_in_inference``).
 
-The inference replica drives it: it calls ``run(model, items, to)`` with its own endpoint
-in ``to``, so the sender knows whom to send to (a Serve handle picks the replica, so the
-receiving end has to say who it is). What comes back is a ``Rows`` whose payload is an
-``Envelope``; the receiver turns it into the device batch.
+As a deployment, the inference replica drives it: it calls ``run(model, items, to)`` with
+its own endpoint in ``to``, so the sender knows whom to send to (a Serve handle picks the
+replica, so the receiving end has to say who it is). What comes back is a ``Rows`` whose
+payload is an ``Envelope``; the receiver turns it into the device batch.
 
-Decoding: JPEG through simplejpeg at the smallest DCT scale still at least the size the
-model's fit resizes to, PNG through Pillow -- the same checks and errors as the CPU stage.
-The decoded images of one call are packed into a pinned staging buffer, copied to the
-device in one asynchronous copy, resized (the runtime's ``resize_bilinear`` kernel with
-Pillow's antialiasing filter, so it agrees with the CPU stage) and centre-cropped into one
-uint8 batch at the model's input size. Normalization
-stays fused into the model's first kernel on the inference GPU: uint8 is half the bytes
-of float16 on the wire.
+Decoding: JPEG on the GPU with nvImageCodec where it is installed (``preprocess.decoder``),
+else -- and for PNG, and for any JPEG the GPU decoder refuses -- on CPU threads: simplejpeg
+at the smallest DCT scale still at least the size the model's fit resizes to, Pillow for
+PNG, with the same checks and errors as the CPU stage. CPU-decoded images of one call are
+packed into a pinned staging buffer and copied to the device in one asynchronous copy.
+Every image is then resized (the runtime's ``resize_bilinear`` kernel with Pillow's
+antialiasing filter, so it agrees with the CPU stage) and centre-cropped into one uint8
+batch at the model's input size, all on the stage's stream. Normalization stays fused
+into the model's first kernel on the inference GPU: uint8 is half the bytes of float16 on
+the wire.
 """
 
 from __future__ import annotations
@@ -30,8 +34,8 @@ from ray import serve
 
 from pipeline import metrics
 from pipeline.config import PipelineConfig
-from pipeline.errors import InvalidInput, ModelNotFound
-from pipeline.imaging import Target, resize_to
+from pipeline.errors import FerryError, InvalidInput, ModelNotFound
+from pipeline.imaging import Target, checked_header, resize_to, sniff
 
 from .messages import Rows
 from .preprocess import PreprocessCore
@@ -40,20 +44,22 @@ logger = logging.getLogger(__name__)
 
 
 class PreprocessGpuCore:
-    """The stage without Ray's Serve: decode, upload, resize, send."""
+    """The stage without Ray's Serve: decode, upload, resize, then send -- or, with
+    ``local=True`` (fused into the inference replica), hand the device batch over in place."""
 
-    def __init__(self, config: PipelineConfig, device: int = 0) -> None:
+    def __init__(self, config: PipelineConfig, device: int = 0, local: bool = False) -> None:
         from pipeline.device import Stream, select_backend
         from pipeline.memory import PinnedRing
         from pipeline.ops.image import ResizeBilinear
-        from pipeline.transport.base import nccl_available
-        from pipeline.transport.object_store import ObjectStoreSender
 
         self.config = config
+        self.local = local
         self.backend = select_backend("cupy", device)
         self.backend.activate()
         self.cpu = PreprocessCore(config, fitted=False)  # decoding, as the CPU stage does it
         self.targets = self.cpu.targets
+        self.max_pixels = config.ingress.max_pixels
+        self.decoder = self._decoder(config)
         self.gpu_pool = ThreadPoolExecutor(1, thread_name_prefix="ferry-pre-gpu")
         t = config.transport
         self.timeout_s = t.timeout_s
@@ -61,34 +67,128 @@ class PreprocessGpuCore:
         self.stream = Stream("preprocess", self.backend)
         self.resize = ResizeBilinear()
         self.endpoint: Any = None
-        if nccl_available():
-            from pipeline.transport.nccl import NcclEndpoint
+        self.os_tx: Any = None
+        if not local:
+            from pipeline.transport.base import nccl_available
+            from pipeline.transport.object_store import ObjectStoreSender
 
-            self.endpoint = NcclEndpoint(self.backend.device_id, timeout_s=t.timeout_s)
-        self.os_tx = ObjectStoreSender("preprocess->inference")
+            if nccl_available():
+                from pipeline.transport.nccl import NcclEndpoint
+
+                self.endpoint = NcclEndpoint(self.backend.device_id, timeout_s=t.timeout_s)
+            self.os_tx = ObjectStoreSender("preprocess->inference")
         self._senders: dict[str, Any] = {}
         self._same_gpu_warned = False
         self._inflight: deque = deque()  # (event, slot) of uploads not yet known complete
+        self._held: deque = deque()  # (event, decoded images) until the resize has read them
 
-    async def run(self, model: str, items: list[tuple[bytes, str | None]], to: dict) -> Rows:
-        """Decode ``items``, make the batch on the GPU, send it as ``to`` says; the Rows
-        that come back carry the envelope instead of the data."""
+    def _decoder(self, config: PipelineConfig) -> Any:
+        """nvImageCodec's JPEG decoder on this device, as ``preprocess.decoder`` asks."""
+        want = config.preprocess.decoder
+        if want == "cpu":
+            return None
+        from pipeline import gpu_decode
+
+        if not gpu_decode.available():
+            if want == "nvimgcodec":
+                raise FerryError(
+                    "preprocess.decoder is 'nvimgcodec' but nvImageCodec does not load here; "
+                    "install the gpu-decode extra (pip install 'ferry[gpu-decode]')"
+                )
+            logger.info("nvImageCodec not installed: JPEGs are decoded on CPU threads")
+            return None
+        return gpu_decode.GpuJpegDecoder(
+            self.backend.device_id, config.preprocess.threads, config.preprocess.gpu_decode_backend
+        )
+
+    async def run(
+        self, model: str, items: list[tuple[bytes, str | None]], to: dict | None = None
+    ) -> Rows:
+        """Decode ``items`` and make the batch on the GPU. Sent as ``to`` says, the Rows that
+        come back carry the envelope instead of the data; with ``to=None`` (local) they carry
+        the device batch itself, complete on the device."""
         if model not in self.targets:
             raise ModelNotFound("no such model", model=model, served=sorted(self.targets))
         t0 = time.perf_counter()
-        imgs, owner, errors = await self.cpu.decode_many(model, items)
-        env = None
-        if imgs:
-            loop = asyncio.get_running_loop()
+        imgs, owner, errors = await self._decode(model, items)
+        loop = asyncio.get_running_loop()
+        env = data = None
+        if imgs and to is None:
+            data, ready = await loop.run_in_executor(self.gpu_pool, self.make_local, model, imgs)
+            pause = 5e-5
+            while not ready.done():  # the batch is finished on the device: poll, never block
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 1e-3)
+        elif imgs:
             env = await loop.run_in_executor(self.gpu_pool, self.make_and_send, model, imgs, to)
         ms = (time.perf_counter() - t0) * 1e3
         metrics.observe_stage("preprocess", model, ms)
-        return Rows(len(items), None, owner, errors, {"preprocess": ms}, envelope=env)
+        return Rows(len(items), data, owner, errors, {"preprocess": ms}, envelope=env)
+
+    async def _decode(
+        self, model: str, items: list[tuple[bytes, str | None]]
+    ) -> tuple[list[Any], list[int], dict[int, FerryError]]:
+        """JPEGs on the GPU (when there is a decoder), the rest -- and any JPEG it could not
+        decode -- on CPU threads. Images come back in request order: host arrays for the CPU
+        ones, nvImageCodec images (on this device, in this stage's stream) for the rest."""
+        errors: dict[int, FerryError] = {}
+        on_gpu: list[int] = []
+        if self.decoder is not None:
+            for i, (data, ct) in enumerate(items):
+                if sniff(data) != "jpeg":
+                    continue
+                try:
+                    checked_header(data, ct, self.max_pixels)
+                except FerryError as exc:
+                    errors[i] = exc
+                    continue
+                on_gpu.append(i)
+        taken = set(on_gpu) | set(errors)
+        on_cpu = [i for i in range(len(items)) if i not in taken]
+        loop = asyncio.get_running_loop()
+        channels = self.targets[model].channels
+        gpu = None
+        if on_gpu:
+            datas = [items[i][0] for i in on_gpu]
+            gpu = loop.run_in_executor(self.gpu_pool, self._decode_gpu, datas, channels)
+        found: dict[int, Any] = {}
+        if on_cpu:
+            await self._decode_cpu(model, items, on_cpu, found, errors)
+        if gpu is not None:
+            decoded = await gpu
+            retry = []
+            for i, img in zip(on_gpu, decoded, strict=True):
+                if img is None:
+                    retry.append(i)
+                else:
+                    found[i] = img
+            if retry:  # the CPU decodes it, or says precisely what is wrong with it
+                await self._decode_cpu(model, items, retry, found, errors)
+        owner = sorted(found)
+        return [found[i] for i in owner], owner, errors
+
+    async def _decode_cpu(
+        self,
+        model: str,
+        items: list[tuple[bytes, str | None]],
+        which: list[int],
+        found: dict[int, Any],
+        errors: dict[int, FerryError],
+    ) -> None:
+        imgs, owner, errs = await self.cpu.decode_many(model, [items[i] for i in which])
+        for img, j in zip(imgs, owner, strict=True):
+            found[which[j]] = img
+        for j, exc in errs.items():
+            errors[which[j]] = exc
 
     # ------------------------------------------------------------------ GPU (one thread)
-    def batch(self, model: str, imgs: list[np.ndarray]) -> Any:
-        """The uint8 device batch [n, H, W, C] of decoded images, enqueued on this stage's
-        stream (the caller sends it from there or synchronizes)."""
+    def _decode_gpu(self, datas: list[bytes], channels: int) -> list[Any]:
+        return self.decoder.decode(datas, channels, self.stream.ptr)
+
+    def batch(self, model: str, imgs: list[Any]) -> Any:
+        """The uint8 device batch [n, H, W, C] of decoded images -- host arrays, or images
+        already on this device -- enqueued on this stage's stream (the caller sends it from
+        there or waits for the stream)."""
         import cupy
 
         t = self.targets[model]
@@ -96,7 +196,14 @@ class PreprocessGpuCore:
         with self.stream:
             out = cupy.empty((n, t.height, t.width, t.channels), dtype=cupy.uint8)
             i = 0
+            held = []
             while i < n:
+                if not isinstance(imgs[i], np.ndarray):  # decoded on the GPU: resize it there
+                    v = device_view(imgs[i])
+                    self._fit(v if v.ndim == 3 else v[..., None], out[i], t)
+                    held.append(imgs[i])
+                    i += 1
+                    continue
                 if imgs[i].nbytes > self.ring.slot_bytes:  # rare: a huge PNG; pageable copy
                     self._fit(cupy.asarray(imgs[i]), out[i], t)
                     i += 1
@@ -104,7 +211,11 @@ class PreprocessGpuCore:
                 self._reap()  # a slot back from an upload that finished
                 slot = self.ring.acquire(self.timeout_s)
                 placed, off = [], 0
-                while i < n and off + imgs[i].nbytes <= self.ring.slot_bytes:
+                while (
+                    i < n
+                    and isinstance(imgs[i], np.ndarray)
+                    and off + imgs[i].nbytes <= self.ring.slot_bytes
+                ):
                     img = np.ascontiguousarray(imgs[i])
                     slot.view(off, img.shape, np.uint8)[...] = img
                     placed.append((i, off, img.shape))
@@ -116,7 +227,16 @@ class PreprocessGpuCore:
                 for j, o, shape in placed:
                     size = int(np.prod(shape))
                     self._fit(dev[o : o + size].reshape(shape), out[j], t)
+            if held:  # nvImageCodec's images live until the resize has read them
+                while self._held and self._held[0][0].done():
+                    self._held.popleft()
+                self._held.append((self.stream.record(), held))
         return out
+
+    def make_local(self, model: str, imgs: list[Any]) -> tuple[Any, Any]:
+        """The device batch and the event that marks it complete on this stage's stream."""
+        out = self.batch(model, imgs)
+        return out, self.stream.record()
 
     def make_and_send(self, model: str, imgs: list[np.ndarray], to: dict) -> Any:
         out = self.batch(model, imgs)
@@ -182,7 +302,28 @@ class PreprocessGpuCore:
         if self.endpoint is not None:
             self.endpoint.close()
         self.stream.synchronize()
+        self._held.clear()
         self.ring.close()
+
+
+def device_view(img: Any) -> Any:
+    """A cupy view of a device image that exposes ``__cuda_array_interface__``, without
+    the stream synchronization cupy would do on import (the image is in stream order on
+    the stage's stream already); the view keeps the image alive."""
+    import cupy
+
+    cai = img.__cuda_array_interface__
+    ptr = int(cai["data"][0])
+    shape = tuple(cai["shape"])
+    dtype = np.dtype(cai["typestr"])
+    strides = cai.get("strides")
+    size = (
+        int(np.prod(shape)) * dtype.itemsize
+        if strides is None
+        else (sum((d - 1) * s for d, s in zip(shape, strides, strict=True)) + dtype.itemsize)
+    )
+    mem = cupy.cuda.UnownedMemory(ptr, size, img)
+    return cupy.ndarray(shape, dtype, cupy.cuda.MemoryPointer(mem, 0), strides=strides)
 
 
 @serve.deployment

@@ -161,9 +161,17 @@ class PreprocessConfig(_Strict):
     threads: int = Field(4, ge=1, le=256)
     """Worker threads per replica for decode + resize (simplejpeg and Pillow release the GIL)."""
     device: Literal["cpu", "gpu"] = "cpu"
-    """``gpu``: the PreprocessGPU stage -- decode on CPU threads, resize on its GPU, and hand
-    the batch to the inference replica over ``transport.preprocess_to_inference``. Needs
-    ``preprocess_deployment.num_gpus`` > 0."""
+    """``gpu``: decode (see ``decoder``) and resize on a GPU. In a PreprocessGPU deployment of
+    its own (``preprocess_deployment.num_gpus`` > 0), which hands the batch to the inference
+    replica over ``transport.preprocess_to_inference``; or, with
+    ``fusion.preprocess_in_inference``, on the inference replica's own GPU."""
+    decoder: Literal["auto", "cpu", "nvimgcodec"] = "auto"
+    """JPEG decoding where ``device`` is ``gpu``: ``nvimgcodec`` decodes on the GPU
+    (nvJPEG; the ``gpu-decode`` extra), ``cpu`` on worker threads (simplejpeg), ``auto``
+    the GPU when nvImageCodec loads. PNG is always decoded on the CPU."""
+    gpu_decode_backend: Literal["auto", "hardware", "cuda", "hybrid"] = "auto"
+    """Which nvJPEG backend nvImageCodec prefers: the hardware engines (A100/H100/H200),
+    CUDA kernels, or hybrid (Huffman on the CPU); ``auto`` lets it choose per image."""
 
 
 class TransportConfig(_Strict):
@@ -192,6 +200,10 @@ class FusionConfig(_Strict):
     postprocess_in_inference: bool = False
     """Softmax, top-k and the answers in the inference replica (a worker thread); no
     Postprocess deployment."""
+    preprocess_in_inference: bool = False
+    """Decode and resize in the inference replica: on its GPU with ``preprocess.device: gpu``
+    (JPEGs decoded by nvImageCodec, the batch never leaves the device), on its threads
+    otherwise. No Preprocess deployment; the ingress sends the encoded bytes."""
 
 
 class PipelineConfig(_Strict):
@@ -233,11 +245,22 @@ class PipelineConfig(_Strict):
             raise ValueError(
                 f"batching.max_batch_size ({mb}) exceeds the largest bucket ({self.executor.buckets[-1]})"
             )
-        if self.preprocess.device == "gpu" and self.fusion.preprocess_in_ingress:
+        fu = self.fusion
+        if fu.preprocess_in_ingress and fu.preprocess_in_inference:
+            raise ValueError(
+                "fusion.preprocess_in_ingress and fusion.preprocess_in_inference exclude each other"
+            )
+        if self.preprocess.device == "gpu" and fu.preprocess_in_ingress:
             raise ValueError(
                 "fusion.preprocess_in_ingress and preprocess.device 'gpu' exclude each other"
             )
-        if self.preprocess.device == "gpu" and self.preprocess_deployment.num_gpus <= 0:
+        gpu_pre = self.preprocess.device == "gpu"
+        if gpu_pre and fu.preprocess_in_inference and self.inference_deployment.num_gpus <= 0:
+            raise ValueError(
+                "preprocess.device is 'gpu' with fusion.preprocess_in_inference but "
+                f"inference_deployment.num_gpus is {self.inference_deployment.num_gpus}"
+            )
+        if gpu_pre and not fu.preprocess_in_inference and self.preprocess_deployment.num_gpus <= 0:
             raise ValueError(
                 "preprocess.device is 'gpu' but preprocess_deployment.num_gpus is "
                 f"{self.preprocess_deployment.num_gpus}; give it a GPU share"

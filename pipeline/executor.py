@@ -292,8 +292,11 @@ class GpuExecutor:
             if len(x) != p.n:
                 raise InvalidInput("batch has the wrong number of rows", rows=len(x), expected=p.n)
             on_device = bool(x) and is_device_array(x[0])
-            if on_device and (p.naive or not self.backend.is_cuda):
-                x = [r.get() for r in x]  # the baseline (and the CPU) take host rows
+            mixed = on_device and not all(is_device_array(r) for r in x)
+            if on_device and (p.naive or mixed or not self.backend.is_cuda):
+                # the baseline and the CPU take host rows, and so does a batch that mixes
+                # device rows with host rows (v2 tensors beside GPU-decoded images)
+                x = [r.get() if is_device_array(r) else r for r in x]
                 on_device = False
             for r in x:
                 if (

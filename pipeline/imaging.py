@@ -94,17 +94,23 @@ def decode_unfitted(
 ) -> np.ndarray:
     """Bytes -> uint8 [H, W, C], checked, decoded but not resized: a JPEG at the smallest DCT
     scale still at least the size ``fit`` resizes to (GPU preprocessing resizes it there)."""
+    kind, h, w = checked_header(data, content_type, max_pixels)
+    rh, rw = resize_to(h, w, target)
+    img = _decode_jpeg(data, target.channels, rh, rw) if kind == "jpeg" else None
+    if img is None:
+        img = _decode_pillow(data, target.channels)
+    return img
+
+
+def checked_header(data: bytes, content_type: str | None, max_pixels: int) -> tuple[str, int, int]:
+    """(kind, height, width) from the header, after the media and pixel-count checks."""
     kind = check_media(data, content_type)
     h, w = image_size(data, kind)
     if h < 1 or w < 1:
         raise InvalidInput("image has no pixels", height=h, width=w)
     if h * w > max_pixels:
         raise PayloadTooLarge("image has too many pixels", height=h, width=w, max_pixels=max_pixels)
-    rh, rw = resize_to(h, w, target)
-    img = _decode_jpeg(data, target.channels, rh, rw) if kind == "jpeg" else None
-    if img is None:
-        img = _decode_pillow(data, target.channels)
-    return img
+    return kind, h, w
 
 
 def resize_to(h: int, w: int, t: Target) -> tuple[int, int]:

@@ -1,5 +1,6 @@
-"""Fused stages (decode in the ingress, answers from the inference replica) answer as the
-four-deployment pipeline does: the same predictions, the same errors, v1 and v2."""
+"""Fused stages (decode in the ingress or in the inference replica, answers from the
+inference replica) answer as the four-deployment pipeline does: the same predictions, the
+same errors, v1 and v2."""
 
 from __future__ import annotations
 
@@ -67,9 +68,20 @@ def test_fused_pipeline_answers_as_the_four_stage_one(ray_cluster):
         deployments = set(serve.status().applications["fused"].deployments)
     finally:
         undeploy("fused")
-    assert deployments == {"Ingress", "Inference"}  # two hops fewer
-    assert fused["acc"] >= 0.95  # 120 digits; the whole held-out set reaches 97% elsewhere
-    assert np.array_equal(fused["pred"], plain["pred"])
-    assert fused["top"] == plain["top"]
-    assert np.allclose(fused["v2"], plain["v2"], rtol=1e-5, atol=1e-5)
-    assert fused["timings"]["preprocess"] > 0 and "postprocess" in fused["timings"]
+    # decode in the inference replica (its threads here; its GPU with preprocess.device gpu)
+    deploy(
+        cpu_config(fusion={"preprocess_in_inference": True, "postprocess_in_inference": True}),
+        name="fused_inf",
+    )
+    try:
+        in_inf = _answers(BASE)
+        deployments_inf = set(serve.status().applications["fused_inf"].deployments)
+    finally:
+        undeploy("fused_inf")
+    assert deployments == deployments_inf == {"Ingress", "Inference"}  # two hops fewer
+    for f in (fused, in_inf):
+        assert f["acc"] >= 0.95  # 120 digits; the whole held-out set reaches 97% elsewhere
+        assert np.array_equal(f["pred"], plain["pred"])
+        assert f["top"] == plain["top"]
+        assert np.allclose(f["v2"], plain["v2"], rtol=1e-5, atol=1e-5)
+        assert f["timings"]["preprocess"] > 0 and "postprocess" in f["timings"]

@@ -120,7 +120,9 @@ def test_gpu_preprocessing_needs_a_gpu_share_and_wires_inference_to_it():
     assert plain.init_args[1]._bound_deployment.name == "Preprocess"
 
 
-@pytest.mark.parametrize("name", ["ferry_e2e.yaml", "ferry_e2e_fused.yaml"])
+@pytest.mark.parametrize(
+    "name", ["ferry_e2e.yaml", "ferry_e2e_fused.yaml", "ferry_e2e_gpu_decode.yaml"]
+)
 def test_benchmark_serve_configs_validate(name):
     from ray.serve.schema import ServeDeploySchema
 
@@ -130,6 +132,33 @@ def test_benchmark_serve_configs_validate(name):
     assert cfg.executor.backend == "cupy"
     cpus = cfg.ingress_deployment.num_cpus * cfg.ingress_deployment.num_replicas
     cpus += cfg.inference_deployment.num_cpus
-    if not cfg.fusion.preprocess_in_ingress:
+    fu = cfg.fusion
+    if not (fu.preprocess_in_ingress or fu.preprocess_in_inference):
         cpus += cfg.preprocess_deployment.num_cpus * cfg.preprocess_deployment.num_replicas
     assert cpus <= 14  # leaves the 16-core GPU node room for HAProxy and the load generator
+
+
+def test_preprocess_in_inference_wires_one_hop_and_checks_the_gpu_share():
+    from deployments.app import build
+
+    fused = {"preprocess_in_inference": True, "postprocess_in_inference": True}
+    with pytest.raises(ValidationError, match="exclude each other"):
+        PipelineConfig.model_validate(
+            {"fusion": {"preprocess_in_inference": True, "preprocess_in_ingress": True}}
+        )
+    with pytest.raises(ValidationError, match="inference_deployment.num_gpus is 0.0"):
+        PipelineConfig.model_validate({"preprocess": {"device": "gpu"}, "fusion": fused})
+    with pytest.raises(ValidationError):
+        PipelineConfig.model_validate({"preprocess": {"decoder": "libjpeg-on-a-toaster"}})
+    cfg = PipelineConfig.model_validate(
+        {
+            "preprocess": {"device": "gpu", "decoder": "nvimgcodec"},
+            "fusion": fused,
+            "inference_deployment": {"num_gpus": 1},
+        }
+    )
+    ingress = build(cfg)._bound_deployment
+    pre, inf, post = ingress.init_args[1:4]
+    assert pre is None and post is None  # one Serve hop per coalesced group
+    inf = inf._bound_deployment
+    assert inf.name == "Inference" and len(inf.init_args) == 1  # no PreprocessGPU handle

@@ -1,0 +1,96 @@
+"""JPEG decoding on the GPU with nvImageCodec (``pip install 'ferry[gpu-decode]'``).
+
+One ``Decoder`` per process and device decodes a whole call's JPEGs in one batch, in
+stream order on the caller's CUDA stream: nvJPEG's hardware engines where the GPU has
+them (A100, H100, H200), its CUDA decoder otherwise, libjpeg-turbo on nvImageCodec's
+own threads for what neither takes. The images land in device memory, ready for the
+resize kernel that follows on the same stream; nothing crosses PCIe but the compressed
+bytes.
+
+What the decoder cannot take (a corrupt file, a colour space it refuses) comes back as
+``None``; the caller decodes those on the CPU, which also gives the precise error. EXIF
+orientation is not applied, as the CPU path does not apply it either: both give the
+same pixels.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "hardware", "cuda", "hybrid")
+
+
+def available() -> bool:
+    """True when nvImageCodec and its nvJPEG extension load in this process."""
+    try:
+        from nvidia import nvimgcodec  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+class GpuJpegDecoder:
+    """Batch JPEG decode onto one device with nvImageCodec.
+
+    ``backends``: ``auto`` lets nvImageCodec pick per image (hardware engine first, then
+    CUDA, then hybrid and CPU); ``hardware`` / ``cuda`` / ``hybrid`` prefer that one,
+    with the CPU decoder behind it for what it refuses. ``cpu_threads`` bounds the
+    threads nvImageCodec uses for parsing and for the hybrid and CPU decoders.
+    """
+
+    def __init__(self, device_id: int, cpu_threads: int = 4, backends: str = "auto") -> None:
+        from nvidia import nvimgcodec as nv
+
+        if backends not in BACKENDS:
+            raise ValueError(f"backends must be one of {BACKENDS}, got {backends!r}")
+        kinds = {
+            "auto": None,
+            "hardware": [nv.HW_GPU_ONLY, nv.GPU_ONLY, nv.CPU_ONLY],
+            "cuda": [nv.GPU_ONLY, nv.CPU_ONLY],
+            "hybrid": [nv.HYBRID_CPU_GPU, nv.CPU_ONLY],
+        }[backends]
+        self.nv = nv
+        self.device_id = device_id
+        self.decoder = nv.Decoder(
+            device_id=device_id,
+            max_num_cpu_threads=cpu_threads,
+            backends=None if kinds is None else [nv.Backend(k) for k in kinds],
+        )
+        self.params = {
+            3: nv.DecodeParams(
+                apply_exif_orientation=False, color_spec=nv.SRGB, sample_format=nv.I_RGB
+            ),
+            1: nv.DecodeParams(
+                apply_exif_orientation=False, color_spec=nv.GRAY, sample_format=nv.I_Y
+            ),
+        }
+
+    def decode(self, datas: list[bytes], channels: int, stream_ptr: int) -> list[Any]:
+        """Device images (``cupy.asarray`` views them, [h, w, channels] uint8) for
+        ``datas``, enqueued on ``stream_ptr``; ``None`` where this decoder failed. The
+        images must stay referenced until work that reads them on the stream is done."""
+        if not datas:
+            return []
+        streams, where = [], []
+        for i, d in enumerate(datas):
+            try:
+                streams.append(self.nv.CodeStream(d))
+                where.append(i)
+            except Exception:  # unparseable: the CPU path says why
+                pass
+        out: list[Any] = [None] * len(datas)
+        if not streams:
+            return out
+        try:
+            images = self.decoder.decode(
+                streams, params=self.params[channels], cuda_stream=stream_ptr
+            )
+        except Exception as exc:  # the whole batch refused: the CPU takes all of it
+            logger.warning("nvImageCodec refused a batch of %d: %s", len(streams), exc)
+            return out
+        for i, img in zip(where, images, strict=True):
+            out[i] = img
+        return out

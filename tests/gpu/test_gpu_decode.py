@@ -1,0 +1,167 @@
+"""JPEG decoding on the GPU (nvImageCodec) and preprocessing fused into the inference
+replica: the pixels agree with the CPU path, bad images get the CPU path's errors, and the
+Serve app on one GPU classifies as the CPU path does."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from pipeline.config import PipelineConfig
+from pipeline.imaging import decode, encode_jpeg, encode_png
+from pipeline.models.registry import model_info
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def nvimgcodec():
+    return pytest.importorskip("nvidia.nvimgcodec")
+
+
+def _photos() -> dict[str, np.ndarray]:
+    import skimage.data as d
+
+    return {n: getattr(d, n)() for n in ("chelsea", "astronaut", "coffee", "rocket")}
+
+
+def _config(**over) -> PipelineConfig:
+    raw = {
+        "models": [{"name": "resnet50", "arch": "resnet50"}, {"name": "digits", "arch": "digits"}],
+        "executor": {"backend": "cupy"},
+        "preprocess": {"device": "gpu", "decoder": "nvimgcodec"},
+        "fusion": {"preprocess_in_inference": True, "postprocess_in_inference": True},
+        "inference_deployment": {"num_gpus": 1},
+    }
+    raw.update(over)
+    return PipelineConfig.model_validate(raw)
+
+
+@pytest.mark.parametrize("backends", ["auto", "hardware", "cuda", "hybrid"])
+def test_nvimgcodec_decodes_photos_as_libjpeg_does(nvimgcodec, backends):
+    import cupy
+    import simplejpeg
+
+    from deployments.preprocess_gpu import device_view
+    from pipeline.gpu_decode import GpuJpegDecoder
+
+    dec = GpuJpegDecoder(0, cpu_threads=2, backends=backends)
+    photos = _photos()
+    blobs = [encode_jpeg(img, quality=90) for img in photos.values()]
+    stream = cupy.cuda.Stream(non_blocking=True)
+    imgs = dec.decode(blobs, 3, stream.ptr)
+    gray = dec.decode([encode_jpeg(photos["coffee"][..., :1])], 1, stream.ptr)[0]
+    stream.synchronize()
+    for (name, _), blob, img in zip(photos.items(), blobs, imgs, strict=True):
+        got = device_view(img).get()
+        want = simplejpeg.decode_jpeg(blob, colorspace="RGB", fastdct=False, fastupsample=False)
+        assert got.shape == want.shape, (name, got.shape, want.shape)
+        diff = np.abs(got.astype(np.int16) - want)
+        print(f"{backends} {name}: mean |diff| {diff.mean():.3f}, max {diff.max()}")
+        # IDCT and chroma upsampling differ between decoders by a level or two
+        assert diff.mean() < 1.0 and np.percentile(diff, 99) <= 6, (name, diff.mean())
+    g = device_view(gray).get()
+    assert g.shape[:2] == photos["coffee"].shape[:2] and g.size == g.shape[0] * g.shape[1]
+
+
+def test_fused_gpu_preprocess_mixed_call_matches_cpu_and_keeps_errors_apart(nvimgcodec):
+    from deployments.preprocess_gpu import PreprocessGpuCore
+
+    core = PreprocessGpuCore(_config(), 0, local=True)
+    assert core.decoder is not None and core.endpoint is None
+    target = model_info("resnet50").target()
+    photos = list(_photos().values())
+    jpegs = [(encode_jpeg(img, quality=90), "image/jpeg") for img in photos]
+    items = [
+        jpegs[0],
+        (b"\xff\xd8\xff\xe0 not really a jpeg", "image/jpeg"),  # header check: 400
+        (encode_png(photos[1]), "image/png"),  # PNG: CPU decode, uploaded
+        jpegs[1],
+        (jpegs[2][0][: len(jpegs[2][0]) // 3], "image/jpeg"),  # truncated body
+        jpegs[2],
+        jpegs[3],
+        (encode_jpeg(photos[0], quality=90), "image/png"),  # lies about its type: 415
+    ]
+    rows = asyncio.run(core.run("resnet50", items))
+    assert rows.envelope is None and rows.n_requests == len(items)
+    assert 1 in rows.errors and rows.errors[1].http_status == 400
+    assert 7 in rows.errors and rows.errors[7].http_status == 415
+    good = [i for i in range(len(items)) if i not in rows.errors]
+    assert rows.owner == good
+    got = rows.data.get()
+    assert got.shape == (len(good), 224, 224, 3) and got.dtype == np.uint8
+    for k, i in enumerate(good):
+        if i == 4:  # truncated: whatever either decoder made of it, a full image came out
+            continue
+        want = decode(items[i][0], items[i][1], target, 1 << 30)
+        diff = np.abs(got[k].astype(np.int16) - want)
+        print(f"item {i}: mean |diff| {diff.mean():.3f}, p99 {np.percentile(diff, 99)}")
+        # the CPU path may decode at a reduced DCT scale; the GPU path decodes in full
+        assert diff.mean() < 2.0 and np.percentile(diff, 99) <= 12, (i, diff.mean())
+    core.close()
+
+
+def test_serve_app_on_one_gpu_decodes_in_the_inference_replica():
+    """ingress -> inference (nvImageCodec decode, GPU resize, model, top-k) over HTTP, on
+    JPEG digits, against the CPU decode + CPU executor path."""
+    pytest.importorskip("nvidia.nvimgcodec")
+    import ray
+    from ray import serve
+
+    from deployments.app import build
+    from pipeline.config import ExecutorConfig
+    from pipeline.executor import GpuExecutor
+    from pipeline.models import digits
+    from tests.integration.helpers import classify_many
+
+    _, _, xte, yte = digits.load_split()
+    n = 300
+    big = np.repeat(np.repeat(xte[:n], 2, axis=1), 2, axis=2)  # 56x56: both paths resize
+    jpgs = [encode_jpeg(x, quality=95) for x in big]
+    target = model_info("digits").target()
+    cpu = GpuExecutor(ExecutorConfig(backend="numpy", buckets=(1, 8, 64)))
+    cpu.load_model("digits", "digits")
+    cpu_pred = []
+    for i in range(0, n, 64):
+        rows = [decode(p, "image/jpeg", target, 1 << 24) for p in jpgs[i : i + 64]]
+        cpu_pred += list(np.argmax(cpu.infer("digits", np.stack(rows)), axis=1))
+    cpu.close()
+
+    config = _config(
+        models=[{"name": "digits", "arch": "digits"}],
+        executor={"backend": "cupy", "buckets": [1, 8, 32, 64], "pool_limit_fraction": 0.1},
+        batching={"max_batch_size": 64, "max_wait_ms": 5},
+        ingress_deployment={"num_cpus": 1},
+        inference_deployment={"num_cpus": 1, "num_gpus": 1},
+    )
+    ray.init(num_gpus=1, num_cpus=8, include_dashboard=False, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": 8132})
+        serve.run(build(config), name="gpudec", route_prefix="/")
+        deployments = set(serve.status().applications["gpudec"].deployments)
+        rs = classify_many(
+            "http://127.0.0.1:8132",
+            [(p, "image/jpeg") for p in jpgs] + [(b"\xff\xd8\xff junk", "image/jpeg")],
+            "digits",
+            "?top_k=1",
+        )
+        serve.delete("gpudec")
+        serve.shutdown()
+    finally:
+        ray.shutdown()
+    assert deployments == {"Ingress", "Inference"}
+    assert rs[-1].status_code == 400, rs[-1].text
+    rs = rs[:-1]
+    assert all(r.status_code == 200 for r in rs), [r.text for r in rs if r.status_code != 200]
+    gpu_pred = np.array([int(r.json()["top_k"][0]["label"]) for r in rs])
+    agree = float(np.mean(gpu_pred == np.array(cpu_pred)))
+    acc = float(np.mean(gpu_pred == yte[:n]))
+    cpu_acc = float(np.mean(np.array(cpu_pred) == yte[:n]))
+    print(
+        f"GPU decode in the inference replica: agreement with the CPU path {agree:.3f}, "
+        f"accuracy {acc:.3f} (CPU path {cpu_acc:.3f}) on 2x-upscaled JPEG digits"
+    )
+    assert agree >= 0.97, agree
+    assert acc >= cpu_acc - 0.015 and acc >= 0.9, (acc, cpu_acc)
