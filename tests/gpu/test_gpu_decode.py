@@ -64,6 +64,9 @@ def test_nvimgcodec_decodes_photos_as_libjpeg_does(nvimgcodec, backends):
         assert diff.mean() < 1.0 and np.percentile(diff, 99) <= 6, (name, diff.mean())
     g = device_view(gray).get()
     assert g.shape[:2] == photos["coffee"].shape[:2] and g.size == g.shape[0] * g.shape[1]
+    # nvImageCodec frees an image on the stream it was decoded on: images before the stream
+    del imgs, gray
+    stream.synchronize()
 
 
 def test_fused_gpu_preprocess_mixed_call_matches_cpu_and_keeps_errors_apart(nvimgcodec):
