@@ -27,21 +27,31 @@ class PostprocessCore:
         t0 = time.perf_counter()
         arch = self.arch[model]
         names = labels(arch)
-        probs = None
+        probs = vals = idx = None
         if logits.data is not None:
             (probs,) = eager(SOFTMAX, logits.data)
+            # one top-k over every row, as deep as the deepest request asks (the order is a
+            # stable sort, so a shallower request's top-k is a prefix of it)
+            kmax = max((s.top_k for s in specs if s.kind == "classify"), default=0)
+            if kmax:
+                kmax = min(kmax, model_info(arch).num_classes)
+                vals, idx = eager(TOPK, probs, k=kmax)
+                vals, idx = vals.tolist(), idx.tolist()
+        rows_of: dict[int, list[int]] = {}
+        for i, o in enumerate(logits.owner):
+            rows_of.setdefault(o, []).append(i)
         out: list[dict[str, Any] | BaseException] = []
         for r, spec in enumerate(specs):
             if r in logits.errors:
                 out.append(logits.errors[r])
                 continue
-            rows = logits.rows_of(r)
+            rows = rows_of.get(r, [])
             if spec.kind == "classify":
                 k = min(spec.top_k, model_info(arch).num_classes)
-                vals, idx = eager(TOPK, probs[rows], k=k)
+                row = rows[0]
                 top = [
-                    {"label": names[int(i)], "class": int(i), "score": float(v)}
-                    for v, i in zip(vals[0], idx[0], strict=True)
+                    {"label": names[i], "class": i, "score": v}
+                    for v, i in zip(vals[row][:k], idx[row][:k], strict=True)
                 ]
                 out.append({"top_k": top, **self._timings(logits, rows)})
             else:

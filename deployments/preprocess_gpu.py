@@ -195,13 +195,12 @@ class PreprocessGpuCore:
         n = len(imgs)
         with self.stream:
             out = cupy.empty((n, t.height, t.width, t.channels), dtype=cupy.uint8)
+            held = [(j, img) for j, img in enumerate(imgs) if not isinstance(img, np.ndarray)]
+            if held:  # decoded on the GPU: all of them fitted in one launch
+                self._fit_many(held, out, t)
             i = 0
-            held = []
             while i < n:
-                if not isinstance(imgs[i], np.ndarray):  # decoded on the GPU: resize it there
-                    v = device_view(imgs[i])
-                    self._fit(v if v.ndim == 3 else v[..., None], out[i], t)
-                    held.append(imgs[i])
+                if not isinstance(imgs[i], np.ndarray):
                     i += 1
                     continue
                 if imgs[i].nbytes > self.ring.slot_bytes:  # rare: a huge PNG; pageable copy
@@ -233,6 +232,50 @@ class PreprocessGpuCore:
                 self._held.append((self.stream.record(), held))
         return out
 
+    def _fit_many(self, rows: list[tuple[int, Any]], out: Any, t: Target) -> None:
+        """Fit device images (``(output row, image)``) into ``out`` with one kernel launch;
+        their geometry goes to the device through a pinned staging slot."""
+        import cupy
+
+        from pipeline.ops.image import GEO_FIELDS, resize_crop_many
+
+        n = len(rows)
+        ptrs = np.empty(n, np.uint64)
+        geo = np.empty((n, GEO_FIELDS), np.int32)
+        scale = np.empty((n, 2), np.float32)
+        keep = []
+        for k, (j, img) in enumerate(rows):
+            v = device_view(img)
+            if v.ndim == 2:
+                v = v[..., None]
+            h, w, c = v.shape
+            if c != t.channels:
+                raise InvalidInput("decoded image has the wrong channel count", channels=c)
+            if v.strides[1:] != (c, 1):  # the kernel takes a row pitch, not pixel strides
+                v = cupy.ascontiguousarray(v)
+                keep.append(v)
+            rh, rw = resize_to(h, w, t)
+            top, left = (rh - t.height) // 2, (rw - t.width) // 2
+            geo[k] = (h, w, v.strides[0], rh, rw, top, left, j)
+            scale[k] = (h / rh, w / rw)
+            ptrs[k] = v.data.ptr
+        parts = (ptrs, geo, scale)
+        offs, size = [], 0
+        for a in parts:
+            offs.append(size)
+            size += -(-a.nbytes // 256) * 256
+        self._reap()
+        slot = self.ring.acquire(self.timeout_s)
+        for a, o in zip(parts, offs, strict=True):
+            slot.view(o, (a.nbytes,), np.uint8)[...] = a.view(np.uint8).reshape(-1)
+        dev = cupy.empty(size, dtype=cupy.uint8)
+        self.stream.copy_h2d(dev, slot.view(0, (size,), np.uint8))
+        self._inflight.append((self.stream.record(), slot))
+        d = [dev[o : o + a.nbytes].view(a.dtype) for a, o in zip(parts, offs, strict=True)]
+        resize_crop_many(d[0], d[1], d[2], out, n)
+        if keep:  # the dense copies live until the kernel has read them
+            self._held.append((self.stream.record(), keep))
+
     def make_local(self, model: str, imgs: list[Any]) -> tuple[Any, Any]:
         """The device batch and the event that marks it complete on this stage's stream."""
         out = self.batch(model, imgs)
@@ -250,6 +293,8 @@ class PreprocessGpuCore:
         from pipeline.ops.base import TensorSpec
 
         h, w, c = src.shape
+        if not src.flags.c_contiguous:  # nvImageCodec pads rows; the kernels want them dense
+            src = cupy.ascontiguousarray(src)
         rh, rw = resize_to(h, w, t)
         if (h, w) == (rh, rw):
             tmp = src[None]

@@ -202,7 +202,9 @@ class Stream:
             return COMPLETE
         import cupy
 
-        ev = cupy.cuda.Event(block=False, disable_timing=True)
+        # blocking sync: a thread that waits on it sleeps instead of spinning a core
+        # (CUDA's default), which on a node whose cores are the limit is a core lost
+        ev = cupy.cuda.Event(block=True, disable_timing=True)
         ev.record(self._raw)
         return Event(ev)
 

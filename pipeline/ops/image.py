@@ -92,7 +92,73 @@ extern "C" __global__ void resize_aa_u8(const unsigned char* __restrict__ x,
     y[i] = (unsigned char)fminf(fmaxf(floorf(v + 0.5f), 0.f), 255.f);
   }
 }
+
+// Many images of different sizes, each fitted into one row of y [N, OH, OW, C] in one
+// launch: resized with resize_aa_u8's filter to (RH, RW) and the (OH, OW) window at
+// (top, left) of that kept (a centre crop; stretch is RH = OH, RW = OW, top = left = 0).
+// Sources are read through a pointer table with their own row pitch (decoders pad rows).
+// geo per image: H, W, pitch (bytes), RH, RW, top, left, output row; scale: H/RH, W/RW.
+extern "C" __global__ void resize_crop_aa_many_u8(const unsigned long long* __restrict__ srcs,
+    const int* __restrict__ geo, const float* __restrict__ scale,
+    unsigned char* __restrict__ y, long long total, int OH, int OW, int C) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+       i += (long long)gridDim.x * blockDim.x) {
+    int c = (int)(i % C);
+    long long t = i / C;
+    int ox = (int)(t % OW); t /= OW;
+    int oy = (int)(t % OH);
+    long long n = t / OH;
+    const int* g = geo + n * 8;
+    int H = g[0], W = g[1], pitch = g[2], RH = g[3], RW = g[4];
+    int ry = oy + g[5], rx = ox + g[6];
+    const unsigned char* b = (const unsigned char*)srcs[n];
+    unsigned char* out = y + (long long)g[7] * OH * OW * C + ((long long)oy * OW + ox) * C + c;
+    if (RH == H && RW == W) {
+      *out = b[(long long)ry * pitch + (long long)rx * C + c];
+      continue;
+    }
+    float sy = scale[2 * n], sx = scale[2 * n + 1];
+    float fy = fmaxf(sy, 1.f), fx = fmaxf(sx, 1.f);
+    float cy = (ry + 0.5f) * sy, cx = (rx + 0.5f) * sx;
+    int y0 = max((int)(cy - fy + 0.5f), 0), y1 = min((int)(cy + fy + 0.5f), H);
+    int x0 = max((int)(cx - fx + 0.5f), 0), x1 = min((int)(cx + fx + 0.5f), W);
+    float acc = 0.f, wys = 0.f, wxs = 0.f;
+    for (int xx = x0; xx < x1; ++xx) wxs += fmaxf(0.f, 1.f - fabsf((xx - cx + 0.5f) / fx));
+    for (int yy = y0; yy < y1; ++yy) {
+      float wy = fmaxf(0.f, 1.f - fabsf((yy - cy + 0.5f) / fy));
+      if (wy == 0.f) continue;
+      float row = 0.f;
+      const unsigned char* r = b + (long long)yy * pitch + c;
+      for (int xx = x0; xx < x1; ++xx) {
+        float wx = fmaxf(0.f, 1.f - fabsf((xx - cx + 0.5f) / fx));
+        row += wx * r[(long long)xx * C];
+      }
+      acc += wy * row;
+      wys += wy;
+    }
+    float v = acc / (wys * wxs);
+    *out = (unsigned char)fminf(fmaxf(floorf(v + 0.5f), 0.f), 255.f);
+  }
+}
 """
+
+GEO_FIELDS = 8  # H, W, pitch, RH, RW, top, left, output row
+
+
+def resize_crop_many(srcs: Any, geo: Any, scale: Any, out: Any, n: int) -> None:
+    """Fit ``n`` device images into rows of ``out`` [N, OH, OW, C] uint8 in one launch, on
+    the current stream: ``srcs`` (uint64 device pointers), ``geo`` (int32 [n, 8]: H, W,
+    row pitch in bytes, resized RH, RW, crop top, left, output row) and ``scale`` (float32
+    [n, 2]: H / RH, W / RW) are device arrays. The filter is ``resize_aa_u8``'s, so each
+    row equals resizing its image with ``resize_bilinear(antialias=True)`` and cropping."""
+    _, oh, ow, c = out.shape
+    total = int(n) * oh * ow * c
+    kern = _cuda.kernel(SOURCE, "resize_crop_aa_many_u8", "float32")
+    _cuda.launch(
+        kern,
+        total,
+        (srcs, geo, scale, out, np.int64(total), np.int32(oh), np.int32(ow), np.int32(c)),
+    )
 
 
 def _floats(v: Any, n: int, what: str) -> tuple[float, ...]:

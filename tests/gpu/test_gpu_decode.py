@@ -168,3 +168,33 @@ def test_serve_app_on_one_gpu_decodes_in_the_inference_replica():
     )
     assert agree >= 0.97, agree
     assert acc >= cpu_acc - 0.015 and acc >= 0.9, (acc, cpu_acc)
+
+
+def test_one_launch_fit_equals_fitting_each_image(nvimgcodec):
+    """The batched resize-and-crop kernel gives exactly what resizing each image on its own
+    and cropping it gives, for centre-crop (ResNet-50) and stretch (digits, grey)."""
+    import cupy
+
+    from deployments.preprocess_gpu import PreprocessGpuCore, device_view
+
+    core = PreprocessGpuCore(_config(), 0, local=True)
+    photos = list(_photos().values())
+    sizes = [(300, 451), (512, 512), (97, 301), (224, 224), (256, 700)]
+    cases = {
+        "resnet50": [encode_jpeg(photos[i % 4][:h, :w], 90) for i, (h, w) in enumerate(sizes)],
+        "digits": [encode_jpeg(photos[1][:h, :w, :1], 90) for h, w in sizes],
+    }
+    for model, blobs in cases.items():
+        t = core.targets[model]
+        imgs = core._decode_gpu(blobs, t.channels)
+        got = core.batch(model, imgs)
+        each = cupy.empty_like(got)
+        with core.stream:
+            for i, img in enumerate(imgs):
+                v = device_view(img)
+                core._fit(v if v.ndim == 3 else v[..., None], each[i], t)
+        core.stream.synchronize()
+        assert got.shape == (len(blobs), t.height, t.width, t.channels)
+        assert cupy.array_equal(got, each), (model, int(cupy.abs(got - each).max()))
+        del imgs
+    core.close()
