@@ -183,7 +183,7 @@ class PreprocessGpuCore:
 
     # ------------------------------------------------------------------ GPU (one thread)
     def _decode_gpu(self, datas: list[bytes], channels: int) -> list[Any]:
-        return self.decoder.decode(datas, channels, self.stream.ptr)
+        return self.decoder.decode(datas, channels, self.stream)
 
     def batch(self, model: str, imgs: list[Any]) -> Any:
         """The uint8 device batch [n, H, W, C] of decoded images -- host arrays, or images

@@ -68,29 +68,68 @@ class GpuJpegDecoder:
             ),
         }
 
-    def decode(self, datas: list[bytes], channels: int, stream_ptr: int) -> list[Any]:
-        """Device images (``cupy.asarray`` views them, [h, w, channels] uint8) for
-        ``datas``, enqueued on ``stream_ptr``; ``None`` where this decoder failed. The
-        images must stay referenced until work that reads them on the stream is done."""
+    def decode(self, datas: list[bytes], channels: int, stream: Any) -> list[Any]:
+        """``DecodedImage``s of ``datas`` ([h, w, channels] uint8 on the device; ``None``
+        where this decoder failed), ready in stream order on ``stream`` (a cupy stream, or
+        anything with ``.ptr`` and ``.raw``): whatever stream nvImageCodec finished them
+        on, ``stream`` waits for it on the device. Each keeps its image, this decoder and
+        ``stream`` alive until it is dropped, which must be after the work that reads it."""
         if not datas:
             return []
-        streams, where = [], []
+        codes, where = [], []
         for i, d in enumerate(datas):
             try:
-                streams.append(self.nv.CodeStream(d))
+                codes.append(self.nv.CodeStream(d))
                 where.append(i)
             except Exception:  # unparseable: the CPU path says why
                 pass
         out: list[Any] = [None] * len(datas)
-        if not streams:
+        if not codes:
             return out
+        ptr = int(stream.ptr)
         try:
-            images = self.decoder.decode(
-                streams, params=self.params[channels], cuda_stream=stream_ptr
-            )
+            images = self.decoder.decode(codes, params=self.params[channels], cuda_stream=ptr)
         except Exception as exc:  # the whole batch refused: the CPU takes all of it
-            logger.warning("nvImageCodec refused a batch of %d: %s", len(streams), exc)
+            logger.warning("nvImageCodec refused a batch of %d: %s", len(codes), exc)
             return out
+        self._order_after(images, ptr, stream)
         for i, img in zip(where, images, strict=True):
-            out[i] = img
+            if img is not None:
+                out[i] = DecodedImage(img, (self, stream))
         return out
+
+    @staticmethod
+    def _order_after(images: list[Any], ptr: int, stream: Any) -> None:
+        """Make ``stream`` wait (on the device) for every other stream an image is on."""
+        import cupy
+
+        others = set()
+        for img in images:
+            if img is None:
+                continue
+            s = img.__cuda_array_interface__.get("stream")
+            if s is not None and int(s) != ptr:
+                others.add(int(s))
+        raw = getattr(stream, "raw", stream)
+        for s in others:
+            ev = cupy.cuda.Event(block=True, disable_timing=True)
+            ev.record(cupy.cuda.ExternalStream(s))
+            raw.wait_event(ev)
+
+
+class DecodedImage:
+    """A decoded device image and what must outlive it (its decoder, the stream it is freed
+    on): nvImageCodec frees an image on its stream, so the image goes first."""
+
+    __slots__ = ("image", "owner")
+
+    def __init__(self, image: Any, owner: Any) -> None:
+        self.image = image
+        self.owner = owner
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return self.image.__cuda_array_interface__
+
+    def __del__(self) -> None:
+        self.image = None  # before the owner, whatever order the collector picks

@@ -27,6 +27,21 @@ def _photos() -> dict[str, np.ndarray]:
     return {n: getattr(d, n)() for n in ("chelsea", "astronaut", "coffee", "rocket")}
 
 
+def exact(blob: bytes, target) -> np.ndarray:
+    """The reference the GPU path follows: the JPEG decoded in full (libjpeg-turbo, exact
+    IDCT and upsampling, as nvJPEG decodes it) and fitted by Pillow. (The CPU stage decodes
+    at a reduced DCT scale where that still covers the target, which filters differently.)"""
+    import simplejpeg
+
+    from pipeline.imaging import fit
+
+    gray = target.channels == 1
+    img = simplejpeg.decode_jpeg(
+        blob, colorspace="GRAY" if gray else "RGB", fastdct=False, fastupsample=False
+    )
+    return fit(img if img.ndim == 3 else img[..., None], target)
+
+
 def _config(**over) -> PipelineConfig:
     raw = {
         "models": [{"name": "resnet50", "arch": "resnet50"}, {"name": "digits", "arch": "digits"}],
@@ -51,8 +66,8 @@ def test_nvimgcodec_decodes_photos_as_libjpeg_does(nvimgcodec, backends):
     photos = _photos()
     blobs = [encode_jpeg(img, quality=90) for img in photos.values()]
     stream = cupy.cuda.Stream(non_blocking=True)
-    imgs = dec.decode(blobs, 3, stream.ptr)
-    gray = dec.decode([encode_jpeg(photos["coffee"][..., :1])], 1, stream.ptr)[0]
+    imgs = dec.decode(blobs, 3, stream)
+    gray = dec.decode([encode_jpeg(photos["coffee"][..., :1])], 1, stream)[0]
     stream.synchronize()
     for (name, _), blob, img in zip(photos.items(), blobs, imgs, strict=True):
         got = device_view(img).get()
@@ -62,11 +77,9 @@ def test_nvimgcodec_decodes_photos_as_libjpeg_does(nvimgcodec, backends):
         print(f"{backends} {name}: mean |diff| {diff.mean():.3f}, max {diff.max()}")
         # IDCT and chroma upsampling differ between decoders by a level or two
         assert diff.mean() < 1.0 and np.percentile(diff, 99) <= 6, (name, diff.mean())
+    print({k: v for k, v in imgs[0].__cuda_array_interface__.items() if k != "data"})
     g = device_view(gray).get()
     assert g.shape[:2] == photos["coffee"].shape[:2] and g.size == g.shape[0] * g.shape[1]
-    # nvImageCodec frees an image on the stream it was decoded on: images before the stream
-    del imgs, gray
-    stream.synchronize()
 
 
 def test_fused_gpu_preprocess_mixed_call_matches_cpu_and_keeps_errors_apart(nvimgcodec):
@@ -98,11 +111,14 @@ def test_fused_gpu_preprocess_mixed_call_matches_cpu_and_keeps_errors_apart(nvim
     for k, i in enumerate(good):
         if i == 4:  # truncated: whatever either decoder made of it, a full image came out
             continue
-        want = decode(items[i][0], items[i][1], target, 1 << 30)
+        if i == 2:  # the PNG: decoded on the CPU, fitted on the GPU
+            want = decode(items[i][0], items[i][1], target, 1 << 30)
+        else:
+            want = exact(items[i][0], target)
         diff = np.abs(got[k].astype(np.int16) - want)
-        print(f"item {i}: mean |diff| {diff.mean():.3f}, p99 {np.percentile(diff, 99)}")
-        # the CPU path may decode at a reduced DCT scale; the GPU path decodes in full
-        assert diff.mean() < 2.0 and np.percentile(diff, 99) <= 12, (i, diff.mean())
+        print(f"item {i}: mean |diff| {diff.mean():.3f}, p99.9 {np.percentile(diff, 99.9)}")
+        # the same filter as Pillow's; Pillow rounds to uint8 between its two passes
+        assert diff.mean() < 0.5 and np.percentile(diff, 99.9) <= 2, (i, diff.mean())
     core.close()
 
 
@@ -126,10 +142,12 @@ def test_serve_app_on_one_gpu_decodes_in_the_inference_replica():
     target = model_info("digits").target()
     cpu = GpuExecutor(ExecutorConfig(backend="numpy", buckets=(1, 8, 64)))
     cpu.load_model("digits", "digits")
-    cpu_pred = []
+    cpu_pred, dct_pred = [], []  # the exact reference; the CPU stage (DCT-scaled decode)
     for i in range(0, n, 64):
-        rows = [decode(p, "image/jpeg", target, 1 << 24) for p in jpgs[i : i + 64]]
+        rows = [exact(p, target) for p in jpgs[i : i + 64]]
         cpu_pred += list(np.argmax(cpu.infer("digits", np.stack(rows)), axis=1))
+        rows = [decode(p, "image/jpeg", target, 1 << 24) for p in jpgs[i : i + 64]]
+        dct_pred += list(np.argmax(cpu.infer("digits", np.stack(rows)), axis=1))
     cpu.close()
 
     config = _config(
@@ -162,12 +180,14 @@ def test_serve_app_on_one_gpu_decodes_in_the_inference_replica():
     agree = float(np.mean(gpu_pred == np.array(cpu_pred)))
     acc = float(np.mean(gpu_pred == yte[:n]))
     cpu_acc = float(np.mean(np.array(cpu_pred) == yte[:n]))
+    dct_acc = float(np.mean(np.array(dct_pred) == yte[:n]))
     print(
-        f"GPU decode in the inference replica: agreement with the CPU path {agree:.3f}, "
-        f"accuracy {acc:.3f} (CPU path {cpu_acc:.3f}) on 2x-upscaled JPEG digits"
+        f"GPU decode in the inference replica: agreement with full decode + Pillow "
+        f"{agree:.3f}, accuracy {acc:.3f} (reference {cpu_acc:.3f}, CPU stage with its "
+        f"DCT-scaled decode {dct_acc:.3f}) on 2x-upscaled JPEG digits"
     )
-    assert agree >= 0.97, agree
-    assert acc >= cpu_acc - 0.015 and acc >= 0.9, (acc, cpu_acc)
+    assert agree >= 0.98, agree
+    assert acc >= cpu_acc - 0.01 and acc >= 0.9, (acc, cpu_acc)
 
 
 def test_one_launch_fit_equals_fitting_each_image(nvimgcodec):
