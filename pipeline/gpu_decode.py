@@ -59,6 +59,7 @@ class GpuJpegDecoder:
             max_num_cpu_threads=cpu_threads,
             backends=None if kinds is None else [nv.Backend(k) for k in kinds],
         )
+        self._streams: dict[int, Any] = {}  # every stream used: they outlive the decoder
         self.params = {
             3: nv.DecodeParams(
                 apply_exif_orientation=False, color_spec=nv.SRGB, sample_format=nv.I_RGB
@@ -87,6 +88,7 @@ class GpuJpegDecoder:
         if not codes:
             return out
         ptr = int(stream.ptr)
+        self._streams.setdefault(ptr, stream)  # nvImageCodec keeps state per stream
         try:
             images = self.decoder.decode(codes, params=self.params[channels], cuda_stream=ptr)
         except Exception as exc:  # the whole batch refused: the CPU takes all of it
@@ -97,6 +99,9 @@ class GpuJpegDecoder:
             if img is not None:
                 out[i] = DecodedImage(img, (self, stream))
         return out
+
+    def __del__(self) -> None:
+        self.decoder = None  # the decoder goes before the streams it has worked on
 
     @staticmethod
     def _order_after(images: list[Any], ptr: int, stream: Any) -> None:
