@@ -133,8 +133,7 @@ def main() -> int:
     core = InferenceCore(cfg)
     pre = core.local_pre
     for obj, name, label in (
-        (pre, "_decode_gpu", "gpu_decode (GPU thread)"),
-        (pre, "make_local", "resize_into_batch (GPU thread)"),
+        (pre, "_one_round", "decode_and_fit_round (GPU thread)"),
         (core, "_submit", "executor_prepare_commit (submit thread)"),
         (core.post, "run", "postprocess (worker thread)"),
         (pre.cpu if hasattr(pre, "cpu") else pre, "decode_one", "cpu_decode (pool threads)"),

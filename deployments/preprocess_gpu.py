@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -81,6 +82,12 @@ class PreprocessGpuCore:
         self._same_gpu_warned = False
         self._inflight: deque = deque()  # (event, slot) of uploads not yet known complete
         self._held: deque = deque()  # (event, decoded images) until the resize has read them
+        from pipeline.async_result import CompletionWatcher
+
+        self.watcher = CompletionWatcher("ferry-pre-done")  # device events -> results
+        self._round_lock = threading.Lock()
+        self._pending: list = []  # (model, entries, result) waiting for the next round
+        self._draining = False
 
     def _decoder(self, config: PipelineConfig) -> Any:
         """nvImageCodec's JPEG decoder on this device, as ``preprocess.decoder`` asks."""
@@ -97,7 +104,7 @@ class PreprocessGpuCore:
                 )
             logger.info("nvImageCodec not installed: JPEGs are decoded on CPU threads")
             return None
-        return gpu_decode.GpuJpegDecoder(
+        return gpu_decode.decoder_for(
             self.backend.device_id, config.preprocess.threads, config.preprocess.gpu_decode_backend
         )
 
@@ -109,21 +116,126 @@ class PreprocessGpuCore:
         the device batch itself, complete on the device."""
         if model not in self.targets:
             raise ModelNotFound("no such model", model=model, served=sorted(self.targets))
+        if to is None and self.decoder is not None:
+            return await self._run_local(model, items)
         t0 = time.perf_counter()
         imgs, owner, errors = await self._decode(model, items)
         loop = asyncio.get_running_loop()
         env = data = None
         if imgs and to is None:
             data, ready = await loop.run_in_executor(self.gpu_pool, self.make_local, model, imgs)
-            pause = 5e-5
-            while not ready.done():  # the batch is finished on the device: poll, never block
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, 1e-3)
+            await self._when_done(ready)
         elif imgs:
             env = await loop.run_in_executor(self.gpu_pool, self.make_and_send, model, imgs, to)
         ms = (time.perf_counter() - t0) * 1e3
         metrics.observe_stage("preprocess", model, ms)
         return Rows(len(items), data, owner, errors, {"preprocess": ms}, envelope=env)
+
+    async def _when_done(self, event: Any) -> None:
+        """Wait for a device event without polling: the watcher thread sleeps on it."""
+        from pipeline.async_result import AsyncResult
+
+        r: AsyncResult = AsyncResult("preprocess")
+        self.watcher.watch(event, lambda: None, r)
+        await r
+
+    # ------------------------------------------------------------------ local rounds
+    async def _run_local(self, model: str, items: list[tuple[bytes, str | None]]) -> Rows:
+        """In the inference replica, with a GPU decoder: the call's JPEGs join the next
+        *round* -- everything that arrived from every call since the last one began,
+        decoded in one nvImageCodec batch and fitted in one launch by the GPU thread.
+        Rounds grow with the load, like every other batch in Ferry, so the per-round cost
+        (decoder call, launch, event) is paid once for many calls. The rows that come back
+        are views of the round's device batch, complete on the device."""
+        t0 = time.perf_counter()
+        errors: dict[int, FerryError] = {}
+        jpegs: list[tuple[int, Any]] = []
+        others: list[int] = []
+        for i, (data, ct) in enumerate(items):
+            if sniff(data) != "jpeg":
+                others.append(i)
+                continue
+            try:
+                checked_header(data, ct, self.max_pixels)
+            except FerryError as exc:
+                errors[i] = exc
+                continue
+            jpegs.append((i, data))
+        found: dict[int, Any] = {}
+        if others:  # PNG and the like: CPU threads, then uploaded in the round
+            await self._decode_cpu(model, items, others, found, errors)
+        entries = jpegs + sorted(found.items())
+        rows: list[Any] = []
+        owner: list[int] = []
+        if entries:
+            got, got_owner, failed = await self._round(model, entries)
+            rows += got
+            owner += got_owner
+            if failed:  # the GPU decoder refused these: the CPU decodes them or says why
+                retry: dict[int, Any] = {}
+                await self._decode_cpu(model, items, failed, retry, errors)
+                if retry:
+                    got, got_owner, _ = await self._round(model, sorted(retry.items()))
+                    rows += got
+                    owner += got_owner
+        ms = (time.perf_counter() - t0) * 1e3
+        metrics.observe_stage("preprocess", model, ms)
+        return Rows(len(items), rows or None, owner, errors, {"preprocess": ms})
+
+    def _round(self, model: str, entries: list[tuple[int, Any]]) -> Any:
+        """Queue ``entries`` ((request index, JPEG bytes or a decoded host image)) for the
+        next round; an awaitable of (device rows, their request indices, failed JPEGs)."""
+        from pipeline.async_result import AsyncResult
+
+        r: AsyncResult = AsyncResult("preprocess round")
+        with self._round_lock:
+            self._pending.append((model, entries, r))
+            start = not self._draining
+            self._draining = True
+        if start:
+            self.gpu_pool.submit(self._drain)
+        return r
+
+    def _drain(self) -> None:
+        """The GPU thread: rounds, back to back, while calls keep coming."""
+        while True:
+            with self._round_lock:
+                todo, self._pending = self._pending, []
+                if not todo:
+                    self._draining = False
+                    return
+            by_model: dict[str, list] = {}
+            for req in todo:
+                by_model.setdefault(req[0], []).append(req)
+            for model, reqs in by_model.items():
+                try:
+                    self._one_round(model, reqs)
+                except BaseException as exc:
+                    err = exc if isinstance(exc, FerryError) else FerryError(f"{exc}")
+                    for *_, r in reqs:
+                        r.set_exception(err)
+
+    def _one_round(self, model: str, reqs: list) -> None:
+        t = self.targets[model]
+        datas = [d for _, es, _ in reqs for _, d in es if not isinstance(d, np.ndarray)]
+        decoded = iter(self.decoder.decode(datas, t.channels, self.stream))
+        imgs: list[Any] = []
+        spans = []
+        for _, entries, r in reqs:
+            start, owner, failed = len(imgs), [], []
+            for i, d in entries:
+                img = d if isinstance(d, np.ndarray) else next(decoded)
+                if img is None:
+                    failed.append(i)
+                else:
+                    imgs.append(img)
+                    owner.append(i)
+            spans.append((start, len(imgs), owner, failed, r))
+        out = self.batch(model, imgs) if imgs else None
+        ready = self.stream.record()
+        for start, end, owner, failed, r in spans:
+            rows = [] if out is None else list(out[start:end])
+            self.watcher.watch(ready, lambda v=(rows, owner, failed): v, r)
 
     async def _decode(
         self, model: str, items: list[tuple[bytes, str | None]]
@@ -347,6 +459,7 @@ class PreprocessGpuCore:
         if self.endpoint is not None:
             self.endpoint.close()
         self.stream.synchronize()
+        self.watcher.close()
         self._held.clear()
         self.ring.close()
 

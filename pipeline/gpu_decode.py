@@ -16,6 +16,7 @@ same pixels.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -30,6 +31,23 @@ def available() -> bool:
     except Exception:
         return False
     return True
+
+
+_decoders: dict[tuple[int, int, str], GpuJpegDecoder] = {}
+_decoders_lock = threading.Lock()
+
+
+def decoder_for(device_id: int, cpu_threads: int = 4, backends: str = "auto") -> GpuJpegDecoder:
+    """The process's decoder for these settings, made once and kept for the life of the
+    process (with the streams it has decoded on): one per process and device is the
+    intended use, and tearing one down while images or streams it touched are in flight
+    is what nvImageCodec is least forgiving of."""
+    key = (device_id, cpu_threads, backends)
+    with _decoders_lock:
+        dec = _decoders.get(key)
+        if dec is None:
+            dec = _decoders[key] = GpuJpegDecoder(device_id, cpu_threads, backends)
+        return dec
 
 
 class GpuJpegDecoder:

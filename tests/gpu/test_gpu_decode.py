@@ -60,9 +60,9 @@ def test_nvimgcodec_decodes_photos_as_libjpeg_does(nvimgcodec, backends):
     import simplejpeg
 
     from deployments.preprocess_gpu import device_view
-    from pipeline.gpu_decode import GpuJpegDecoder
+    from pipeline.gpu_decode import decoder_for
 
-    dec = GpuJpegDecoder(0, cpu_threads=2, backends=backends)
+    dec = decoder_for(0, cpu_threads=2, backends=backends)
     photos = _photos()
     blobs = [encode_jpeg(img, quality=90) for img in photos.values()]
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -100,15 +100,22 @@ def test_fused_gpu_preprocess_mixed_call_matches_cpu_and_keeps_errors_apart(nvim
         jpegs[3],
         (encode_jpeg(photos[0], quality=90), "image/png"),  # lies about its type: 415
     ]
-    rows = asyncio.run(core.run("resnet50", items))
+    import cupy
+
+    async def both():  # two calls at once (they may share a round)
+        return await asyncio.gather(core.run("resnet50", items), core.run("resnet50", jpegs))
+
+    rows, second = asyncio.run(both())
+    assert second.owner == [0, 1, 2, 3] and not second.errors
     assert rows.envelope is None and rows.n_requests == len(items)
     assert 1 in rows.errors and rows.errors[1].http_status == 400
     assert 7 in rows.errors and rows.errors[7].http_status == 415
     good = [i for i in range(len(items)) if i not in rows.errors]
-    assert rows.owner == good
-    got = rows.data.get()
+    assert sorted(rows.owner) == good  # JPEGs of the round first, then the CPU-decoded
+    got = cupy.stack(rows.data).get()
+    assert np.array_equal(cupy.stack(second.data).get()[0], got[0])  # the same JPEG
     assert got.shape == (len(good), 224, 224, 3) and got.dtype == np.uint8
-    for k, i in enumerate(good):
+    for k, i in enumerate(rows.owner):
         if i == 4:  # truncated: whatever either decoder made of it, a full image came out
             continue
         if i == 2:  # the PNG: decoded on the CPU, fitted on the GPU
