@@ -35,11 +35,11 @@ JPEG = {"content-type": "image/jpeg"}
 FERRY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
 FERRY_CONFIG = os.path.join(ROOT, "benchmarks", "configs", "ferry_e2e.yaml")
 FERRY_FUSED_CONFIG = os.path.join(ROOT, "benchmarks", "configs", "ferry_e2e_fused.yaml")
-FERRY_4STAGE_CONFIG = os.path.join(ROOT, "benchmarks", "configs", "ferry_e2e_4stage.yaml")
+FERRY_GPU_DECODE_CONFIG = os.path.join(ROOT, "benchmarks", "configs", "ferry_e2e_gpu_decode.yaml")
 SYSTEMS: dict[str, dict[str, Any]] = {
     "ferry": {"kind": "ferry", "env": FERRY_ENV},
     "ferry_fused": {"kind": "ferry", "env": FERRY_ENV, "config": FERRY_FUSED_CONFIG},
-    "ferry_4stage": {"kind": "ferry", "env": FERRY_ENV, "config": FERRY_4STAGE_CONFIG},
+    "ferry_gpu_decode": {"kind": "ferry", "env": FERRY_ENV, "config": FERRY_GPU_DECODE_CONFIG},
     "ferry_naive": {"kind": "ferry", "env": FERRY_ENV, "naive": True},
     "rayserve_batch_1rep": {"kind": "peer", "replicas": 1, "env": {}},
     "rayserve_batch_4rep": {"kind": "peer", "replicas": 4, "env": {}},

@@ -121,7 +121,7 @@ def test_gpu_preprocessing_needs_a_gpu_share_and_wires_inference_to_it():
 
 
 @pytest.mark.parametrize(
-    "name", ["ferry_e2e.yaml", "ferry_e2e_fused.yaml", "ferry_e2e_4stage.yaml"]
+    "name", ["ferry_e2e.yaml", "ferry_e2e_fused.yaml", "ferry_e2e_gpu_decode.yaml"]
 )
 def test_benchmark_serve_configs_validate(name):
     from ray.serve.schema import ServeDeploySchema
