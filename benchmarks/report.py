@@ -24,7 +24,10 @@ def md_table(rows: list[dict], cols: list[tuple[str, str]]) -> str:
         cells = []
         for _, k in cols:
             v = r.get(k, "")
-            cells.append(f"{v:,.1f}" if isinstance(v, float) else str(v))
+            if isinstance(v, float):
+                cells.append(f"{v:,.1f}" if abs(v) >= 10 or v == 0 else f"{v:.3g}")
+            else:
+                cells.append(str(v))
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
@@ -166,6 +169,94 @@ def fused_section(e2e: dict) -> list[str]:
     return lines
 
 
+def gpu_decode_section(e2e: dict) -> list[str]:
+    """The GPU-decode pipeline end to end, from its own runs (e2e_gpu_decode.json)."""
+    rows = e2e["rows"]
+    lines = [
+        f"Machine: {e2e['machine']}; {e2e['date']}. Image: {e2e['image']}. Method: "
+        f"{e2e['method']}.",
+        "",
+    ]
+    for k, v in e2e.get("runs", {}).items():
+        lines.append(f"* run {k}: {v}.")
+    if e2e.get("not_measured"):
+        lines.append(f"* Not measured: {e2e['not_measured']}.")
+    lines += [
+        "",
+        md_table(
+            rows,
+            [
+                ("system", "system"),
+                ("run", "run"),
+                ("clients", "clients"),
+                ("img/s", "img_s"),
+                ("p50 ms", "p50_ms"),
+                ("p99 ms", "p99_ms"),
+                ("errors", "errors"),
+            ],
+        ),
+        "",
+    ]
+    peak: dict[str, float] = {}
+    for r in rows:
+        peak[r["system"]] = max(peak.get(r["system"], 0.0), r["img_s"])
+    if "ferry_gpu_decode" in peak:
+        f = peak["ferry_gpu_decode"]
+        ratios = ", ".join(
+            f"{s} {v:,.0f} ({f / v:.2f}x)" for s, v in peak.items() if s != "ferry_gpu_decode"
+        )
+        lines += [f"Peak img/s: ferry_gpu_decode {f:,.0f}; ferry_gpu_decode / {ratios}.", ""]
+    bd = e2e.get("ferry_breakdown", {})
+    for system in dict.fromkeys(k.split("@")[0] for k in bd):
+        part = {k: v for k, v in bd.items() if k.startswith(system + "@")}
+        lines += [*breakdown_table(part, f"{system} clients"), ""]
+    return lines
+
+
+def decode_section(dec: dict) -> list[str]:
+    lines = [
+        f"{dec['machine']}; {dec['date']}. Image: {dec['image']}. {dec['method']}."
+        + (f" Code: {dec['code']}." if dec.get("code") else ""),
+        "",
+        md_table(
+            dec["rows"],
+            [
+                ("path", "path"),
+                ("img/s", "img_s"),
+                ("CPU ms / img", "cpu_ms_per_img"),
+                ("img/s vs 1 CPU thread", "img_s_vs_cpu_1t"),
+                ("CPU ms vs 1 CPU thread", "cpu_ms_vs_cpu_1t"),
+            ],
+        ),
+    ]
+    return lines
+
+
+def profile_inference_section(prof: dict) -> list[str]:
+    def rows_of(rs: list[dict]) -> list[dict]:
+        out = []
+        for r in rs:
+            d = {k: r[k] for k in ("group", "img_s", "cpu_ms_per_img", "event_loop_ms_per_img")}
+            d["event_loop_busy"] = f"{r['event_loop_busy']:.0%}"
+            out.append(d)
+        return out
+
+    cols = [
+        ("images per call", "group"),
+        ("img/s", "img_s"),
+        ("process CPU ms / img", "cpu_ms_per_img"),
+        ("event loop ms / img", "event_loop_ms_per_img"),
+        ("event loop busy", "event_loop_busy"),
+    ]
+    lines = [f"{prof['machine']}; {prof['date']}. {prof['method']}.", ""]
+    for key, label in (("first", "first"), ("earlier", "then"), (None, "as committed")):
+        part = prof if key is None else prof.get(key)
+        if not part:
+            continue
+        lines += [f"{label}, {part['code']}:", "", md_table(rows_of(part["rows"]), cols), ""]
+    return lines
+
+
 def transport_section(tr: dict) -> list[str]:
     lines = [f"{tr['machine']}; {tr['date']}. {tr['method']}.", ""]
     mb = 1 << 20
@@ -235,6 +326,29 @@ def main() -> int:
             "",
             *fused_section(fused),
             "",
+        ]
+    gd = load("e2e_gpu_decode.json")
+    if gd:
+        out += [
+            "## JPEG decode on the GPU, end to end (`bench_e2e.py --systems ferry_gpu_decode,...`)",
+            "",
+            *gpu_decode_section(gd),
+            "![e2e_gpu_decode](results/e2e_gpu_decode.png)",
+            "",
+        ]
+        notes = os.path.join(RES, "e2e_gpu_decode_notes.md")
+        if os.path.exists(notes):
+            out += [open(notes).read().strip(), ""]
+    dec = load("decode.json")
+    if dec:
+        out += ["## Decode and resize, one process (`bench_decode.py`)", "", *decode_section(dec)]
+        out += [""]
+    prof = load("profile_inference.json")
+    if prof:
+        out += [
+            "## The inference replica alone (`profile_inference.py`)",
+            "",
+            *profile_inference_section(prof),
         ]
     tr = load("transport.json")
     if tr:
