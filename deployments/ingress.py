@@ -258,8 +258,9 @@ class Ingress:
                 if kind == "classify"
                 else (lambda items, m=model: self._v2_group(m, items))
             )
+            ic = self.cfg.ingress
             c = self._coalescers[key] = Coalescer(
-                run, self._window_s, self.cfg.ingress.max_coalesce
+                run, self._window_s, ic.max_coalesce, max_in_flight=ic.max_groups_in_flight
             )
         return c
 

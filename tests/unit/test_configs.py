@@ -162,3 +162,18 @@ def test_preprocess_in_inference_wires_one_hop_and_checks_the_gpu_share():
     assert pre is None and post is None  # one Serve hop per coalesced group
     inf = inf._bound_deployment
     assert inf.name == "Inference" and len(inf.init_args) == 1  # no PreprocessGPU handle
+
+
+def test_ingress_coalescers_are_bounded_by_max_groups_in_flight():
+    """The ingress's coalescers get the configured bound: with it, a group waits for a free
+    slot and grows under load instead of leaving every window (a call per request)."""
+    from deployments.ingress import Ingress
+
+    cfg = PipelineConfig.model_validate({"ingress": {"max_groups_in_flight": 3, "max_coalesce": 7}})
+    # the class as written (Serve's ingress wrapper subclasses it with an async __init__)
+    cls = next(k for k in Ingress.func_or_class.__mro__ if "_coalescer" in k.__dict__)
+    ingress = cls.__new__(cls)
+    cls.__init__(ingress, cfg.model_dump(mode="json"), None, None, None)
+    c = ingress._coalescer(cfg.models[0].name, "classify")
+    assert c.max_in_flight == 3 and c.max_items == 7
+    assert ingress._coalescer(cfg.models[0].name, "v2").max_in_flight == 3
