@@ -68,6 +68,8 @@ def main() -> int:
         help="the body: a digit PNG, or chelsea as a 451x300 JPEG (auto: by model); chelsea "
         "to the digits model costs a photo's decode but almost no inference",
     )
+    ap.add_argument("--out", default=None, help="append the result to this JSON file")
+    ap.add_argument("--label", default="", help="the result's name in --out")
     args = ap.parse_args()
     import numpy as np
     import ray
@@ -112,18 +114,25 @@ def main() -> int:
         for k in after
     }
     per = dict(sorted(per.items(), key=lambda kv: -kv[1]))
-    print(
-        json.dumps(
-            {
-                "load": res,
-                "wall_s": round(wall, 2),
-                "idle_cpu_cores": {k: round(v, 3) for k, v in idle_rate.items() if v > 0.005},
-                "cpu_ms_per_request": per,
-                "cpu_ms_per_request_total": round(sum(per.values()), 3),
-            },
-            indent=2,
-        )
-    )
+    result = {
+        "config": args.config,
+        "model": args.model,
+        "image": image,
+        "load": res,
+        "wall_s": round(wall, 2),
+        "idle_cpu_cores": {k: round(v, 3) for k, v in idle_rate.items() if v > 0.005},
+        "cpu_ms_per_request": per,
+        "cpu_ms_per_request_total": round(sum(per.values()), 3),
+    }
+    print(json.dumps(result, indent=2))
+    if args.out:
+        from benchmarks.common import machine, today, write_json
+
+        doc = json.load(open(args.out)) if os.path.exists(args.out) else {}
+        doc.setdefault("machine", machine())
+        doc.setdefault("date", today())
+        doc.setdefault("results", {})[args.label or args.config] = result
+        write_json(args.out, doc)
     serve.shutdown()
     ray.shutdown()
     return 0
