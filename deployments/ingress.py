@@ -260,7 +260,11 @@ class Ingress:
             )
             ic = self.cfg.ingress
             c = self._coalescers[key] = Coalescer(
-                run, self._window_s, ic.max_coalesce, max_in_flight=ic.max_groups_in_flight
+                run,
+                self._window_s,
+                ic.max_coalesce,
+                max_in_flight=ic.max_groups_in_flight,
+                dispatch_when_idle=ic.dispatch_when_idle,
             )
         return c
 

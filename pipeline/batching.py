@@ -219,6 +219,7 @@ class BatchScheduler:
             max_batch_size, max_wait_ms / 1e3, max_queue, buckets, retry_after_s
         )
         self.dispatch_when_idle = dispatch_when_idle
+        self._last_dispatch = float("-inf")
         self.run_batch = run_batch
         self.max_in_flight = max_in_flight
         self.clock = clock
@@ -346,7 +347,13 @@ class Coalescer:
     fixed 2 ms window makes groups of one, a bounded in-flight count makes groups of ten.
 
     ``run(items)`` returns one result (or exception) per item. A window of 0 still groups
-    what arrives in the same event-loop turn.
+    what arrives in the same event-loop turn. With ``dispatch_when_idle``, a group that
+    starts while no group is out and none left within the last window leaves at the end of
+    the event-loop turn instead of after the window: a lone request pays no window, while
+    under load (groups leaving all the time) the window and the in-flight bound decide as
+    before. (Dispatching whenever nothing is out was measured to cost 7-13% throughput at
+    48 clients on two cores: under load the count dips to 0 often, and each dip sent a
+    group of one.)
     """
 
     def __init__(
@@ -355,11 +362,14 @@ class Coalescer:
         window_s: float,
         max_items: int,
         max_in_flight: int | None = None,
+        dispatch_when_idle: bool = False,
     ) -> None:
         self.run = run
         self.window_s = window_s
         self.max_items = max_items
         self.max_in_flight = max_in_flight
+        self.dispatch_when_idle = dispatch_when_idle
+        self._last_dispatch = float("-inf")
         self.in_flight = 0
         self.group_sizes: deque[int] = deque(maxlen=1024)
         self._group: list[tuple[Any, asyncio.Future]] = []
@@ -374,9 +384,14 @@ class Coalescer:
         if len(self._group) >= self.max_items:
             self._flush()
         elif self._timer is None and not self._due:
+            idle = (
+                self.dispatch_when_idle
+                and self.in_flight == 0
+                and loop.time() - self._last_dispatch >= self.window_s
+            )
             self._timer = (
                 loop.call_later(self.window_s, self._flush)
-                if self.window_s > 0
+                if self.window_s > 0 and not idle
                 else loop.call_soon(self._flush)
             )
         return await fut
@@ -391,6 +406,7 @@ class Coalescer:
         self._due = False
         group, self._group = self._group[: self.max_items], self._group[self.max_items :]
         if group:
+            self._last_dispatch = asyncio.get_running_loop().time()
             self.in_flight += 1
             self.group_sizes.append(len(group))
             task = asyncio.ensure_future(self._run(group))

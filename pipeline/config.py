@@ -145,6 +145,10 @@ class IngressConfig(_Strict):
     max_groups_in_flight: int = Field(4, ge=1, le=1024)
     """Downstream calls one ingress replica keeps open per model; while they are all out, the
     next group keeps growing (calls follow the pipeline's pace, not the arrival rate)."""
+    dispatch_when_idle: bool = True
+    """A group that starts while none of this replica's groups is out, and none left within
+    the last window, leaves at once instead of waiting ``coalesce_window_ms`` (a lone
+    request pays no window; under load the window and ``max_groups_in_flight`` decide)."""
     max_body_bytes: int = Field(8 << 20, ge=1024, le=1 << 30)
     """Bodies over this get 413."""
     max_pixels: int = Field(40_000_000, ge=1, le=1 << 31)

@@ -338,3 +338,46 @@ def test_an_idle_runner_takes_the_queue_at_once(clock):
         await s.close()
 
     run(main())
+
+
+def test_coalescer_dispatches_at_once_when_idle_and_windows_under_load():
+    from pipeline.batching import Coalescer
+
+    calls = []
+    gate = None
+
+    async def run_group(items):
+        calls.append(list(items))
+        await gate.wait()
+        return items
+
+    async def main():
+        nonlocal gate
+        gate = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        c = Coalescer(run_group, window_s=5.0, max_items=100, dispatch_when_idle=True)
+        t0 = loop.time()
+        first = asyncio.ensure_future(c.submit(0))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert calls == [[0]]  # nothing was out: no 5 s window
+        later = [asyncio.ensure_future(c.submit(i)) for i in (1, 2)]
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert calls == [[0]]  # a group is out: the next one waits for its window
+        c._flush()  # (the window running out, without waiting 5 s)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert calls == [[0], [1, 2]]
+        gate.set()
+        assert await first == 0 and await asyncio.gather(*later) == [1, 2]
+        assert c.in_flight == 0
+        nxt = asyncio.ensure_future(c.submit(3))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert calls == [[0], [1, 2]]  # a group left within the window: still under load
+        c._flush()
+        assert await nxt == 3
+        assert loop.time() - t0 < 1.0
+
+    run(main())
