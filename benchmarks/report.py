@@ -257,6 +257,33 @@ def profile_inference_section(prof: dict) -> list[str]:
     return lines
 
 
+def profile_pairs_section(doc: dict) -> list[str]:
+    """profile_pipeline.py results saved with --out/--label: one row per label."""
+    rows = []
+    for label, r in doc["results"].items():
+        rows.append(
+            {
+                "label": label,
+                "clients": r["load"]["clients"],
+                "img_s": r["load"]["img_s"],
+                "p50_ms": r["load"]["p50_ms"],
+                "p99_ms": r["load"]["p99_ms"],
+                "cpu": r["cpu_ms_per_request_total"],
+                "errors": r["load"]["errors"],
+            }
+        )
+    cols = [
+        ("run", "label"),
+        ("clients", "clients"),
+        ("img/s", "img_s"),
+        ("p50 ms", "p50_ms"),
+        ("p99 ms", "p99_ms"),
+        ("CPU ms / request", "cpu"),
+        ("errors", "errors"),
+    ]
+    return [f"{doc['machine']}; {doc['date']}. {doc.get('method', '')}", "", md_table(rows, cols)]
+
+
 def transport_section(tr: dict) -> list[str]:
     lines = [f"{tr['machine']}; {tr['date']}. {tr['method']}.", ""]
     mb = 1 << 20
@@ -350,6 +377,13 @@ def main() -> int:
             "",
             *profile_inference_section(prof),
         ]
+    for name, title in (
+        ("profile_coalesce.json", "The ingress's in-flight bound"),
+        ("profile_dispatch_idle.json", "Ingress groups leave at once when idle"),
+    ):
+        doc = load(name)
+        if doc:
+            out += [f"## {title} (`profile_pipeline.py`)", "", *profile_pairs_section(doc), ""]
     tr = load("transport.json")
     if tr:
         out += [
