@@ -148,19 +148,7 @@ class PreprocessGpuCore:
         (decoder call, launch, event) is paid once for many calls. The rows that come back
         are views of the round's device batch, complete on the device."""
         t0 = time.perf_counter()
-        errors: dict[int, FerryError] = {}
-        jpegs: list[tuple[int, Any]] = []
-        others: list[int] = []
-        for i, (data, ct) in enumerate(items):
-            if sniff(data) != "jpeg":
-                others.append(i)
-                continue
-            try:
-                checked_header(data, ct, self.max_pixels)
-            except FerryError as exc:
-                errors[i] = exc
-                continue
-            jpegs.append((i, data))
+        jpegs, others, errors = self._split(items)
         found: dict[int, Any] = {}
         if others:  # PNG and the like: CPU threads, then uploaded in the round
             await self._decode_cpu(model, items, others, found, errors)
@@ -243,20 +231,11 @@ class PreprocessGpuCore:
         """JPEGs on the GPU (when there is a decoder), the rest -- and any JPEG it could not
         decode -- on CPU threads. Images come back in request order: host arrays for the CPU
         ones, nvImageCodec images (on this device, in this stage's stream) for the rest."""
-        errors: dict[int, FerryError] = {}
-        on_gpu: list[int] = []
         if self.decoder is not None:
-            for i, (data, ct) in enumerate(items):
-                if sniff(data) != "jpeg":
-                    continue
-                try:
-                    checked_header(data, ct, self.max_pixels)
-                except FerryError as exc:
-                    errors[i] = exc
-                    continue
-                on_gpu.append(i)
-        taken = set(on_gpu) | set(errors)
-        on_cpu = [i for i in range(len(items)) if i not in taken]
+            jpegs, on_cpu, errors = self._split(items)
+            on_gpu = [i for i, _ in jpegs]
+        else:
+            on_gpu, on_cpu, errors = [], list(range(len(items))), {}
         loop = asyncio.get_running_loop()
         channels = self.targets[model].channels
         gpu = None
@@ -278,6 +257,26 @@ class PreprocessGpuCore:
                 await self._decode_cpu(model, items, retry, found, errors)
         owner = sorted(found)
         return [found[i] for i in owner], owner, errors
+
+    def _split(
+        self, items: list[tuple[bytes, str | None]]
+    ) -> tuple[list[tuple[int, bytes]], list[int], dict[int, FerryError]]:
+        """JPEGs for the GPU decoder (checked from their headers: media type, pixel count),
+        the indices of everything else (for the CPU path), and the JPEGs that failed."""
+        errors: dict[int, FerryError] = {}
+        jpegs: list[tuple[int, bytes]] = []
+        others: list[int] = []
+        for i, (data, ct) in enumerate(items):
+            if sniff(data) != "jpeg":
+                others.append(i)
+                continue
+            try:
+                checked_header(data, ct, self.max_pixels)
+            except FerryError as exc:
+                errors[i] = exc
+                continue
+            jpegs.append((i, data))
+        return jpegs, others, errors
 
     async def _decode_cpu(
         self,

@@ -51,33 +51,26 @@ def _answers(base: str) -> dict:
     }
 
 
-def test_fused_pipeline_answers_as_the_four_stage_one(ray_cluster):
-    deploy(cpu_config())
-    try:
-        plain = _answers(BASE)
-    finally:
-        undeploy()
-    deploy(
-        cpu_config(fusion={"preprocess_in_ingress": True, "postprocess_in_inference": True}),
-        name="fused",
-    )
-    try:
-        fused = _answers(BASE)
-        from ray import serve
+def _answers_of(fusion: dict | None, name: str) -> tuple[dict, set]:
+    """Deploy the CPU config with these stages fused, collect its answers and deployments."""
+    from ray import serve
 
-        deployments = set(serve.status().applications["fused"].deployments)
-    finally:
-        undeploy("fused")
-    # decode in the inference replica (its threads here; its GPU with preprocess.device gpu)
-    deploy(
-        cpu_config(fusion={"preprocess_in_inference": True, "postprocess_in_inference": True}),
-        name="fused_inf",
-    )
+    deploy(cpu_config(fusion=fusion) if fusion else cpu_config(), name=name)
     try:
-        in_inf = _answers(BASE)
-        deployments_inf = set(serve.status().applications["fused_inf"].deployments)
+        return _answers(BASE), set(serve.status().applications[name].deployments)
     finally:
-        undeploy("fused_inf")
+        undeploy(name)
+
+
+def test_fused_pipeline_answers_as_the_four_stage_one(ray_cluster):
+    plain, _ = _answers_of(None, "plain")
+    fused, deployments = _answers_of(
+        {"preprocess_in_ingress": True, "postprocess_in_inference": True}, "fused"
+    )
+    # decode in the inference replica (its threads here; its GPU with preprocess.device gpu)
+    in_inf, deployments_inf = _answers_of(
+        {"preprocess_in_inference": True, "postprocess_in_inference": True}, "fused_inf"
+    )
     assert deployments == deployments_inf == {"Ingress", "Inference"}  # two hops fewer
     for f in (fused, in_inf):
         assert f["acc"] >= 0.95  # 120 digits; the whole held-out set reaches 97% elsewhere
