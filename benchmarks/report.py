@@ -269,6 +269,7 @@ def profile_pairs_section(doc: dict) -> list[str]:
                 "p50_ms": r["load"]["p50_ms"],
                 "p99_ms": r["load"]["p99_ms"],
                 "cpu": r["cpu_ms_per_request_total"],
+                "ingress_cpu": r["cpu_ms_per_request"].get("ServeReplica:ferry:Ingress", 0.0),
                 "errors": r["load"]["errors"],
             }
         )
@@ -279,6 +280,7 @@ def profile_pairs_section(doc: dict) -> list[str]:
         ("p50 ms", "p50_ms"),
         ("p99 ms", "p99_ms"),
         ("CPU ms / request", "cpu"),
+        ("of it in the ingress", "ingress_cpu"),
         ("errors", "errors"),
     ]
     return [f"{doc['machine']}; {doc['date']}. {doc.get('method', '')}", "", md_table(rows, cols)]
@@ -380,6 +382,7 @@ def main() -> int:
     for name, title in (
         ("profile_coalesce.json", "The ingress's in-flight bound"),
         ("profile_dispatch_idle.json", "Ingress groups leave at once when idle"),
+        ("profile_fastpath.json", "POST classify past FastAPI"),
     ):
         doc = load(name)
         if doc:

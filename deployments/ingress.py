@@ -19,6 +19,7 @@ import asyncio
 import email.parser
 import email.policy
 import logging
+import re
 import time
 import uuid
 from typing import Any
@@ -131,7 +132,43 @@ class BearerAuth:
         await resp(scope, receive, send)
 
 
-app.add_middleware(BearerAuth)
+CLASSIFY_PATH = re.compile(r"^/v1/models/([^/]+)/classify$")
+ACTIVE: Any = None  # this process's Ingress (Serve makes one per replica process)
+
+
+class ClassifyFastPath:
+    """Pure ASGI, inside the auth check: ``POST /v1/models/{model}/classify`` -- nearly all
+    the traffic -- goes straight to the replica's handler, past FastAPI's router, its
+    dependency solving and its exception middleware: 12% less CPU per request in the
+    ingress (results/profile_fastpath.json). Every other route, and this one's OpenAPI
+    entry, stay FastAPI's."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            match = CLASSIFY_PATH.match(scope["path"])
+            # looked up through the module as imported in this process, whatever Serve
+            # pickled by value
+            import deployments.ingress as this
+
+            ingress = this.ACTIVE
+            if match and ingress is not None:
+                request = Request(scope, receive)
+                try:
+                    response = await ingress.classify_request(
+                        match.group(1), request, request.query_params.get("top_k")
+                    )
+                except Exception as exc:
+                    response = error_response(unwrap(exc), request_id_of(request))
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+app.add_middleware(ClassifyFastPath)
+app.add_middleware(BearerAuth)  # added last: the outermost of the two
 
 
 @app.exception_handler(FerryError)
@@ -247,6 +284,9 @@ class Ingress:
         self._coalescers: dict[tuple[str, str], Coalescer] = {}
         self._window_s = ic.coalesce_window_ms / 1e3
         self._ready_at = 0.0
+        import deployments.ingress as this
+
+        this.ACTIVE = self  # for ClassifyFastPath
 
     # ------------------------------------------------------------------ plumbing
     def _coalescer(self, model: str, kind: str) -> Coalescer:
@@ -326,9 +366,18 @@ class Ingress:
     # ------------------------------------------------------------------ v1
     @app.post("/v1/models/{model}/classify")
     async def classify(self, model: str, request: Request, top_k: int | None = None) -> Response:
+        """(Served by ClassifyFastPath; this route documents it and serves if that is off.)"""
+        return await self.classify_request(model, request, top_k)
+
+    async def classify_request(self, model: str, request: Request, top_k: Any) -> Response:
         t0 = time.perf_counter()
         rid = request_id_of(request)
         self._model(model)
+        if isinstance(top_k, str):
+            try:
+                top_k = int(top_k)
+            except ValueError:
+                raise InvalidInput("bad request parameters", top_k=top_k) from None
         k = self.cfg.ingress.default_top_k if top_k is None else top_k
         if not 1 <= k <= min(64, self.info[model].num_classes):
             raise InvalidInput(

@@ -214,6 +214,7 @@ def bad_requests() -> list[tuple[str, callable, int]]:
         ),
         ("unknown model", lambda: post("/v1/models/nope/classify", jpeg), 404),
         ("top_k out of range", lambda: post("/v1/models/digits/classify?top_k=11", jpeg), 400),
+        ("top_k not a number", lambda: post("/v1/models/digits/classify?top_k=ten", jpeg), 400),
         (
             "v2 wrong shape",
             lambda: _v2(
@@ -333,3 +334,12 @@ def test_metrics_reach_a_prometheus_scrape_of_rays_endpoint(app):
         time.sleep(2)
     assert want <= stages, (stages, url)
     assert batches >= 1
+
+
+def test_classify_is_served_by_the_fast_path_past_fastapi(app):
+    """ClassifyFastPath answers POST classify in the replica: its own parameter error (FastAPI's
+    validation would name the field in a list of errors instead) and no FastAPI route run."""
+    r = post("/v1/models/digits/classify?top_k=ten", encode_png(digits.load_split()[2][0]))
+    assert r.status_code == 400
+    assert r.json()["detail"] == {"top_k": "ten"}, r.json()
+    assert r.headers["x-request-id"] == r.json()["request_id"]
