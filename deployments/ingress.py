@@ -1,4 +1,5 @@
-"""Ingress: the HTTP front (FastAPI through ``@serve.ingress``).
+"""Ingress: the HTTP front (FastAPI through ``@serve.ingress``; POST classify, nearly all
+the traffic, is answered by ``ClassifyFastPath`` before FastAPI's router).
 
 (No ``from __future__ import annotations`` here: Serve rebuilds the route functions, and
 FastAPI must see real annotation objects, not strings, to recognise ``Request``.)
