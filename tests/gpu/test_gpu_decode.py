@@ -198,8 +198,9 @@ def test_serve_app_on_one_gpu_decodes_in_the_inference_replica():
 
 
 def test_one_launch_fit_equals_fitting_each_image(nvimgcodec):
-    """The batched resize-and-crop kernel gives exactly what resizing each image on its own
-    and cropping it gives, for centre-crop (ResNet-50) and stretch (digits, grey)."""
+    """The batched resize-and-crop kernel gives what resizing each image on its own and
+    cropping it gives (to a level on rounding boundaries), for centre-crop (ResNet-50:
+    down, up and no resize) and stretch (digits, grey)."""
     import cupy
 
     from deployments.preprocess_gpu import PreprocessGpuCore, device_view
