@@ -60,6 +60,32 @@ extern "C" __global__ void resize_bilinear_u8(const unsigned char* __restrict__ 
 
 // Pillow's BILINEAR: a triangle filter widened by the scale when shrinking (antialiased),
 // weights normalized over the window, both axes in one pass (float, not uint8, in between).
+// One output value at (oy, ox, c) of an image resized by (sy, sx) = (H/OH, W/OW), read from
+// b with rows `pitch` bytes apart; both resize kernels below sample through it.
+__device__ __forceinline__ unsigned char aa_sample(const unsigned char* __restrict__ b,
+    long long pitch, int H, int W, int C, int c, int oy, int ox, float sy, float sx) {
+  float fy = fmaxf(sy, 1.f), fx = fmaxf(sx, 1.f);
+  float cy = (oy + 0.5f) * sy, cx = (ox + 0.5f) * sx;
+  int y0 = max((int)(cy - fy + 0.5f), 0), y1 = min((int)(cy + fy + 0.5f), H);
+  int x0 = max((int)(cx - fx + 0.5f), 0), x1 = min((int)(cx + fx + 0.5f), W);
+  float acc = 0.f, wys = 0.f, wxs = 0.f;
+  for (int xx = x0; xx < x1; ++xx) wxs += fmaxf(0.f, 1.f - fabsf((xx - cx + 0.5f) / fx));
+  for (int yy = y0; yy < y1; ++yy) {
+    float wy = fmaxf(0.f, 1.f - fabsf((yy - cy + 0.5f) / fy));
+    if (wy == 0.f) continue;
+    float row = 0.f;
+    const unsigned char* r = b + (long long)yy * pitch + c;
+    for (int xx = x0; xx < x1; ++xx) {
+      float wx = fmaxf(0.f, 1.f - fabsf((xx - cx + 0.5f) / fx));
+      row += wx * r[(long long)xx * C];
+    }
+    acc += wy * row;
+    wys += wy;
+  }
+  float v = acc / (wys * wxs);
+  return (unsigned char)fminf(fmaxf(floorf(v + 0.5f), 0.f), 255.f);
+}
+
 extern "C" __global__ void resize_aa_u8(const unsigned char* __restrict__ x,
     unsigned char* __restrict__ y, long long total, int H, int W, int C, int OH, int OW,
     float sy, float sx) {
@@ -70,33 +96,15 @@ extern "C" __global__ void resize_aa_u8(const unsigned char* __restrict__ x,
     int ox = (int)(t % OW); t /= OW;
     int oy = (int)(t % OH);
     long long n = t / OH;
-    float fy = fmaxf(sy, 1.f), fx = fmaxf(sx, 1.f);
-    float cy = (oy + 0.5f) * sy, cx = (ox + 0.5f) * sx;
-    int y0 = max((int)(cy - fy + 0.5f), 0), y1 = min((int)(cy + fy + 0.5f), H);
-    int x0 = max((int)(cx - fx + 0.5f), 0), x1 = min((int)(cx + fx + 0.5f), W);
     const unsigned char* b = x + n * (long long)H * W * C;
-    float acc = 0.f, wys = 0.f, wxs = 0.f;
-    for (int xx = x0; xx < x1; ++xx) wxs += fmaxf(0.f, 1.f - fabsf((xx - cx + 0.5f) / fx));
-    for (int yy = y0; yy < y1; ++yy) {
-      float wy = fmaxf(0.f, 1.f - fabsf((yy - cy + 0.5f) / fy));
-      if (wy == 0.f) continue;
-      float row = 0.f;
-      for (int xx = x0; xx < x1; ++xx) {
-        float wx = fmaxf(0.f, 1.f - fabsf((xx - cx + 0.5f) / fx));
-        row += wx * b[((long long)yy * W + xx) * C + c];
-      }
-      acc += wy * row;
-      wys += wy;
-    }
-    float v = acc / (wys * wxs);
-    y[i] = (unsigned char)fminf(fmaxf(floorf(v + 0.5f), 0.f), 255.f);
+    y[i] = aa_sample(b, (long long)W * C, H, W, C, c, oy, ox, sy, sx);
   }
 }
 
 // Many images of different sizes, each fitted into one row of y [N, OH, OW, C] in one
-// launch: resized with resize_aa_u8's filter to (RH, RW) and the (OH, OW) window at
-// (top, left) of that kept (a centre crop; stretch is RH = OH, RW = OW, top = left = 0).
-// Sources are read through a pointer table with their own row pitch (decoders pad rows).
+// launch: resized with aa_sample to (RH, RW) and the (OH, OW) window at (top, left) of
+// that kept (a centre crop; stretch is RH = OH, RW = OW, top = left = 0). Sources are read
+// through a pointer table with their own row pitch (decoders may pad rows).
 // geo per image: H, W, pitch (bytes), RH, RW, top, left, output row; scale: H/RH, W/RW.
 extern "C" __global__ void resize_crop_aa_many_u8(const unsigned long long* __restrict__ srcs,
     const int* __restrict__ geo, const float* __restrict__ scale,
@@ -113,31 +121,9 @@ extern "C" __global__ void resize_crop_aa_many_u8(const unsigned long long* __re
     int ry = oy + g[5], rx = ox + g[6];
     const unsigned char* b = (const unsigned char*)srcs[n];
     unsigned char* out = y + (long long)g[7] * OH * OW * C + ((long long)oy * OW + ox) * C + c;
-    if (RH == H && RW == W) {
-      *out = b[(long long)ry * pitch + (long long)rx * C + c];
-      continue;
-    }
-    float sy = scale[2 * n], sx = scale[2 * n + 1];
-    float fy = fmaxf(sy, 1.f), fx = fmaxf(sx, 1.f);
-    float cy = (ry + 0.5f) * sy, cx = (rx + 0.5f) * sx;
-    int y0 = max((int)(cy - fy + 0.5f), 0), y1 = min((int)(cy + fy + 0.5f), H);
-    int x0 = max((int)(cx - fx + 0.5f), 0), x1 = min((int)(cx + fx + 0.5f), W);
-    float acc = 0.f, wys = 0.f, wxs = 0.f;
-    for (int xx = x0; xx < x1; ++xx) wxs += fmaxf(0.f, 1.f - fabsf((xx - cx + 0.5f) / fx));
-    for (int yy = y0; yy < y1; ++yy) {
-      float wy = fmaxf(0.f, 1.f - fabsf((yy - cy + 0.5f) / fy));
-      if (wy == 0.f) continue;
-      float row = 0.f;
-      const unsigned char* r = b + (long long)yy * pitch + c;
-      for (int xx = x0; xx < x1; ++xx) {
-        float wx = fmaxf(0.f, 1.f - fabsf((xx - cx + 0.5f) / fx));
-        row += wx * r[(long long)xx * C];
-      }
-      acc += wy * row;
-      wys += wy;
-    }
-    float v = acc / (wys * wxs);
-    *out = (unsigned char)fminf(fmaxf(floorf(v + 0.5f), 0.f), 255.f);
+    *out = (RH == H && RW == W)
+        ? b[(long long)ry * pitch + (long long)rx * C + c]
+        : aa_sample(b, pitch, H, W, C, c, ry, rx, scale[2 * n], scale[2 * n + 1]);
   }
 }
 """
