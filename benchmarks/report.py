@@ -32,6 +32,18 @@ def md_table(rows: list[dict], cols: list[tuple[str, str]]) -> str:
     return "\n".join(out)
 
 
+RUN_COLS = [("img/s", "img_s"), ("p50 ms", "p50_ms"), ("p99 ms", "p99_ms"), ("errors", "errors")]
+"""A load level's numbers, after whatever names the row."""
+
+
+def peaks(rows: list[dict]) -> dict[str, float]:
+    """Each system's best img/s over its rows, in the order the systems first appear."""
+    peak: dict[str, float] = {}
+    for r in rows:
+        peak[r["system"]] = max(peak.get(r["system"], 0.0), r["img_s"])
+    return peak
+
+
 BREAKDOWN_KEYS = ["ingress", "preprocess", "queue", "gpu", "postprocess", "hops", "total"]
 
 
@@ -139,21 +151,9 @@ def fused_section(e2e: dict) -> list[str]:
         "level; `ferry_fused` is `benchmarks/configs/ferry_e2e_fused.yaml` (decode in 9 ingress "
         "replicas, answers from the inference replica: one Serve hop per call instead of three).",
         "",
-        md_table(
-            rows,
-            [
-                ("system", "system"),
-                ("clients", "clients"),
-                ("img/s", "img_s"),
-                ("p50 ms", "p50_ms"),
-                ("p99 ms", "p99_ms"),
-                ("errors", "errors"),
-            ],
-        ),
+        md_table(rows, [("system", "system"), ("clients", "clients"), *RUN_COLS]),
     ]
-    peak = {}
-    for r in rows:
-        peak[r["system"]] = max(peak.get(r["system"], 0.0), r["img_s"])
+    peak = peaks(rows)
     if len(peak) == 2:
         a, b = list(peak)
         lines += [
@@ -183,23 +183,10 @@ def gpu_decode_section(e2e: dict) -> list[str]:
         lines.append(f"* Not measured: {e2e['not_measured']}.")
     lines += [
         "",
-        md_table(
-            rows,
-            [
-                ("system", "system"),
-                ("run", "run"),
-                ("clients", "clients"),
-                ("img/s", "img_s"),
-                ("p50 ms", "p50_ms"),
-                ("p99 ms", "p99_ms"),
-                ("errors", "errors"),
-            ],
-        ),
+        md_table(rows, [("system", "system"), ("run", "run"), ("clients", "clients"), *RUN_COLS]),
         "",
     ]
-    peak: dict[str, float] = {}
-    for r in rows:
-        peak[r["system"]] = max(peak.get(r["system"], 0.0), r["img_s"])
+    peak = peaks(rows)
     if "ferry_gpu_decode" in peak:
         f = peak["ferry_gpu_decode"]
         ratios = ", ".join(
@@ -259,20 +246,15 @@ def profile_inference_section(prof: dict) -> list[str]:
 
 def profile_pairs_section(doc: dict) -> list[str]:
     """profile_pipeline.py results saved with --out/--label: one row per label."""
-    rows = []
-    for label, r in doc["results"].items():
-        rows.append(
-            {
-                "label": label,
-                "clients": r["load"]["clients"],
-                "img_s": r["load"]["img_s"],
-                "p50_ms": r["load"]["p50_ms"],
-                "p99_ms": r["load"]["p99_ms"],
-                "cpu": r["cpu_ms_per_request_total"],
-                "ingress_cpu": r["cpu_ms_per_request"].get("ServeReplica:ferry:Ingress", 0.0),
-                "errors": r["load"]["errors"],
-            }
-        )
+    rows = [
+        {
+            "label": label,
+            **r["load"],  # clients, img_s, p50_ms, p99_ms, errors
+            "cpu": r["cpu_ms_per_request_total"],
+            "ingress_cpu": r["cpu_ms_per_request"].get("ServeReplica:ferry:Ingress", 0.0),
+        }
+        for label, r in doc["results"].items()
+    ]
     cols = [
         ("run", "label"),
         ("clients", "clients"),
