@@ -4,11 +4,23 @@ from __future__ import annotations
 
 import os
 import struct
+import subprocess
 
 import numpy as np
 
 PORT = int(os.environ.get("FERRY_TEST_PORT", "8123"))
 BASE = f"http://127.0.0.1:{PORT}"
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run_ok(
+    argv: list[str], env: dict, timeout: float, stderr_tail: int = 2000
+) -> subprocess.CompletedProcess:
+    """Run a command from the project root; fail with the ends of its output unless it
+    exits 0."""
+    r = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-stderr_tail:]
+    return r
 
 
 def cpu_config(**overrides):

@@ -17,9 +17,9 @@ import pytest
 from loadtest.run import start_app, stop_app, subprocess_env, wait_ready
 from pipeline.imaging import encode_png
 from pipeline.models import digits
+from tests.integration.helpers import ROOT, run_ok
 
 pytestmark = pytest.mark.integration
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 URL = "http://127.0.0.1:8000"
 
 
@@ -75,15 +75,7 @@ def test_serve_deploy_to_a_running_ray_start_head(tmp_path):
         timeout=180,
     )
     try:
-        r = subprocess.run(
-            [serve_bin, "deploy", "serve_config.yaml"],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        run_ok([serve_bin, "deploy", "serve_config.yaml"], env, 180)
         assert wait_ready(URL, 240), "serve deploy serve_config.yaml did not become ready"
         _assert_classifies_the_first_held_out_digit()
     finally:

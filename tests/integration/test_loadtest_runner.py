@@ -9,10 +9,9 @@ import sys
 
 import pytest
 
-from tests.integration.helpers import BASE, cpu_config, deploy, undeploy
+from tests.integration.helpers import BASE, ROOT, cpu_config, deploy, run_ok, undeploy
 
 pytestmark = pytest.mark.integration
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +31,7 @@ def test_runner_reports_throughput_and_no_errors(app, tmp_path):
         timeout=120,
     )
     env = {**os.environ, "FERRY_CORPUS": str(corpus)}
-    r = subprocess.run(
+    run_ok(
         [
             sys.executable,
             "-m",
@@ -50,13 +49,9 @@ def test_runner_reports_throughput_and_no_errors(app, tmp_path):
             "--out",
             str(out),
         ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
+        env,
+        180,
     )
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     summary = json.load(open(out / "summary.json"))
     assert [row["clients"] for row in summary["rows"]] == [2, 4]
     for row in summary["rows"]:

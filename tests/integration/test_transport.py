@@ -4,29 +4,22 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 from loadtest.run import subprocess_env
+from tests.integration.helpers import run_ok
 
 pytestmark = pytest.mark.integration
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
 def test_tensors_cross_nodes_intact_in_order_none_lost():
     env = subprocess_env()
-    r = subprocess.run(
-        [sys.executable, os.path.join(HERE, "multinode_transport.py")],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    r = run_ok(
+        [sys.executable, os.path.join(HERE, "multinode_transport.py")], env, 300, stderr_tail=3000
     )
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["cluster_nodes"] == 3
     producer_node, consumer_node = out["nodes"]
