@@ -268,21 +268,26 @@ def test_coalescer_groups_what_arrives_in_one_window():
     assert calls == [["a", "b"], ["c", "bad", "d"], ["e"]]  # max_items closes a group early
 
 
+class GatedDownstream:
+    """A Coalescer's downstream: records each group it gets, answers once the gate opens."""
+
+    def __init__(self) -> None:
+        self.calls: list[list] = []
+        self.gate = asyncio.Event()
+
+    async def __call__(self, items: list) -> list:
+        self.calls.append(list(items))
+        await self.gate.wait()
+        return items
+
+
 def test_coalescer_grows_groups_while_the_downstream_is_busy():
     from pipeline.batching import Coalescer
 
-    calls = []
-    gate = None
-
-    async def run_group(items):
-        calls.append(list(items))
-        await gate.wait()
-        return items
-
     async def main():
-        nonlocal gate
-        gate = asyncio.Event()
-        c = Coalescer(run_group, window_s=0.0, max_items=100, max_in_flight=1)
+        down = GatedDownstream()
+        calls, gate = down.calls, down.gate
+        c = Coalescer(down, window_s=0.0, max_items=100, max_in_flight=1)
         first = asyncio.ensure_future(c.submit(0))
         await asyncio.sleep(0)  # the window (0) passes: group [0] leaves
         await asyncio.sleep(0)
@@ -343,19 +348,11 @@ def test_an_idle_runner_takes_the_queue_at_once(clock):
 def test_coalescer_dispatches_at_once_when_idle_and_windows_under_load():
     from pipeline.batching import Coalescer
 
-    calls = []
-    gate = None
-
-    async def run_group(items):
-        calls.append(list(items))
-        await gate.wait()
-        return items
-
     async def main():
-        nonlocal gate
-        gate = asyncio.Event()
+        down = GatedDownstream()
+        calls, gate = down.calls, down.gate
         loop = asyncio.get_running_loop()
-        c = Coalescer(run_group, window_s=5.0, max_items=100, dispatch_when_idle=True)
+        c = Coalescer(down, window_s=5.0, max_items=100, dispatch_when_idle=True)
         t0 = loop.time()
         first = asyncio.ensure_future(c.submit(0))
         for _ in range(5):
