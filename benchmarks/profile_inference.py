@@ -34,19 +34,9 @@ _depth = threading.local()
 
 
 def timed(obj: object, name: str, label: str) -> None:
-    """Wrap ``obj.name`` to add the calling thread's CPU time inside it to ``PHASES[label]``
+    """Wrap the plain method ``obj.name`` (run in some thread) to add the calling thread's CPU time inside it to ``PHASES[label]``
     (outermost wrapped call only, so phases do not count twice)."""
     fn = getattr(obj, name)
-    if asyncio.iscoroutinefunction(fn):
-        # a coroutine's thread time is what its steps use on the event loop thread; the
-        # awaited work in other threads is counted by their own wrappers
-        @functools.wraps(fn)
-        async def awrap(*a, **k):
-            CALLS[label] += 1
-            return await fn(*a, **k)
-
-        setattr(obj, name, awrap)
-        return
 
     @functools.wraps(fn)
     def wrap(*a, **k):

@@ -148,14 +148,18 @@ class ClassifyFastPath:
         self.app = app
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            match = CLASSIFY_PATH.match(scope["path"])
+        match = (
+            CLASSIFY_PATH.match(scope["path"])
+            if scope["type"] == "http" and scope["method"] == "POST"
+            else None
+        )
+        if match:
             # looked up through the module as imported in this process, whatever Serve
             # pickled by value
             import deployments.ingress as this
 
             ingress = this.ACTIVE
-            if match and ingress is not None:
+            if ingress is not None:
                 request = Request(scope, receive)
                 try:
                     response = await ingress.classify_request(
