@@ -52,6 +52,22 @@ def cpu_times(pids: dict[int, str]) -> dict[str, float]:
     return acc
 
 
+def start_spies(pids: dict[int, str], folder: str, seconds: float) -> list:
+    """py-spy record on each Serve replica for ``seconds``, without pausing it."""
+    import subprocess
+
+    os.makedirs(folder, exist_ok=True)
+    procs = []
+    for pid, name in pids.items():
+        if "ServeReplica" not in name and "ProxyActor" not in name:
+            continue
+        out = os.path.join(folder, f"{name.replace(':', '_')}_{pid}.txt")
+        cmd = ["py-spy", "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "100"]
+        cmd += ["-f", "raw", "-t", "--nonblocking", "-o", out]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    return procs
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -70,6 +86,12 @@ def main() -> int:
     )
     ap.add_argument("--out", default=None, help="append the result to this JSON file")
     ap.add_argument("--label", default="", help="the result's name in --out")
+    ap.add_argument(
+        "--spy",
+        default=None,
+        help="also sample every Serve replica with py-spy during the load (raw stacks, one "
+        "file per process, in this folder; summarise with scripts/spy_top.py)",
+    )
     args = ap.parse_args()
     import numpy as np
     import ray
@@ -102,10 +124,13 @@ def main() -> int:
     idle0 = cpu_times(pids)
     time.sleep(args.seconds)  # the same span without load: background CPU to subtract
     idle1 = cpu_times(pids)
+    spies = start_spies(pids, args.spy, args.seconds) if args.spy else []
     before = cpu_times(pids)
     t0 = time.perf_counter()
     res = loadgen.run(url, body, ct, args.clients, args.seconds, warmup=0)
     wall = time.perf_counter() - t0
+    for p in spies:
+        p.wait()
     after = cpu_times(pids)
     n = max(res["ok"], 1)
     idle_rate = {k: (idle1[k] - idle0.get(k, 0.0)) / args.seconds for k in idle1}

