@@ -1,7 +1,7 @@
 """Where the inference replica's CPU goes, without Serve: calls of encoded JPEGs through
 ``InferenceCore`` (decode, resize, batch, model, answers) in one process.
 
-    python benchmarks/profile_inference.py [--config benchmarks/configs/ferry_e2e_gpu_decode.yaml]
+    python benchmarks/profile_inference.py [--config benchmarks/configs/ferry_e2e.yaml]
         [--groups 1,8,32] [--calls 16] [--seconds 4] [--out results/profile_inference.json]
 
 For each group size (images per call, as the ingress coalesces them) it keeps ``--calls``
@@ -97,7 +97,7 @@ async def drive(core, items, group: int, calls: int, seconds: float) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default="benchmarks/configs/ferry_e2e_gpu_decode.yaml")
+    ap.add_argument("--config", default="benchmarks/configs/ferry_e2e.yaml")
     ap.add_argument("--groups", default="1,8,32")
     ap.add_argument("--calls", type=int, default=16)
     ap.add_argument("--seconds", type=float, default=4.0)

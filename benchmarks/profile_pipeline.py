@@ -53,16 +53,21 @@ def cpu_times(pids: dict[int, str]) -> dict[str, float]:
 
 
 def start_spies(pids: dict[int, str], folder: str, seconds: float) -> list:
-    """py-spy record on each Serve replica for ``seconds``, without pausing it."""
+    """py-spy record, without pausing them, on two replicas of each deployment and the proxy
+    for ``seconds``."""
+    import shutil
     import subprocess
 
+    spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
     os.makedirs(folder, exist_ok=True)
     procs = []
-    for pid, name in pids.items():
-        if "ServeReplica" not in name and "ProxyActor" not in name:
+    seen: dict[str, int] = defaultdict(int)
+    for pid, name in sorted(pids.items()):
+        if ("ServeReplica" not in name and "ProxyActor" not in name) or seen[name] >= 2:
             continue
+        seen[name] += 1
         out = os.path.join(folder, f"{name.replace(':', '_')}_{pid}.txt")
-        cmd = ["py-spy", "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "100"]
+        cmd = [spy, "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "100"]
         cmd += ["-f", "raw", "-t", "--nonblocking", "-o", out]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     return procs

@@ -44,7 +44,9 @@ def peaks(rows: list[dict]) -> dict[str, float]:
     return peak
 
 
-BREAKDOWN_KEYS = ["ingress", "preprocess", "queue", "gpu", "postprocess", "hops", "total"]
+BREAKDOWN_KEYS = [
+    "ingress", "preprocess", "queue", "gpu", "postprocess", "hops", "hop_in", "hop_out", "total"
+]
 
 
 def breakdown_table(bd: dict[str, dict], first: str) -> list[str]:
@@ -52,7 +54,7 @@ def breakdown_table(bd: dict[str, dict], first: str) -> list[str]:
     lines = [f"| {first} | " + " | ".join(BREAKDOWN_KEYS) + " |"]
     lines.append("|" + "---|" * (len(BREAKDOWN_KEYS) + 1))
     for k in sorted(bd, key=lambda x: int(x.split("@")[1])):
-        cells = " | ".join(f"{bd[k].get(x, 0):.1f}" for x in BREAKDOWN_KEYS)
+        cells = " | ".join(f"{bd[k][x]:.1f}" if x in bd[k] else "-" for x in BREAKDOWN_KEYS)
         lines.append(f"| {k.split('@')[1]} | {cells} |")
     return lines
 
@@ -137,7 +139,9 @@ def e2e_section(e2e: dict) -> list[str]:
             "Where a request's time goes in Ferry (mean ms, from the answers' `timings_ms`): `ingress` is "
             "arrival to the group leaving the ingress (body, checks, coalescing), `queue` the wait for a GPU "
             "batch, `gpu` the batch from submission to its result on the host, `hops` what is left: Serve "
-            "calls and transfers between stages, HAProxy, the answer's way back.",
+            "calls and transfers between stages, HAProxy, the answer's way back; where the inference replica "
+            "answers, `hop_in` and `hop_out` are the parts of `hops` spent on the Serve call to it and on "
+            "the way back.",
             "",
         ]
         lines += breakdown_table({k: bd[k] for k in picks}, "clients")

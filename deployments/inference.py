@@ -254,6 +254,17 @@ class InferenceCore:
         return s
 
 
+def _stamp_hops(out: Rows | list[Any], arrived: float) -> Rows | list[Any]:
+    """Answers made here carry when their call arrived and when it left (wall-clock ms), so
+    the ingress can split the hops into the way here and the way back."""
+    if isinstance(out, list):
+        left = time.time() * 1e3
+        for a in out:
+            if isinstance(a, dict):
+                a["timings_ms"].update(arrived_at=arrived, left_at=left)
+    return out
+
+
 @serve.deployment
 class Inference:
     def __init__(self, config: dict[str, Any], preprocess_gpu: Any = None) -> None:
@@ -266,7 +277,8 @@ class Inference:
         meta: list[RequestMeta],
         specs: list[PostSpec] | None = None,
     ) -> Rows | list[Any]:
-        return await self.core.answer(model, images, meta, specs)
+        arrived = time.time() * 1e3
+        return _stamp_hops(await self.core.answer(model, images, meta, specs), arrived)
 
     async def encoded(
         self,
@@ -275,8 +287,9 @@ class Inference:
         meta: list[RequestMeta],
         specs: list[PostSpec] | None = None,
     ) -> Rows | list[Any]:
+        arrived = time.time() * 1e3
         images = await self.core.preprocess_here(model, items)
-        return await self.core.answer(model, images, meta, specs)
+        return _stamp_hops(await self.core.answer(model, images, meta, specs), arrived)
 
     async def status(self) -> dict[str, Any]:
         return self.core.status()

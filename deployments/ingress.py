@@ -245,21 +245,29 @@ def priority_of(request: Request) -> bool:
     ).lower() == "high"
 
 
-def _stamp(result: Any, t_send: float) -> Any:
-    """Mark when the group left this process (the rest of a request's time is downstream)."""
+def _stamp(result: Any, t_send: float, wall_call: float) -> Any:
+    """Mark when the group left the coalescer (the rest of a request's time is in stages
+    and hops) and, by the wall clock the inference replica stamps with, when its call left."""
     if isinstance(result, dict):
         result["timings_ms"]["sent_at"] = t_send * 1e3
+        result["timings_ms"]["sent_wall"] = wall_call * 1e3
     return result
 
 
 def _finish_timings(result: Any, t0: float) -> float:
     """Raise a request's own error; else complete its timings (``ingress``: arrival to its
-    group leaving; ``hops``: what no stage accounts for) and return the total in ms."""
+    group leaving; ``hops``: what no stage accounts for; of that, when the inference replica
+    answered, ``hop_in``/``hop_out``: the Serve call to it and back) and return the total
+    in ms."""
     if isinstance(result, BaseException):
         raise result
     total = (time.perf_counter() - t0) * 1e3
     t = result["timings_ms"]
     t["ingress"] = t.pop("sent_at", 0.0) - t0 * 1e3
+    sent = t.pop("sent_wall", None)
+    if sent is not None and "arrived_at" in t:  # parts of the hops: the call's way there and back
+        t["hop_in"] = max(0.0, t.pop("arrived_at") - sent)
+        t["hop_out"] = max(0.0, time.time() * 1e3 - t.pop("left_at"))
     stages = sum(t.get(k, 0.0) for k in ("ingress", "preprocess", "queue", "gpu", "postprocess"))
     t["hops"] = max(0.0, total - stages)
     t["total"] = total
@@ -326,10 +334,11 @@ class Ingress:
         fused = specs if self.post is None else None  # inference answers itself
         if self.encoded_to_inf:  # decoding happens in (or is driven by) the inference replica
             inf = self.inf.encoded.remote(model, encoded, meta, fused)
-        elif self.pre_core is not None:
+        elif self.pre_core is not None:  # the group leaves the queue now, the call after decode
             rows = await self.pre_core.run(model, encoded)
-            t_send = time.perf_counter()
             inf = self.inf.remote(model, rows, meta, fused)
+            post = inf if fused else self.post.remote(model, inf, specs)
+            return await self._answers(post, t_send, time.perf_counter())
         else:
             pre = self.pre.remote(model, encoded)
             inf = self.inf.remote(model, pre, meta, fused)  # pre goes by reference
@@ -348,14 +357,17 @@ class Ingress:
         return await self._answers(inf if fused else self.post.remote(model, inf, specs), t_send)
 
     @staticmethod
-    async def _answers(post: Any, t_send: float) -> list[Any]:
-        """The chain's answers, each stamped with when its group left this process."""
+    async def _answers(post: Any, t_send: float, t_call: float | None = None) -> list[Any]:
+        """The chain's answers, each stamped with when its group left the coalescer
+        (``t_send``) and when its call left this process (``t_call``, later when the group
+        was decoded here first)."""
         try:
             results = await post
         except BaseException as exc:
             raise unwrap(exc) from None
+        wall_call = (t_call or t_send) + time.time() - time.perf_counter()
         for r in results:  # a loop, not a comprehension: Serve pickles these methods by value
-            _stamp(r, t_send)
+            _stamp(r, t_send, wall_call)
         return results
 
     async def _await(self, coro: Any, request_id: str) -> Any:

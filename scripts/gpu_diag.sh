@@ -16,7 +16,7 @@ if [ "${PROFILE:-1}" = 1 ]; then
   clean
   spy=; [ "${SPY:-1}" = 1 ] && spy="--spy $OUT/spy"
   RAY_SERVE_ENABLE_HA_PROXY=1 timeout 200 python3 benchmarks/profile_pipeline.py \
-    --config ${PROFILE_CONFIG:-benchmarks/configs/ferry_e2e_gpu_decode.yaml} --model resnet50 \
+    --config ${PROFILE_CONFIG:-benchmarks/configs/ferry_e2e.yaml} --model resnet50 \
     --clients ${PROFILE_CLIENTS:-256} --seconds 10 $spy --out "$OUT/profile_gpu.json" \
     --label "${PROFILE_LABEL:-gpu}" > "$OUT/profile.log" 2>&1
   grep -A3 '"load"' "$OUT/profile.log" | head -8; grep -A14 '"cpu_ms_per_request"' "$OUT/profile.log" | head -16

@@ -112,6 +112,27 @@ class Softmax(Op):
         kern((n,), (256,), (x, y, np.int32(c)))
 
 
+def _top_k_stable(key: np.ndarray, k: int) -> np.ndarray:
+    """The first ``k`` columns of ``argsort(key, axis=1, kind="stable")``, without sorting
+    whole rows: a partition finds each row's k-th smallest key, and only the columns at or
+    below it are sorted. A row with ties at that key has more than k such columns and goes
+    through the full stable sort, so the answer is the stable sort's in every case."""
+    n, c = key.shape
+    if k >= c or c <= 64:
+        return np.argsort(key, axis=1, kind="stable")[:, :k]
+    kth = np.partition(key, k - 1, axis=1)[:, k - 1 : k]
+    below = key <= kth  # k columns per row unless the k-th key is tied (or all NaN rows)
+    exact = below.sum(axis=1) == k
+    order = np.empty((n, k), dtype=np.intp)
+    if exact.any():
+        cols = np.nonzero(below[exact])[1].reshape(-1, k)  # ascending column order per row
+        sub = np.take_along_axis(key[exact], cols, axis=1)
+        order[exact] = np.take_along_axis(cols, np.argsort(sub, axis=1, kind="stable"), axis=1)
+    if not exact.all():
+        order[~exact] = np.argsort(key[~exact], axis=1, kind="stable")[:, :k]
+    return order
+
+
 class TopK(Op):
     name = "topk"
 
@@ -143,7 +164,7 @@ class TopK(Op):
         x = inputs[0].astype(np.float32, copy=False)
         k = plan.attr("k")
         key = np.where(np.isnan(x), np.inf, -x)  # NaN sorts last
-        order = np.argsort(key, axis=1, kind="stable")[:, :k]
+        order = _top_k_stable(key, k)
         outputs[1][...] = order
         outputs[0][...] = np.take_along_axis(x, order, axis=1)
 

@@ -78,3 +78,8 @@ def test_fused_pipeline_answers_as_the_four_stage_one(ray_cluster):
         assert f["top"] == plain["top"]
         assert np.allclose(f["v2"], plain["v2"], rtol=1e-5, atol=1e-5)
         assert f["timings"]["preprocess"] > 0 and "postprocess" in f["timings"]
+        # answers made in the inference replica split the hops into the call there and back
+        t = f["timings"]
+        assert t["hop_in"] > 0 and t["hop_out"] > 0
+        assert t["hop_in"] + t["hop_out"] <= t["hops"] + 0.01, t  # parts of it (rounding)
+    assert "hop_in" not in plain["timings"]  # answered by the Postprocess deployment

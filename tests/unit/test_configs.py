@@ -121,7 +121,7 @@ def test_gpu_preprocessing_needs_a_gpu_share_and_wires_inference_to_it():
 
 
 @pytest.mark.parametrize(
-    "name", ["ferry_e2e.yaml", "ferry_e2e_fused.yaml", "ferry_e2e_gpu_decode.yaml"]
+    "name", ["ferry_e2e.yaml", "ferry_e2e_4stage.yaml", "ferry_e2e_fused.yaml"]
 )
 def test_benchmark_serve_configs_validate(name):
     from ray.serve.schema import ServeDeploySchema
@@ -131,7 +131,9 @@ def test_benchmark_serve_configs_validate(name):
     cfg = PipelineConfig.model_validate(raw["applications"][0]["args"]["config"])
     assert cfg.executor.backend == "cupy"
     cpus = cfg.ingress_deployment.num_cpus * cfg.ingress_deployment.num_replicas
-    cpus += cfg.inference_deployment.num_cpus
+    inf = cfg.inference_deployment
+    cpus += inf.num_cpus * inf.num_replicas
+    assert inf.num_gpus * inf.num_replicas <= 1  # one H200
     fu = cfg.fusion
     if not (fu.preprocess_in_ingress or fu.preprocess_in_inference):
         cpus += cfg.preprocess_deployment.num_cpus * cfg.preprocess_deployment.num_replicas

@@ -309,3 +309,19 @@ def test_antialiased_resize_matches_pillow(src, size):
     (got,) = eager(RESIZE_BILINEAR, img[None], size=size, antialias=True)
     diff = np.abs(got[0].astype(np.int16) - want)
     assert diff.max() <= 2 and diff.mean() < 0.5, (diff.max(), diff.mean())
+
+
+@pytest.mark.parametrize("k", [1, 5, 64])
+def test_topk_of_wide_rows_is_the_stable_sorts_prefix(k):
+    # 1000 classes take the partition path; coarse values force ties at the k-th key in some
+    # rows (those take the full sort), NaN and -inf rows test the ends of the order
+    x = np.round(rng.standard_normal((64, 1000)) * 3).astype(np.float32)
+    x[1] = np.nan
+    x[2, ::3] = np.nan
+    x[3] = -np.inf
+    x[4:8] = rng.standard_normal((4, 1000)).astype(np.float32)  # no ties
+    vals, idx = eager(TOPK, x, k=k)
+    key = np.where(np.isnan(x), np.inf, -x)
+    want = np.argsort(key, axis=1, kind="stable")[:, :k]
+    np.testing.assert_array_equal(idx, want)
+    np.testing.assert_array_equal(vals, np.take_along_axis(x, want, axis=1))
