@@ -182,6 +182,7 @@ def main() -> int:
                 rows.append(row)
                 if collect and "mean_timings_ms" in r:
                     breakdown[f"{name}@{n}"] = r["mean_timings_ms"]
+                _write(args, body, rows, breakdown)  # a run cut off keeps every level it measured
                 print(
                     f"   {n:>4} clients: {r['img_s']:8.1f} img/s  p50 {r['p50_ms']} ms  p99 {r['p99_ms']} ms  "
                     f"errors {r['errors']}  loadgen cpu {r['loadgen_cpu_per_proc']}",
@@ -189,9 +190,6 @@ def main() -> int:
                 )
         finally:
             stop(proc)
-            _write(
-                args, body, rows, breakdown
-            )  # after every system: a cut-off run keeps what it measured
     _write(args, body, rows, breakdown)
     try:
         from loadtest.run import plot
@@ -213,13 +211,6 @@ def _write(args: argparse.Namespace, body: bytes, rows: list, breakdown: dict) -
         "ferry_breakdown": breakdown,
     }
     write_json(args.out, out)
-    try:
-        from loadtest.run import plot
-
-        plot(rows, os.path.splitext(args.out)[0] + ".png", "ResNet-50 over HTTP, one H200 node")
-    except Exception as exc:  # a plot must not lose the numbers
-        print(f"plot failed: {exc}")
-    return 0
 
 
 if __name__ == "__main__":

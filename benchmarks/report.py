@@ -59,7 +59,7 @@ def breakdown_table(bd: dict[str, dict], first: str) -> list[str]:
     return lines
 
 
-def e2e_section(e2e: dict) -> list[str]:
+def e2e_section(e2e: dict, goals: bool = True) -> list[str]:
     rows = e2e["rows"]
     systems = list(dict.fromkeys(r["system"] for r in rows))
     clients = sorted({r["clients"] for r in rows})
@@ -89,7 +89,7 @@ def e2e_section(e2e: dict) -> list[str]:
                 )
         lines.append(f"| {s} | " + " | ".join(cells) + " |")
     peak = {s: max(by[(s, c)]["img_s"] for c in clients if (s, c) in by) for s in systems}
-    if "ferry" in peak:
+    if "ferry" in peak and goals:
         lines += [
             "",
             "Peak throughput and Ferry's ratio to each system (same machine, the two runs above):",
@@ -332,6 +332,19 @@ def main() -> int:
             "",
         ]
         notes = os.path.join(HERE, "results", "e2e_notes.md")
+        if os.path.exists(notes):
+            out += [open(notes).read().strip(), ""]
+    earlier = load("e2e_earlier.json")
+    if earlier:
+        out += [
+            "## Earlier end to end: four deployments, JPEGs decoded on CPU threads (`e2e_earlier.json`)",
+            "",
+            *e2e_section(earlier, goals=False),
+            "",
+            "![e2e_earlier](results/e2e_earlier.png)",
+            "",
+        ]
+        notes = os.path.join(RES, "e2e_earlier_notes.md")
         if os.path.exists(notes):
             out += [open(notes).read().strip(), ""]
     fused = load("e2e_fused.json")

@@ -39,7 +39,11 @@ def test_serve_configs_validate(name):
         )
         assert total <= 2.0  # fits a two-core laptop
     else:
-        assert cfg.executor.backend == "cupy" and cfg.inference_deployment.num_gpus >= 1
+        inf = cfg.inference_deployment
+        assert cfg.executor.backend == "cupy" and inf.num_gpus * inf.num_replicas >= 1
+    if name == "serve_config.gpu.yaml":  # the measured form: decode in the inference replicas
+        assert cfg.fusion.preprocess_in_inference and cfg.preprocess.device == "gpu"
+        assert cfg.executor.pool_limit_fraction * inf.num_replicas <= 0.95  # pools share one GPU
     if name == "serve_config.gpu2.yaml":
         assert cfg.preprocess.device == "gpu" and cfg.preprocess_deployment.num_gpus == 1
 
