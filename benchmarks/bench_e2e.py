@@ -33,8 +33,8 @@ from loadtest.run import start_app, stop_app, wait_ok  # noqa: E402
 
 JPEG = {"content-type": "image/jpeg"}
 # HAProxy in front of the ingress replicas; Serve's throughput-optimized mode: gRPC between
-# deployments and user code on the replica's own event loop (on the 2-core machine: 32% more
-# img/s, 40% less ingress CPU per request, 1.6 ms off the p50 at one client; RESULTS.md)
+# deployments and user code on the replica's own event loop (on the 2-core machine: 17-23%
+# more img/s, a third less ingress CPU per request; RESULTS.md)
 FERRY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
 FERRY_CONFIG = os.path.join(ROOT, "benchmarks", "configs", "ferry_e2e.yaml")
 FERRY_4STAGE_CONFIG = os.path.join(ROOT, "benchmarks", "configs", "ferry_e2e_4stage.yaml")

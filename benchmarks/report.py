@@ -382,6 +382,7 @@ def main() -> int:
         ("profile_coalesce.json", "The ingress's in-flight bound"),
         ("profile_dispatch_idle.json", "Ingress groups leave at once when idle"),
         ("profile_fastpath.json", "POST classify past FastAPI"),
+        ("profile_throughput_mode.json", "Serve's throughput-optimized mode"),
     ):
         doc = load(name)
         if doc:
