@@ -78,6 +78,9 @@ class BatchingConfig(_Strict):
     (waiting buys nothing then); under load the full-or-timeout rule decides."""
 
 
+GRPC_LIMIT_ENV = {"RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": str((1 << 31) - 1)}
+
+
 class DeploymentOptions(_Strict):
     """Ray Serve options of one stage."""
 
@@ -108,8 +111,10 @@ class DeploymentOptions(_Strict):
 
     def serve_options(self) -> dict[str, Any]:
         actor: dict[str, Any] = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus}
-        if self.env_vars:
-            actor["runtime_env"] = {"env_vars": dict(self.env_vars)}
+        # With gRPC between deployments (RAY_SERVE_THROUGHPUT_OPTIMIZED=1) a replica refuses
+        # calls over 4 MB by default -- one large photo, or a coalesced group of small ones
+        # -- so every stage takes what its callers can send; its own env_vars win.
+        actor["runtime_env"] = {"env_vars": {**GRPC_LIMIT_ENV, **self.env_vars}}
         opts: dict[str, Any] = {
             "max_ongoing_requests": self.max_ongoing_requests,
             "max_queued_requests": self.max_queued_requests,

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import httpx
+import numpy as np
 import pytest
 
 from loadtest.run import start_app, stop_app, subprocess_env, wait_ready
@@ -80,3 +81,29 @@ def test_serve_deploy_to_a_running_ray_start_head(tmp_path):
         _assert_classifies_the_first_held_out_digit()
     finally:
         subprocess.run([ray_bin, "stop", "--force"], env=env, capture_output=True, timeout=120)
+
+
+def test_throughput_mode_takes_calls_over_grpcs_4_mb(tmp_path):
+    """With RAY_SERVE_THROUGHPUT_OPTIMIZED=1 the deployments call each other over gRPC, whose
+    replica server refuses messages over 4 MB unless told otherwise: one large photo, or a
+    coalesced group of smaller ones, must still get through every hop."""
+    log = tmp_path / "serve.log"
+    proc = start_app("serve_config.yaml", str(log), {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"})
+    try:
+        if not wait_ready(URL, 240, proc):
+            stop_app(proc)
+            pytest.fail(f"not ready:\n{log.read_text(errors='replace')[-3000:]}")
+        _assert_classifies_the_first_held_out_digit()
+        noise = np.random.default_rng(0).integers(0, 256, (1300, 1300, 3), dtype=np.uint8)
+        big = encode_png(noise)  # incompressible: ~5 MB, under the 8 MB body limit
+        assert 4.5e6 < len(big) < 8 << 20
+        r = httpx.post(
+            URL + "/v1/models/digits/classify",
+            content=big,
+            headers={"content-type": "image/png"},
+            timeout=120,
+        )
+        assert r.status_code == 200, r.text[-2000:]
+        assert len(r.json()["top_k"]) == 5
+    finally:
+        stop_app(proc)

@@ -94,8 +94,14 @@ def test_deployment_options_map_to_serve():
     assert o["ray_actor_options"] == {
         "num_cpus": 1.0,
         "num_gpus": 0.5,
-        "runtime_env": {"env_vars": {"A": "1"}},
+        "runtime_env": {
+            "env_vars": {"A": "1", "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": str(2**31 - 1)}
+        },
     }
+    # the user's own value for the gRPC limit wins over Ferry's
+    own = {"RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": "1000"}
+    o = DeploymentOptions(env_vars=own).serve_options()
+    assert o["ray_actor_options"]["runtime_env"]["env_vars"] == own
 
 
 def test_gpu_preprocessing_needs_a_gpu_share_and_wires_inference_to_it():
