@@ -52,7 +52,7 @@ def cpu_times(pids: dict[int, str]) -> dict[str, float]:
     return acc
 
 
-def start_spies(pids: dict[int, str], folder: str, seconds: float) -> list:
+def start_spies(pids: dict[int, str], folder: str, seconds: float, gil: bool = False) -> list:
     """py-spy record, without pausing them, on two replicas of each deployment and the proxy
     for ``seconds``."""
     import shutil
@@ -68,7 +68,7 @@ def start_spies(pids: dict[int, str], folder: str, seconds: float) -> list:
         seen[name] += 1
         out = os.path.join(folder, f"{name.replace(':', '_')}_{pid}.txt")
         cmd = [spy, "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "100"]
-        cmd += ["-f", "raw", "-t", "--nonblocking", "-o", out]
+        cmd += ["-f", "raw", "-t", "--nonblocking", "-o", out] + (["--gil"] if gil else [])
         procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     return procs
 
@@ -96,6 +96,12 @@ def main() -> int:
         default=None,
         help="also sample every Serve replica with py-spy during the load (raw stacks, one "
         "file per process, in this folder; summarise with scripts/spy_top.py)",
+    )
+    ap.add_argument(
+        "--spy-gil",
+        action="store_true",
+        help="with --spy: sample only the thread holding the GIL, so a file's samples per "
+        "second over the rate is the share of time its GIL was held",
     )
     args = ap.parse_args()
     import numpy as np
@@ -129,7 +135,7 @@ def main() -> int:
     idle0 = cpu_times(pids)
     time.sleep(args.seconds)  # the same span without load: background CPU to subtract
     idle1 = cpu_times(pids)
-    spies = start_spies(pids, args.spy, args.seconds) if args.spy else []
+    spies = start_spies(pids, args.spy, args.seconds, args.spy_gil) if args.spy else []
     before = cpu_times(pids)
     t0 = time.perf_counter()
     res = loadgen.run(url, body, ct, args.clients, args.seconds, warmup=0)
