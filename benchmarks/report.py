@@ -313,6 +313,17 @@ def transport_section(tr: dict) -> list[str]:
     return lines
 
 
+def run_section(stem: str, title: str, body: list[str]) -> list[str]:
+    """A section of end-to-end runs: its table, then results/{stem}.png and {stem}_notes.md."""
+    while body and not body[-1]:
+        body = body[:-1]
+    out = [f"## {title}", "", *body, "", f"![{stem}](results/{stem}.png)", ""]
+    notes = os.path.join(RES, f"{stem}_notes.md")
+    if os.path.exists(notes):
+        out += [open(notes).read().strip(), ""]
+    return out
+
+
 def main() -> int:
     out = [
         "# Benchmark results",
@@ -323,30 +334,14 @@ def main() -> int:
     ]
     e2e = load("e2e.json")
     if e2e:
-        out += [
-            "## End to end over HTTP (`bench_e2e.py`)",
-            "",
-            *e2e_section(e2e),
-            "",
-            "![e2e](results/e2e.png)",
-            "",
-        ]
-        notes = os.path.join(HERE, "results", "e2e_notes.md")
-        if os.path.exists(notes):
-            out += [open(notes).read().strip(), ""]
+        out += run_section("e2e", "End to end over HTTP (`bench_e2e.py`)", e2e_section(e2e))
     earlier = load("e2e_earlier.json")
     if earlier:
-        out += [
-            "## Earlier end to end: four deployments, JPEGs decoded on CPU threads (`e2e_earlier.json`)",
-            "",
-            *e2e_section(earlier, goals=False),
-            "",
-            "![e2e_earlier](results/e2e_earlier.png)",
-            "",
-        ]
-        notes = os.path.join(RES, "e2e_earlier_notes.md")
-        if os.path.exists(notes):
-            out += [open(notes).read().strip(), ""]
+        out += run_section(
+            "e2e_earlier",
+            "Earlier end to end: four deployments, JPEGs decoded on CPU threads (`e2e_earlier.json`)",
+            e2e_section(earlier, goals=False),
+        )
     fused = load("e2e_fused.json")
     if fused:
         out += [
@@ -357,16 +352,11 @@ def main() -> int:
         ]
     gd = load("e2e_gpu_decode.json")
     if gd:
-        out += [
-            "## JPEG decode on the GPU, end to end (`bench_e2e.py --systems ferry_gpu_decode,...`)",
-            "",
-            *gpu_decode_section(gd),
-            "![e2e_gpu_decode](results/e2e_gpu_decode.png)",
-            "",
-        ]
-        notes = os.path.join(RES, "e2e_gpu_decode_notes.md")
-        if os.path.exists(notes):
-            out += [open(notes).read().strip(), ""]
+        out += run_section(
+            "e2e_gpu_decode",
+            "JPEG decode on the GPU, end to end: the runs that led to `ferry` (`e2e_gpu_decode.json`)",
+            gpu_decode_section(gd),
+        )
     dec = load("decode.json")
     if dec:
         out += ["## Decode and resize, one process (`bench_decode.py`)", "", *decode_section(dec)]
