@@ -130,20 +130,30 @@ def test_gpu_preprocessing_needs_a_gpu_share_and_wires_inference_to_it():
     assert plain.init_args[1]._bound_deployment.name == "Preprocess"
 
 
-@pytest.mark.parametrize(
-    "name", ["ferry_e2e.yaml", "ferry_e2e_4stage.yaml", "ferry_e2e_fused.yaml"]
-)
-def test_benchmark_serve_configs_validate(name):
+FERRY_SYSTEMS = ["ferry", "ferry_1inf", "ferry_naive", "ferry_4stage", "ferry_fused"]
+
+
+@pytest.mark.parametrize("system", FERRY_SYSTEMS)
+def test_benchmark_serve_configs_validate(system):
+    """Each Ferry system of bench_e2e.py, as the file it hands `serve run` (overrides applied)."""
     from ray.serve.schema import ServeDeploySchema
 
-    raw = _load(os.path.join("benchmarks", "configs", name))
+    from benchmarks.bench_e2e import SYSTEMS, serve_config
+
+    path = serve_config(system, SYSTEMS[system])
+    try:
+        raw = _load(path)
+    finally:
+        os.unlink(path)
     ServeDeploySchema.model_validate(raw)
     cfg = PipelineConfig.model_validate(raw["applications"][0]["args"]["config"])
     assert cfg.executor.backend == "cupy"
+    assert (cfg.executor.mode == "naive") == (system == "ferry_naive")
     cpus = cfg.ingress_deployment.num_cpus * cfg.ingress_deployment.num_replicas
     inf = cfg.inference_deployment
     cpus += inf.num_cpus * inf.num_replicas
     assert inf.num_gpus * inf.num_replicas <= 1  # one H200
+    assert inf.num_replicas == (1 if system in ("ferry_1inf", "ferry_4stage", "ferry_fused") else 2)
     fu = cfg.fusion
     if not (fu.preprocess_in_ingress or fu.preprocess_in_inference):
         cpus += cfg.preprocess_deployment.num_cpus * cfg.preprocess_deployment.num_replicas
