@@ -40,10 +40,22 @@ FERRY_CONFIG = os.path.join(ROOT, "benchmarks", "configs", "ferry_e2e.yaml")
 FERRY_4STAGE_CONFIG = os.path.join(ROOT, "benchmarks", "configs", "ferry_e2e_4stage.yaml")
 FERRY_FUSED_CONFIG = os.path.join(ROOT, "benchmarks", "configs", "ferry_e2e_fused.yaml")
 ONE_INFERENCE_REPLICA = {"inference_deployment": {"num_replicas": 1, "num_gpus": 1, "num_cpus": 4}}
+
+
+def inference_replicas(n: int) -> dict[str, dict[str, Any]]:
+    """``n`` inference replicas sharing the one GPU, each with its share of it and its pool."""
+    return {
+        "inference_deployment": {"num_replicas": n, "num_gpus": round(1 / n, 3), "num_cpus": 1},
+        "executor": {"pool_limit_fraction": round(0.9 / n, 3)},
+    }
+
+
 SYSTEMS: dict[str, dict[str, Any]] = {
     # ferry: JPEGs decoded by nvImageCodec in two inference replicas sharing the GPU
     "ferry": {"kind": "ferry", "env": FERRY_ENV},
     "ferry_1inf": {"kind": "ferry", "env": FERRY_ENV, "set": ONE_INFERENCE_REPLICA},
+    "ferry_3inf": {"kind": "ferry", "env": FERRY_ENV, "set": inference_replicas(3)},
+    "ferry_4inf": {"kind": "ferry", "env": FERRY_ENV, "set": inference_replicas(4)},
     "ferry_naive": {"kind": "ferry", "env": FERRY_ENV, "naive": True},
     # earlier forms: four deployments (CPU decode), and decode in the ingress replicas
     "ferry_4stage": {"kind": "ferry", "env": FERRY_ENV, "config": FERRY_4STAGE_CONFIG},

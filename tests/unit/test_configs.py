@@ -130,7 +130,15 @@ def test_gpu_preprocessing_needs_a_gpu_share_and_wires_inference_to_it():
     assert plain.init_args[1]._bound_deployment.name == "Preprocess"
 
 
-FERRY_SYSTEMS = ["ferry", "ferry_1inf", "ferry_naive", "ferry_4stage", "ferry_fused"]
+FERRY_SYSTEMS = {  # system -> its inference replicas
+    "ferry": 2,
+    "ferry_1inf": 1,
+    "ferry_3inf": 3,
+    "ferry_4inf": 4,
+    "ferry_naive": 2,
+    "ferry_4stage": 1,
+    "ferry_fused": 1,
+}
 
 
 @pytest.mark.parametrize("system", FERRY_SYSTEMS)
@@ -153,7 +161,8 @@ def test_benchmark_serve_configs_validate(system):
     inf = cfg.inference_deployment
     cpus += inf.num_cpus * inf.num_replicas
     assert inf.num_gpus * inf.num_replicas <= 1  # one H200
-    assert inf.num_replicas == (1 if system in ("ferry_1inf", "ferry_4stage", "ferry_fused") else 2)
+    assert inf.num_replicas == FERRY_SYSTEMS[system]
+    assert cfg.executor.pool_limit_fraction * inf.num_replicas <= 0.95  # the pools share one GPU
     fu = cfg.fusion
     if not (fu.preprocess_in_ingress or fu.preprocess_in_inference):
         cpus += cfg.preprocess_deployment.num_cpus * cfg.preprocess_deployment.num_replicas
