@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: every tests/gpu test this machine can run, a CPU + py-spy profile of a
 # pipeline under load, and bench_e2e.py for the systems in $SYSTEMS; everything under $OUT.
-#   TESTS=0 SPY=0 SYSTEMS=ferry_1inf,ferry,ferry_3inf PROFILE_CONFIG=... PROFILE_CLIENTS=256 bash scripts/gpu_diag.sh
+#   TESTS=0 SPY=1 SPY_GIL=1 SYSTEMS=ferry_1inf,ferry,ferry_3inf PROFILE_CONFIG=... PROFILE_CLIENTS=256 bash scripts/gpu_diag.sh
 set -u
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -15,6 +15,7 @@ fi
 if [ "${PROFILE:-1}" = 1 ]; then
   clean
   spy=; [ "${SPY:-1}" = 1 ] && spy="--spy $OUT/spy"
+  [ -n "$spy" ] && [ "${SPY_GIL:-0}" = 1 ] && spy="$spy --spy-gil"  # only the GIL holder
   RAY_SERVE_ENABLE_HA_PROXY=1 timeout 200 python3 benchmarks/profile_pipeline.py \
     --config ${PROFILE_CONFIG:-benchmarks/configs/ferry_e2e.yaml} --model resnet50 \
     --clients ${PROFILE_CLIENTS:-256} --seconds 10 $spy --out "$OUT/profile_gpu.json" \
