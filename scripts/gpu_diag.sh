@@ -16,7 +16,8 @@ if [ "${PROFILE:-1}" = 1 ]; then
   clean
   spy=; [ "${SPY:-1}" = 1 ] && spy="--spy $OUT/spy"
   [ -n "$spy" ] && [ "${SPY_GIL:-0}" = 1 ] && spy="$spy --spy-gil"  # only the GIL holder
-  RAY_SERVE_ENABLE_HA_PROXY=1 timeout 200 python3 benchmarks/profile_pipeline.py \
+  RAY_SERVE_ENABLE_HA_PROXY=1 RAY_SERVE_THROUGHPUT_OPTIMIZED=${THROUGHPUT:-1} \
+    timeout 200 python3 benchmarks/profile_pipeline.py \
     --config ${PROFILE_CONFIG:-benchmarks/configs/ferry_e2e.yaml} --model resnet50 \
     --clients ${PROFILE_CLIENTS:-256} --seconds 10 $spy --out "$OUT/profile_gpu.json" \
     --label "${PROFILE_LABEL:-gpu}" > "$OUT/profile.log" 2>&1
