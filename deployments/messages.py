@@ -30,8 +30,12 @@ class Rows:
     random_weights: bool = False
     envelope: Any = None  # GPU preprocessing: the batch is on its way over a transport
 
-    def rows_of(self, request: int) -> list[int]:
-        return [i for i, o in enumerate(self.owner) if o == request]
+    def rows_by_request(self) -> dict[int, list[int]]:
+        """Each request's row indices, in one pass over ``owner``."""
+        rows: dict[int, list[int]] = {}
+        for i, o in enumerate(self.owner):
+            rows.setdefault(o, []).append(i)
+        return rows
 
 
 @dataclass(frozen=True)

@@ -37,9 +37,7 @@ class PostprocessCore:
                 kmax = min(kmax, model_info(arch).num_classes)
                 vals, idx = eager(TOPK, probs, k=kmax)
                 vals, idx = vals.tolist(), idx.tolist()
-        rows_of: dict[int, list[int]] = {}
-        for i, o in enumerate(logits.owner):
-            rows_of.setdefault(o, []).append(i)
+        rows_of = logits.rows_by_request()
         out: list[dict[str, Any] | BaseException] = []
         for r, spec in enumerate(specs):
             if r in logits.errors:

@@ -219,7 +219,6 @@ class BatchScheduler:
             max_batch_size, max_wait_ms / 1e3, max_queue, buckets, retry_after_s
         )
         self.dispatch_when_idle = dispatch_when_idle
-        self._last_dispatch = float("-inf")
         self.run_batch = run_batch
         self.max_in_flight = max_in_flight
         self.clock = clock
