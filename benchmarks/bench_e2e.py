@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks import loadgen  # noqa: E402
-from benchmarks.common import machine, today, write_json  # noqa: E402
+from benchmarks.common import busy_cores_since, machine, today, write_json  # noqa: E402
 from loadtest.run import start_app, stop_app, wait_ok  # noqa: E402
 
 JPEG = {"content-type": "image/jpeg"}
@@ -50,12 +50,21 @@ def inference_replicas(n: int) -> dict[str, dict[str, Any]]:
     }
 
 
+INGRESS_6 = {"ingress_deployment": {"num_replicas": 6}}
+
 SYSTEMS: dict[str, dict[str, Any]] = {
     # ferry: JPEGs decoded by nvImageCodec in two inference replicas sharing the GPU
     "ferry": {"kind": "ferry", "env": FERRY_ENV},
     "ferry_1inf": {"kind": "ferry", "env": FERRY_ENV, "set": ONE_INFERENCE_REPLICA},
     "ferry_3inf": {"kind": "ferry", "env": FERRY_ENV, "set": inference_replicas(3)},
     "ferry_4inf": {"kind": "ferry", "env": FERRY_ENV, "set": inference_replicas(4)},
+    # fewer, busier ingress replicas: bigger coalesced calls, fewer processes on the cores
+    "ferry_6ing": {"kind": "ferry", "env": FERRY_ENV, "set": INGRESS_6},
+    "ferry_3inf_6ing": {
+        "kind": "ferry",
+        "env": FERRY_ENV,
+        "set": {**inference_replicas(3), **INGRESS_6},
+    },
     "ferry_naive": {"kind": "ferry", "env": FERRY_ENV, "naive": True},
     # earlier forms: four deployments (CPU decode), and decode in the ingress replicas
     "ferry_4stage": {"kind": "ferry", "env": FERRY_ENV, "config": FERRY_4STAGE_CONFIG},
@@ -172,6 +181,7 @@ def main() -> int:
             loadgen.run(url_of(spec), body, "image/jpeg", 32, 4, warmup=1)  # warm every path
             for n in (int(c) for c in args.clients.split(",")):
                 collect = spec["kind"] == "ferry"
+                mark, _ = busy_cores_since()
                 r = loadgen.run(
                     url_of(spec),
                     body,
@@ -181,6 +191,7 @@ def main() -> int:
                     warmup=args.warmup,
                     collect_timings=collect,
                 )
+                _, busy = busy_cores_since(mark)  # warm-up included: the level's whole span
                 row = {
                     "system": name,
                     "clients": n,
@@ -190,6 +201,7 @@ def main() -> int:
                     "errors": r["errors"],
                     "loadgen_procs": r["loadgen_procs"],
                     "loadgen_cpu_per_proc": r["loadgen_cpu_per_proc"],
+                    "machine_busy_cores": busy,
                 }
                 rows.append(row)
                 if collect and "mean_timings_ms" in r:
@@ -197,7 +209,7 @@ def main() -> int:
                 _write(args, body, rows, breakdown)  # a run cut off keeps every level it measured
                 print(
                     f"   {n:>4} clients: {r['img_s']:8.1f} img/s  p50 {r['p50_ms']} ms  p99 {r['p99_ms']} ms  "
-                    f"errors {r['errors']}  loadgen cpu {r['loadgen_cpu_per_proc']}",
+                    f"errors {r['errors']}  loadgen cpu {r['loadgen_cpu_per_proc']}  busy cores {busy}",
                     flush=True,
                 )
         finally:

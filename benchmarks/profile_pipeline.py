@@ -110,6 +110,7 @@ def main() -> int:
     from ray import serve
 
     from benchmarks import loadgen
+    from benchmarks.common import busy_cores_since
     from deployments.app import build_app
     from pipeline.imaging import encode_jpeg, encode_png
 
@@ -137,9 +138,11 @@ def main() -> int:
     idle1 = cpu_times(pids)
     spies = start_spies(pids, args.spy, args.seconds, args.spy_gil) if args.spy else []
     before = cpu_times(pids)
+    mark, _ = busy_cores_since()
     t0 = time.perf_counter()
     res = loadgen.run(url, body, ct, args.clients, args.seconds, warmup=0)
     wall = time.perf_counter() - t0
+    _, busy = busy_cores_since(mark)
     for p in spies:
         p.wait()
     after = cpu_times(pids)
@@ -156,6 +159,8 @@ def main() -> int:
         "image": image,
         "load": res,
         "wall_s": round(wall, 2),
+        "machine_busy_cores": busy,
+        "machine_cores": os.cpu_count(),
         "idle_cpu_cores": {k: round(v, 3) for k, v in idle_rate.items() if v > 0.005},
         "cpu_ms_per_request": per,
         "cpu_ms_per_request_total": round(sum(per.values()), 3),
