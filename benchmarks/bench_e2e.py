@@ -50,21 +50,16 @@ def inference_replicas(n: int) -> dict[str, dict[str, Any]]:
     }
 
 
-INGRESS_6 = {"ingress_deployment": {"num_replicas": 6}}
+INGRESS_10 = {"ingress_deployment": {"num_replicas": 10}}
 
 SYSTEMS: dict[str, dict[str, Any]] = {
-    # ferry: JPEGs decoded by nvImageCodec in two inference replicas sharing the GPU
+    # ferry: JPEGs decoded by nvImageCodec in four inference replicas sharing the GPU
     "ferry": {"kind": "ferry", "env": FERRY_ENV},
+    # the same with 1-3 inference replicas, and with 10 ingress replicas (the earlier form)
     "ferry_1inf": {"kind": "ferry", "env": FERRY_ENV, "set": ONE_INFERENCE_REPLICA},
+    "ferry_2inf": {"kind": "ferry", "env": FERRY_ENV, "set": inference_replicas(2)},
     "ferry_3inf": {"kind": "ferry", "env": FERRY_ENV, "set": inference_replicas(3)},
-    "ferry_4inf": {"kind": "ferry", "env": FERRY_ENV, "set": inference_replicas(4)},
-    # fewer, busier ingress replicas: bigger coalesced calls, fewer processes on the cores
-    "ferry_6ing": {"kind": "ferry", "env": FERRY_ENV, "set": INGRESS_6},
-    "ferry_3inf_6ing": {
-        "kind": "ferry",
-        "env": FERRY_ENV,
-        "set": {**inference_replicas(3), **INGRESS_6},
-    },
+    "ferry_10ing": {"kind": "ferry", "env": FERRY_ENV, "set": INGRESS_10},
     "ferry_naive": {"kind": "ferry", "env": FERRY_ENV, "naive": True},
     # earlier forms: four deployments (CPU decode), and decode in the ingress replicas
     "ferry_4stage": {"kind": "ferry", "env": FERRY_ENV, "config": FERRY_4STAGE_CONFIG},
