@@ -45,7 +45,15 @@ def peaks(rows: list[dict]) -> dict[str, float]:
 
 
 BREAKDOWN_KEYS = [
-    "ingress", "preprocess", "queue", "gpu", "postprocess", "hops", "hop_in", "hop_out", "total"
+    "ingress",
+    "preprocess",
+    "queue",
+    "gpu",
+    "postprocess",
+    "hops",
+    "hop_in",
+    "hop_out",
+    "total",
 ]
 
 
@@ -131,8 +139,28 @@ def e2e_section(e2e: dict, goals: bool = True) -> list[str]:
             f"Load generator: its busiest process used at most {max(cpu):.2f} of a core (user+system "
             "per wall second) in any row, so it was not the bottleneck.",
         ]
+    busy = [r for r in rows if r.get("machine_busy_cores") is not None]
+    if busy:
+        lines += [
+            "",
+            "Busy CPU cores on the node during each level (every process: load generator, HAProxy, "
+            "replicas; of 16):",
+            "",
+            "| system | " + " | ".join(f"{c}" for c in clients) + " |",
+            "|" + "---|" * (len(clients) + 1),
+        ]
+        for s in systems:
+            cells = [
+                f"{by[(s, c)]['machine_busy_cores']:.1f}"
+                if (s, c) in by and by[(s, c)].get("machine_busy_cores") is not None
+                else "-"
+                for c in clients
+            ]
+            lines.append(f"| {s} | " + " | ".join(cells) + " |")
     bd = e2e.get("ferry_breakdown", {})
     picks = [k for k in bd if k.startswith("ferry@")]
+    if not picks:  # runs of other Ferry forms: a table per form
+        picks = list(bd)
     if picks:
         lines += [
             "",
@@ -144,7 +172,25 @@ def e2e_section(e2e: dict, goals: bool = True) -> list[str]:
             "the way back.",
             "",
         ]
-        lines += breakdown_table({k: bd[k] for k in picks}, "clients")
+        for system in dict.fromkeys(k.split("@")[0] for k in picks):
+            if system != "ferry":
+                lines += [f"`{system}`:", ""]
+            lines += breakdown_table(
+                {k: bd[k] for k in picks if k.split("@")[0] == system}, "clients"
+            )
+            lines.append("")
+    prof = e2e.get("profile_512")
+    if prof:
+        cpu = ", ".join(
+            f"{k.replace('ServeReplica:ferry:', '')} {v:.2f}"
+            for k, v in prof["cpu_ms_per_request"].items()
+            if v >= 0.01
+        )
+        lines += [
+            f"Profile: {prof['what']}. {prof['load']['img_s']:,.0f} img/s; CPU ms per request: {cpu} "
+            f"(total {prof['cpu_ms_per_request_total']:.2f}); the node's busy cores "
+            f"{prof['machine_busy_cores']:.1f} of {prof['machine_cores']}.",
+        ]
     return lines
 
 
@@ -335,6 +381,21 @@ def main() -> int:
     e2e = load("e2e.json")
     if e2e:
         out += run_section("e2e", "End to end over HTTP (`bench_e2e.py`)", e2e_section(e2e))
+    diag = load("e2e_diag.json")
+    if diag:
+        out += run_section(
+            "e2e_diag",
+            "How `ferry` got its replica counts: the diagnostic run (`e2e_diag.json`)",
+            e2e_section(diag, goals=False),
+        )
+    two = load("e2e_2inf.json")
+    if two:
+        out += run_section(
+            "e2e_2inf",
+            "The previous session's run: `ferry` with 10 ingress and 2 inference replicas "
+            "(`e2e_2inf.json`)",
+            e2e_section(two, goals=False),
+        )
     earlier = load("e2e_earlier.json")
     if earlier:
         out += run_section(

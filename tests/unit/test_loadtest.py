@@ -66,3 +66,33 @@ def test_summary_and_plot_from_a_synthetic_csv(tmp_path):
     assert os.path.getsize(png) > 5000
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_draws_a_level_that_answered_nothing(tmp_path):
+    """A collapsed system (nothing answered within the window) has throughput 0 and no
+    latency; the plot keeps its throughput point and leaves the latency out."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    rows = [
+        {"system": "peer", "clients": 1, "img_s": 30.0, "p50_ms": 30.0, "p99_ms": 35.0},
+        {"system": "peer", "clients": 512, "img_s": 0.0, "p50_ms": None, "p99_ms": None},
+    ]
+    seen = []
+    real = plt.Figure.savefig
+
+    def keep(fig, *a, **k):
+        seen.append([[list(line.get_xdata()) for line in ax.get_lines()] for ax in fig.axes])
+        return real(fig, *a, **k)
+
+    plt.Figure.savefig = keep
+    try:
+        png = runner.plot(rows, str(tmp_path / "p.png"))
+    finally:
+        plt.Figure.savefig = real
+    assert os.path.getsize(png) > 5000
+    throughput, latency = seen[0]
+    assert throughput == [[1, 512]]
+    assert latency == [[1], [1]]
