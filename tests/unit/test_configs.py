@@ -130,14 +130,15 @@ def test_gpu_preprocessing_needs_a_gpu_share_and_wires_inference_to_it():
     assert plain.init_args[1]._bound_deployment.name == "Preprocess"
 
 
-FERRY_SYSTEMS = {  # system -> its inference replicas
-    "ferry": 2,
-    "ferry_1inf": 1,
-    "ferry_3inf": 3,
-    "ferry_4inf": 4,
-    "ferry_naive": 2,
-    "ferry_4stage": 1,
-    "ferry_fused": 1,
+FERRY_SYSTEMS = {  # system -> (its ingress replicas, its inference replicas)
+    "ferry": (6, 4),
+    "ferry_1inf": (6, 1),
+    "ferry_2inf": (6, 2),
+    "ferry_3inf": (6, 3),
+    "ferry_10ing": (10, 4),
+    "ferry_naive": (6, 4),
+    "ferry_4stage": (6, 1),
+    "ferry_fused": (9, 1),
 }
 
 
@@ -161,7 +162,7 @@ def test_benchmark_serve_configs_validate(system):
     inf = cfg.inference_deployment
     cpus += inf.num_cpus * inf.num_replicas
     assert inf.num_gpus * inf.num_replicas <= 1  # one H200
-    assert inf.num_replicas == FERRY_SYSTEMS[system]
+    assert (cfg.ingress_deployment.num_replicas, inf.num_replicas) == FERRY_SYSTEMS[system]
     assert cfg.executor.pool_limit_fraction * inf.num_replicas <= 0.95  # the pools share one GPU
     fu = cfg.fusion
     if not (fu.preprocess_in_ingress or fu.preprocess_in_inference):
