@@ -28,5 +28,5 @@ if [ -n "${SYSTEMS:-}" ]; then
   clean
   timeout ${E2E_S:-400} python3 benchmarks/bench_e2e.py --systems "$SYSTEMS" --clients 1,16,64,256,512 \
     --seconds ${SECONDS_PER_LEVEL:-20} --out "$OUT/e2e_${TAG:-diag}.json" --log-dir "$OUT" 2>&1 \
-    | grep -v "^\s*$" | tail -25
+    | grep --line-buffered -v "^\s*$"  # as it goes: a run cut short still shows its levels
 fi
