@@ -60,8 +60,10 @@ def busy_cores_since(start: Any | None = None) -> tuple[Any, float]:
 
     import psutil
 
-    t = psutil.cpu_times()
-    mark = (time.monotonic(), t.idle + getattr(t, "iowait", 0.0), sum(t))
+    t = psutil.cpu_times()._asdict()
+    for k in ("guest", "guest_nice"):  # already counted in user and nice
+        t.pop(k, None)
+    mark = (time.monotonic(), t["idle"] + t.get("iowait", 0.0), sum(t.values()))
     if start is None:
         return mark, 0.0
     wall = mark[0] - start[0]
