@@ -381,28 +381,17 @@ def main() -> int:
     e2e = load("e2e.json")
     if e2e:
         out += run_section("e2e", "End to end over HTTP (`bench_e2e.py`)", e2e_section(e2e))
-    diag = load("e2e_diag.json")
-    if diag:
-        out += run_section(
-            "e2e_diag",
-            "How `ferry` got its replica counts: the diagnostic run (`e2e_diag.json`)",
-            e2e_section(diag, goals=False),
-        )
-    two = load("e2e_2inf.json")
-    if two:
-        out += run_section(
+    for stem, title in (  # earlier runs and forms: their tables, without the goals
+        ("e2e_diag", "How `ferry` got its replica counts: the diagnostic run"),
+        (
             "e2e_2inf",
-            "The previous session's run: `ferry` with 10 ingress and 2 inference replicas "
-            "(`e2e_2inf.json`)",
-            e2e_section(two, goals=False),
-        )
-    earlier = load("e2e_earlier.json")
-    if earlier:
-        out += run_section(
-            "e2e_earlier",
-            "Earlier end to end: four deployments, JPEGs decoded on CPU threads (`e2e_earlier.json`)",
-            e2e_section(earlier, goals=False),
-        )
+            "The previous session's run: `ferry` with 10 ingress and 2 inference replicas",
+        ),
+        ("e2e_earlier", "Earlier end to end: four deployments, JPEGs decoded on CPU threads"),
+    ):
+        doc = load(f"{stem}.json")
+        if doc:
+            out += run_section(stem, f"{title} (`{stem}.json`)", e2e_section(doc, goals=False))
     fused = load("e2e_fused.json")
     if fused:
         out += [
