@@ -50,16 +50,20 @@ def inference_replicas(n: int) -> dict[str, dict[str, Any]]:
     }
 
 
-INGRESS_10 = {"ingress_deployment": {"num_replicas": 10}}
+def ingress_replicas(n: int) -> dict[str, dict[str, Any]]:
+    return {"ingress_deployment": {"num_replicas": n}}
+
 
 SYSTEMS: dict[str, dict[str, Any]] = {
     # ferry: JPEGs decoded by nvImageCodec in four inference replicas sharing the GPU
     "ferry": {"kind": "ferry", "env": FERRY_ENV},
-    # the same with 1-3 inference replicas, and with 10 ingress replicas (the earlier form)
+    # the same with 1-3 or 5 inference replicas, and with 8 or 10 ingress replicas (10: the earlier form)
     "ferry_1inf": {"kind": "ferry", "env": FERRY_ENV, "set": ONE_INFERENCE_REPLICA},
     "ferry_2inf": {"kind": "ferry", "env": FERRY_ENV, "set": inference_replicas(2)},
     "ferry_3inf": {"kind": "ferry", "env": FERRY_ENV, "set": inference_replicas(3)},
-    "ferry_10ing": {"kind": "ferry", "env": FERRY_ENV, "set": INGRESS_10},
+    "ferry_5inf": {"kind": "ferry", "env": FERRY_ENV, "set": inference_replicas(5)},
+    "ferry_8ing": {"kind": "ferry", "env": FERRY_ENV, "set": ingress_replicas(8)},
+    "ferry_10ing": {"kind": "ferry", "env": FERRY_ENV, "set": ingress_replicas(10)},
     "ferry_naive": {"kind": "ferry", "env": FERRY_ENV, "naive": True},
     # earlier forms: four deployments (CPU decode), and decode in the ingress replicas
     "ferry_4stage": {"kind": "ferry", "env": FERRY_ENV, "config": FERRY_4STAGE_CONFIG},

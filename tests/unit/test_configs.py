@@ -135,6 +135,8 @@ FERRY_SYSTEMS = {  # system -> (its ingress replicas, its inference replicas)
     "ferry_1inf": (6, 1),
     "ferry_2inf": (6, 2),
     "ferry_3inf": (6, 3),
+    "ferry_5inf": (6, 5),
+    "ferry_8ing": (8, 4),
     "ferry_10ing": (10, 4),
     "ferry_naive": (6, 4),
     "ferry_4stage": (6, 1),
