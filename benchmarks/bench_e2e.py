@@ -54,6 +54,11 @@ def ingress_replicas(n: int) -> dict[str, dict[str, Any]]:
     return {"ingress_deployment": {"num_replicas": n}}
 
 
+SWITCH_1MS = {
+    "ingress_deployment": {"switch_interval_ms": 1.0},
+    "inference_deployment": {"switch_interval_ms": 1.0},
+}
+
 SYSTEMS: dict[str, dict[str, Any]] = {
     # ferry: JPEGs decoded by nvImageCodec in four inference replicas sharing the GPU
     "ferry": {"kind": "ferry", "env": FERRY_ENV},
@@ -64,6 +69,8 @@ SYSTEMS: dict[str, dict[str, Any]] = {
     "ferry_5inf": {"kind": "ferry", "env": FERRY_ENV, "set": inference_replicas(5)},
     "ferry_8ing": {"kind": "ferry", "env": FERRY_ENV, "set": ingress_replicas(8)},
     "ferry_10ing": {"kind": "ferry", "env": FERRY_ENV, "set": ingress_replicas(10)},
+    # a 1 ms GIL switch interval in the ingress and inference replicas (Python's is 5 ms)
+    "ferry_switch1": {"kind": "ferry", "env": FERRY_ENV, "set": SWITCH_1MS},
     "ferry_naive": {"kind": "ferry", "env": FERRY_ENV, "naive": True},
     # earlier forms: four deployments (CPU decode), and decode in the ingress replicas
     "ferry_4stage": {"kind": "ferry", "env": FERRY_ENV, "config": FERRY_4STAGE_CONFIG},

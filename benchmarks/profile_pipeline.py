@@ -52,6 +52,44 @@ def cpu_times(pids: dict[int, str]) -> dict[str, float]:
     return acc
 
 
+def thread_cpu_times(pids: dict[int, str]) -> dict[tuple[str, str], float]:
+    """CPU seconds by (process kind, thread name) from /proc: native threads (gRPC's, CUDA's,
+    nvImageCodec's) keep the names their libraries gave them; Python's threads all carry the
+    process's name, so that row is the interpreter's share."""
+    acc: dict[tuple[str, str], float] = defaultdict(float)
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid, kind in pids.items():
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                    name = f.read().strip()
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:  # the thread ended
+                continue
+            # utime and stime are fields 14 and 15 of stat, 12 and 13 after the ")"
+            acc[(kind, name.rstrip("0123456789_-") or name)] += (
+                int(fields[11]) + int(fields[12])
+            ) / tick
+    return acc
+
+
+def per_thread(before: dict, after: dict, n: int, top: int = 8) -> dict[str, dict[str, float]]:
+    """CPU ms per request by process kind and thread name: the ``top`` costliest of each kind."""
+    out: dict[str, dict[str, float]] = defaultdict(dict)
+    for (kind, name), t in after.items():
+        out[kind][name] = round((t - before.get((kind, name), 0.0)) * 1e3 / n, 3)
+    return {
+        kind: dict(sorted(((k, v) for k, v in names.items() if v > 0), key=lambda kv: -kv[1])[:top])
+        for kind, names in sorted(out.items())
+        if any(v > 0.01 for v in names.values())
+    }
+
+
 def start_spies(pids: dict[int, str], folder: str, seconds: float, gil: bool = False) -> list:
     """py-spy record, without pausing them, on two replicas of each deployment and the proxy
     for ``seconds``."""
@@ -138,6 +176,7 @@ def main() -> int:
     idle1 = cpu_times(pids)
     spies = start_spies(pids, args.spy, args.seconds, args.spy_gil) if args.spy else []
     before = cpu_times(pids)
+    threads_before = thread_cpu_times(pids)
     mark, _ = busy_cores_since()
     t0 = time.perf_counter()
     res = loadgen.run(url, body, ct, args.clients, args.seconds, warmup=0)
@@ -146,6 +185,7 @@ def main() -> int:
     for p in spies:
         p.wait()
     after = cpu_times(pids)
+    threads_after = thread_cpu_times(pids)
     n = max(res["ok"], 1)
     idle_rate = {k: (idle1[k] - idle0.get(k, 0.0)) / args.seconds for k in idle1}
     per = {
@@ -164,6 +204,8 @@ def main() -> int:
         "idle_cpu_cores": {k: round(v, 3) for k, v in idle_rate.items() if v > 0.005},
         "cpu_ms_per_request": per,
         "cpu_ms_per_request_total": round(sum(per.values()), 3),
+        # not less each thread's idle rate: the costliest threads under this load, by name
+        "cpu_ms_per_request_by_thread": per_thread(threads_before, threads_after, n),
     }
     print(json.dumps(result, indent=2))
     if args.out:

@@ -423,6 +423,7 @@ def main() -> int:
         ("profile_dispatch_idle.json", "Ingress groups leave at once when idle"),
         ("profile_fastpath.json", "POST classify past FastAPI"),
         ("profile_throughput_mode.json", "Serve's throughput-optimized mode"),
+        ("profile_switch_interval.json", "A shorter GIL switch interval in the replicas"),
     ):
         doc = load(name)
         if doc:

@@ -268,7 +268,9 @@ def _stamp_hops(out: Rows | list[Any], arrived: float) -> Rows | list[Any]:
 @serve.deployment
 class Inference:
     def __init__(self, config: dict[str, Any], preprocess_gpu: Any = None) -> None:
-        self.core = InferenceCore(PipelineConfig.model_validate(config), preprocess_gpu)
+        cfg = PipelineConfig.model_validate(config)
+        cfg.inference_deployment.apply_in_process()
+        self.core = InferenceCore(cfg, preprocess_gpu)
 
     async def __call__(
         self,

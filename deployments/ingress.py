@@ -283,6 +283,7 @@ class Ingress:
         self, config: dict[str, Any], preprocess: Any, inference: Any, postprocess: Any
     ) -> None:
         self.cfg = PipelineConfig.model_validate(config)
+        self.cfg.ingress_deployment.apply_in_process()
         self.pre, self.inf, self.post = preprocess, inference, postprocess
         # the inference replica decodes (fused there) or drives PreprocessGPU: send bytes
         self.encoded_to_inf = (

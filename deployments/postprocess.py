@@ -82,7 +82,9 @@ class PostprocessCore:
 @serve.deployment
 class Postprocess:
     def __init__(self, config: dict[str, Any]) -> None:
-        self.core = PostprocessCore(PipelineConfig.model_validate(config))
+        cfg = PipelineConfig.model_validate(config)
+        cfg.postprocess_deployment.apply_in_process()
+        self.core = PostprocessCore(cfg)
 
     async def __call__(self, model: str, logits: Rows, specs: list[PostSpec]) -> list[Any]:
         return self.core.run(model, logits, specs)

@@ -78,7 +78,9 @@ class PreprocessCore:
 @serve.deployment
 class Preprocess:
     def __init__(self, config: dict[str, Any]) -> None:
-        self.core = PreprocessCore(PipelineConfig.model_validate(config))
+        cfg = PipelineConfig.model_validate(config)
+        cfg.preprocess_deployment.apply_in_process()
+        self.core = PreprocessCore(cfg)
 
     async def __call__(self, model: str, items: list[tuple[bytes, str | None]]) -> Rows:
         return await self.core.run(model, items)

@@ -486,7 +486,9 @@ def device_view(img: Any) -> Any:
 @serve.deployment
 class PreprocessGPU:
     def __init__(self, config: dict[str, Any]) -> None:
-        self.core = PreprocessGpuCore(PipelineConfig.model_validate(config))
+        cfg = PipelineConfig.model_validate(config)
+        cfg.preprocess_deployment.apply_in_process()
+        self.core = PreprocessGpuCore(cfg)
 
     async def __call__(self, model: str, items: list[tuple[bytes, str | None]], to: dict) -> Rows:
         return await self.core.run(model, items, to)

@@ -98,6 +98,19 @@ class DeploymentOptions(_Strict):
     """GPUs per replica; fractions share one device."""
     env_vars: dict[str, str] = Field(default_factory=dict)
     """Environment of the replica processes (e.g. FERRY_AUTH_TOKEN for the ingress)."""
+    switch_interval_ms: float | None = Field(None, gt=0.0, le=100.0)
+    """Python's GIL switch interval in the replica processes (``sys.setswitchinterval``);
+    ``None`` keeps Python's 5 ms. A replica whose worker threads keep the GIL busy makes its
+    event loop -- where Serve takes calls and hands back answers -- wait up to this long
+    each time it wants the GIL back; a shorter interval trades some CPU for that wait."""
+
+    def apply_in_process(self) -> None:
+        """What of these options acts inside the replica process: called by each stage's
+        replica as it starts."""
+        if self.switch_interval_ms is not None:
+            import sys
+
+            sys.setswitchinterval(self.switch_interval_ms / 1e3)
 
     @model_validator(mode="after")
     def _replicas_or_autoscaling(self) -> DeploymentOptions:

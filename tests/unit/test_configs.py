@@ -138,6 +138,7 @@ FERRY_SYSTEMS = {  # system -> (its ingress replicas, its inference replicas)
     "ferry_5inf": (6, 5),
     "ferry_8ing": (8, 4),
     "ferry_10ing": (10, 4),
+    "ferry_switch1": (6, 4),
     "ferry_naive": (6, 4),
     "ferry_4stage": (6, 1),
     "ferry_fused": (9, 1),
@@ -211,3 +212,19 @@ def test_ingress_coalescers_are_bounded_by_max_groups_in_flight():
     c = ingress._coalescer(cfg.models[0].name, "classify")
     assert c.max_in_flight == 3 and c.max_items == 7
     assert ingress._coalescer(cfg.models[0].name, "v2").max_in_flight == 3
+
+
+def test_switch_interval_is_applied_in_the_replica_process_and_bounded():
+    import sys
+
+    before = sys.getswitchinterval()
+    try:
+        DeploymentOptions(switch_interval_ms=0.5).apply_in_process()
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+        DeploymentOptions().apply_in_process()  # None keeps whatever the process has
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+    finally:
+        sys.setswitchinterval(before)
+    with pytest.raises(ValidationError):
+        DeploymentOptions(switch_interval_ms=0)
+    assert "switch_interval_ms" not in str(DeploymentOptions(switch_interval_ms=1).serve_options())
