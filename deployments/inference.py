@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -24,6 +23,7 @@ from pipeline.batching import Batch, BatchScheduler
 from pipeline.config import PipelineConfig
 from pipeline.errors import FerryError, ModelNotFound
 from pipeline.executor import GpuExecutor
+from pipeline.threads import thread_pool
 
 from .messages import PostSpec, RequestMeta, Rows
 
@@ -56,9 +56,7 @@ class InferenceCore:
             on_drop=lambda p, e: metrics.count_rejected("deadline"),
             dispatch_when_idle=b.dispatch_when_idle,
         )
-        self.submit_pool = ThreadPoolExecutor(
-            config.executor.max_in_flight + 1, thread_name_prefix="ferry-submit"
-        )
+        self.submit_pool = thread_pool(config.executor.max_in_flight + 1, "ferry-submit")
         self.default_deadline_s = (
             None if b.default_deadline_ms is None else b.default_deadline_ms / 1e3
         )
@@ -112,7 +110,7 @@ class InferenceCore:
             self.receivers["nccl"] = self.endpoint.receiver("preprocess->inference")
             self.to["endpoint"] = self.endpoint.id
             self.to["gpu"] = self.endpoint.gpu
-        self.recv_pool = ThreadPoolExecutor(4, thread_name_prefix="ferry-recv")
+        self.recv_pool = thread_pool(4, "ferry-recv")
         logger.info("GPU preprocessing hands batches over by %s", kind)
 
     async def _recv(self, envelope: Any) -> Any:

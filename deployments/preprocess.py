@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -21,6 +20,7 @@ from pipeline.config import PipelineConfig
 from pipeline.errors import FerryError, InvalidInput, ModelNotFound
 from pipeline.imaging import decode, decode_unfitted
 from pipeline.models.registry import model_info
+from pipeline.threads import thread_pool
 
 from .messages import Rows
 
@@ -36,7 +36,7 @@ class PreprocessCore:
         self.config = config
         self.targets = {m.name: model_info(m.arch).target() for m in config.models}
         self.max_pixels = config.ingress.max_pixels
-        self.pool = ThreadPoolExecutor(config.preprocess.threads, thread_name_prefix="ferry-decode")
+        self.pool = thread_pool(config.preprocess.threads, "ferry-decode")
         self._decode = decode if fitted else decode_unfitted
 
     def decode_one(self, model: str, data: bytes, content_type: str | None) -> np.ndarray:

@@ -27,7 +27,6 @@ import logging
 import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -37,6 +36,7 @@ from pipeline import metrics
 from pipeline.config import PipelineConfig
 from pipeline.errors import FerryError, InvalidInput, ModelNotFound
 from pipeline.imaging import Target, checked_header, resize_to, sniff
+from pipeline.threads import thread_pool
 
 from .messages import Rows
 from .preprocess import PreprocessCore
@@ -61,7 +61,7 @@ class PreprocessGpuCore:
         self.targets = self.cpu.targets
         self.max_pixels = config.ingress.max_pixels
         self.decoder = self._decoder(config)
-        self.gpu_pool = ThreadPoolExecutor(1, thread_name_prefix="ferry-pre-gpu")
+        self.gpu_pool = thread_pool(1, "ferry-pre-gpu")
         t = config.transport
         self.timeout_s = t.timeout_s
         self.ring = PinnedRing(self.backend, t.staging_slot_bytes, t.staging_slots)

@@ -17,6 +17,7 @@ from typing import Any, Generic, TypeVar
 
 from .device import Event
 from .errors import DeviceError, FerryError
+from .threads import name_os_thread
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -172,6 +173,7 @@ class CompletionWatcher:
         self._q.put((event, finish, result, on_error))
 
     def _run(self) -> None:
+        name_os_thread()
         while True:
             item = self._q.get()
             if item is self._STOP:

@@ -21,7 +21,15 @@ if [ "${PROFILE:-1}" = 1 ]; then
     --config ${PROFILE_CONFIG:-benchmarks/configs/ferry_e2e.yaml} --model resnet50 \
     --clients ${PROFILE_CLIENTS:-256} --seconds 10 $spy --out "$OUT/profile_gpu.json" \
     --label "${PROFILE_LABEL:-gpu}" > "$OUT/profile.log" 2>&1
-  grep -A3 '"load"' "$OUT/profile.log" | head -8; grep -A14 '"cpu_ms_per_request"' "$OUT/profile.log" | head -16
+  python3 - "$OUT/profile_gpu.json" <<'PY'
+import json, sys
+r = list(json.load(open(sys.argv[1]))["results"].values())[-1]
+print("load", {k: r["load"][k] for k in ("clients", "img_s", "p50_ms", "p99_ms", "errors")},
+      "busy cores", r.get("machine_busy_cores"))
+print("cpu ms/request", r["cpu_ms_per_request"])
+for kind, threads in r.get("cpu_ms_per_request_by_thread", {}).items():
+    print("  by thread", kind, threads)
+PY
   [ -n "$spy" ] && python3 scripts/spy_top.py "$OUT/spy" --top 12 --match Inference | head -60
 fi
 if [ -n "${SYSTEMS:-}" ]; then

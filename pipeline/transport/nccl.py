@@ -39,7 +39,6 @@ import os
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +46,7 @@ import numpy as np
 
 from ..device import is_device_array
 from ..errors import InvalidInput, TransportError
+from ..threads import name_os_thread, thread_pool
 from .base import DTYPES, Envelope, Receiver, Sender, check_array
 
 logger = logging.getLogger(__name__)
@@ -215,7 +215,7 @@ class Link:
         self._parked: dict[int, tuple] = {}  # receives that arrived before their turn
         with cupy.cuda.Device(endpoint.device):
             self.stream = cupy.cuda.Stream(non_blocking=True)
-        self.worker = ThreadPoolExecutor(1, thread_name_prefix=f"ferry-nccl-{peer[:12]}")
+        self.worker = thread_pool(1, f"ferry-nccl-{peer[:12]}")
         self.opened = Transfer(-1, None, time.monotonic() + timeout_s)
         self.worker.submit(self._open, unique_id)
 
@@ -494,6 +494,7 @@ class NcclEndpoint:
         return link
 
     def _watch(self, interval: float) -> None:
+        name_os_thread()
         while not self._closed.wait(interval):
             now = time.monotonic()
             with self._lock:
