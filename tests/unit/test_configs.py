@@ -139,6 +139,7 @@ FERRY_SYSTEMS = {  # system -> (its ingress replicas, its inference replicas)
     "ferry_8ing": (8, 4),
     "ferry_10ing": (10, 4),
     "ferry_switch1": (6, 4),
+    "ferry_8groups": (6, 4),
     "ferry_naive": (6, 4),
     "ferry_4stage": (6, 1),
     "ferry_fused": (9, 1),
