@@ -318,6 +318,25 @@ def profile_pairs_section(doc: dict) -> list[str]:
     return [f"{doc['machine']}; {doc['date']}. {doc.get('method', '')}", "", md_table(rows, cols)]
 
 
+def serve_hop_section(doc: dict) -> list[str]:
+    """bench_serve_hop.py: one Serve call between replicas against a plain Ray actor call."""
+    cols = [
+        ("mode", "mode"),
+        ("path", "path"),
+        ("payload bytes", "payload_bytes"),
+        ("there p50 ms", "hop_in_p50_ms"),
+        ("back p50 ms", "hop_out_p50_ms"),
+        ("round trip p50 ms", "round_trip_p50_ms"),
+        ("p99 ms", "round_trip_p99_ms"),
+        ("vs Ray actor", "vs_ray_actor"),
+    ]
+    lines = [f"{doc['machine']}; {doc['date']}. {doc['method']}.", "", md_table(doc["rows"], cols)]
+    notes = os.path.join(RES, "serve_hop_notes.md")
+    if os.path.exists(notes):
+        lines += ["", open(notes).read().strip()]
+    return lines
+
+
 def transport_section(tr: dict) -> list[str]:
     lines = [f"{tr['machine']}; {tr['date']}. {tr['method']}.", ""]
     mb = 1 << 20
@@ -428,6 +447,14 @@ def main() -> int:
         doc = load(name)
         if doc:
             out += [f"## {title} (`profile_pipeline.py`)", "", *profile_pairs_section(doc), ""]
+    hop = load("serve_hop.json")
+    if hop:
+        out += [
+            "## One Serve call between replicas (`bench_serve_hop.py`)",
+            "",
+            *serve_hop_section(hop),
+            "",
+        ]
     tr = load("transport.json")
     if tr:
         out += [
