@@ -54,6 +54,12 @@ def ingress_replicas(n: int) -> dict[str, dict[str, Any]]:
     return {"ingress_deployment": {"num_replicas": n}}
 
 
+ONE_PROCESS_8 = {
+    "fusion": {"inference_in_ingress": True},
+    "ingress_deployment": {"num_replicas": 8, "num_cpus": 1, "num_gpus": 0.125},
+    "executor": {"pool_limit_fraction": 0.11},
+}
+
 SWITCH_1MS = {
     "ingress_deployment": {"switch_interval_ms": 1.0},
     "inference_deployment": {"switch_interval_ms": 1.0},
@@ -75,6 +81,8 @@ SYSTEMS: dict[str, dict[str, Any]] = {
         "env": FERRY_ENV,
         "set": {"ingress": {"max_groups_in_flight": 8}},
     },
+    # the whole pipeline in each of 8 ingress replicas sharing the GPU: no Serve hop at all
+    "ferry_onehop": {"kind": "ferry", "env": FERRY_ENV, "set": ONE_PROCESS_8},
     # a 1 ms GIL switch interval in the ingress and inference replicas (Python's is 5 ms)
     "ferry_switch1": {"kind": "ferry", "env": FERRY_ENV, "set": SWITCH_1MS},
     "ferry_naive": {"kind": "ferry", "env": FERRY_ENV, "naive": True},

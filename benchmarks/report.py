@@ -443,6 +443,7 @@ def main() -> int:
         ("profile_fastpath.json", "POST classify past FastAPI"),
         ("profile_throughput_mode.json", "Serve's throughput-optimized mode"),
         ("profile_switch_interval.json", "A shorter GIL switch interval in the replicas"),
+        ("profile_one_process.json", "The whole pipeline in the ingress replica"),
     ):
         doc = load(name)
         if doc:

@@ -56,6 +56,8 @@ def build(config: PipelineConfig) -> serve.Application:
         return {**d.serve_options(), "logging_config": log}
 
     pre = post = None
+    if config.fusion.inference_in_ingress:  # one deployment: the ingress runs it all
+        return Ingress.options(**opts(config.ingress_deployment)).bind(raw, None, None, None)
     if config.fusion.preprocess_in_inference:  # the inference replica decodes
         inf = Inference.options(**opts(config.inference_deployment)).bind(raw)
     elif config.preprocess.device == "gpu":  # inference calls it and receives the batch

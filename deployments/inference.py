@@ -267,7 +267,8 @@ def _stamp_hops(out: Rows | list[Any], arrived: float) -> Rows | list[Any]:
 class Inference:
     def __init__(self, config: dict[str, Any], preprocess_gpu: Any = None) -> None:
         cfg = PipelineConfig.model_validate(config)
-        cfg.inference_deployment.apply_in_process()
+        if not cfg.fusion.inference_in_ingress:  # else the ingress's options hold
+            cfg.inference_deployment.apply_in_process()
         self.core = InferenceCore(cfg, preprocess_gpu)
 
     async def __call__(
@@ -297,3 +298,29 @@ class Inference:
     def check_health(self) -> None:
         if not self.core.ready:
             raise RuntimeError("inference replica is not warmed up")
+
+
+class _LocalMethod:
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def remote(self, *args: Any, **kwargs: Any) -> asyncio.Task:
+        return asyncio.ensure_future(self.fn(*args, **kwargs))
+
+
+class LocalInference:
+    """The inference stage inside the calling process, called as its Serve handle is
+    (``h.encoded.remote(...)``, ``h.remote(...)``, ``h.status.remote()``, each awaitable):
+    with ``fusion.inference_in_ingress`` the ingress replica runs the whole pipeline and
+    no call leaves the process."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        replica = Inference.func_or_class(config)
+        self.encoded = _LocalMethod(replica.encoded)
+        self.status = _LocalMethod(replica.status)
+        self._call = _LocalMethod(replica.__call__)
+
+    def remote(self, *args: Any, **kwargs: Any) -> asyncio.Task:
+        return self._call.remote(*args, **kwargs)

@@ -285,6 +285,10 @@ class Ingress:
         self.cfg = PipelineConfig.model_validate(config)
         self.cfg.ingress_deployment.apply_in_process()
         self.pre, self.inf, self.post = preprocess, inference, postprocess
+        if self.cfg.fusion.inference_in_ingress:  # the whole pipeline in this process
+            from .inference import LocalInference
+
+            self.inf = LocalInference(config)
         # the inference replica decodes (fused there) or drives PreprocessGPU: send bytes
         self.encoded_to_inf = (
             self.cfg.preprocess.device == "gpu" or self.cfg.fusion.preprocess_in_inference

@@ -226,6 +226,12 @@ class FusionConfig(_Strict):
     """Decode and resize in the inference replica: on its GPU with ``preprocess.device: gpu``
     (JPEGs decoded by nvImageCodec, the batch never leaves the device), on its threads
     otherwise. No Preprocess deployment; the ingress sends the encoded bytes."""
+    inference_in_ingress: bool = False
+    """The whole pipeline in each ingress replica: it parses HTTP, decodes, runs the model
+    and answers, with no Serve hop at all (needs ``preprocess_in_inference`` and
+    ``postprocess_in_inference``). ``ingress_deployment`` then sizes the one deployment,
+    GPU share included; ``inference_deployment`` is not used. Each replica's one GIL then
+    carries HTTP and inference both."""
 
 
 class PipelineConfig(_Strict):
@@ -277,7 +283,13 @@ class PipelineConfig(_Strict):
                 "fusion.preprocess_in_ingress and preprocess.device 'gpu' exclude each other"
             )
         gpu_pre = self.preprocess.device == "gpu"
-        if gpu_pre and fu.preprocess_in_inference and self.inference_deployment.num_gpus <= 0:
+        in_ingress = fu.inference_in_ingress
+        if (
+            gpu_pre
+            and fu.preprocess_in_inference
+            and not in_ingress
+            and self.inference_deployment.num_gpus <= 0
+        ):
             raise ValueError(
                 "preprocess.device is 'gpu' with fusion.preprocess_in_inference but "
                 f"inference_deployment.num_gpus is {self.inference_deployment.num_gpus}"
@@ -287,6 +299,18 @@ class PipelineConfig(_Strict):
                 "preprocess.device is 'gpu' but preprocess_deployment.num_gpus is "
                 f"{self.preprocess_deployment.num_gpus}; give it a GPU share"
             )
+        if fu.inference_in_ingress:
+            if not (fu.preprocess_in_inference and fu.postprocess_in_inference):
+                raise ValueError(
+                    "fusion.inference_in_ingress needs fusion.preprocess_in_inference and "
+                    "fusion.postprocess_in_inference: the whole pipeline in one process"
+                )
+            if gpu_pre and self.ingress_deployment.num_gpus <= 0:
+                raise ValueError(
+                    "preprocess.device is 'gpu' with fusion.inference_in_ingress but "
+                    f"ingress_deployment.num_gpus is {self.ingress_deployment.num_gpus}"
+                )
+            return self
         ongoing = self.inference_deployment.max_ongoing_requests
         if ongoing < mb // max(1, self.ingress.max_coalesce):
             raise ValueError(

@@ -140,6 +140,7 @@ FERRY_SYSTEMS = {  # system -> (its ingress replicas, its inference replicas)
     "ferry_10ing": (10, 4),
     "ferry_switch1": (6, 4),
     "ferry_8groups": (6, 4),
+    "ferry_onehop": (8, None),  # the whole pipeline in the ingress replicas
     "ferry_naive": (6, 4),
     "ferry_4stage": (6, 1),
     "ferry_fused": (9, 1),
@@ -164,9 +165,13 @@ def test_benchmark_serve_configs_validate(system):
     assert (cfg.executor.mode == "naive") == (system == "ferry_naive")
     cpus = cfg.ingress_deployment.num_cpus * cfg.ingress_deployment.num_replicas
     inf = cfg.inference_deployment
-    cpus += inf.num_cpus * inf.num_replicas
+    if cfg.fusion.inference_in_ingress:  # one deployment holds the GPU
+        inf = cfg.ingress_deployment
+        assert FERRY_SYSTEMS[system] == (inf.num_replicas, None)
+    else:
+        cpus += inf.num_cpus * inf.num_replicas
+        assert (cfg.ingress_deployment.num_replicas, inf.num_replicas) == FERRY_SYSTEMS[system]
     assert inf.num_gpus * inf.num_replicas <= 1  # one H200
-    assert (cfg.ingress_deployment.num_replicas, inf.num_replicas) == FERRY_SYSTEMS[system]
     assert cfg.executor.pool_limit_fraction * inf.num_replicas <= 0.95  # the pools share one GPU
     fu = cfg.fusion
     if not (fu.preprocess_in_ingress or fu.preprocess_in_inference):
@@ -229,3 +234,40 @@ def test_switch_interval_is_applied_in_the_replica_process_and_bounded():
     with pytest.raises(ValidationError):
         DeploymentOptions(switch_interval_ms=0)
     assert "switch_interval_ms" not in str(DeploymentOptions(switch_interval_ms=1).serve_options())
+
+
+def test_inference_in_ingress_needs_the_whole_pipeline_and_a_gpu_share_for_gpu_decode():
+    whole = {
+        "preprocess_in_inference": True,
+        "postprocess_in_inference": True,
+        "inference_in_ingress": True,
+    }
+    PipelineConfig.model_validate({"fusion": whole})
+    with pytest.raises(ValidationError, match="whole pipeline in one process"):
+        PipelineConfig.model_validate(
+            {"fusion": {"inference_in_ingress": True, "postprocess_in_inference": True}}
+        )
+    gpu = {"preprocess": {"device": "gpu"}, "fusion": whole}
+    with pytest.raises(ValidationError, match="ingress_deployment.num_gpus"):
+        PipelineConfig.model_validate(gpu)
+    # the GPU share is the ingress's: the inference deployment is not used
+    PipelineConfig.model_validate({**gpu, "ingress_deployment": {"num_gpus": 0.125}})
+
+
+def test_inference_in_ingress_builds_one_deployment():
+    from deployments.app import build
+
+    cfg = PipelineConfig.model_validate(
+        {
+            "fusion": {
+                "preprocess_in_inference": True,
+                "postprocess_in_inference": True,
+                "inference_in_ingress": True,
+            },
+            "ingress_deployment": {"num_replicas": 3, "num_gpus": 0.25},
+        }
+    )
+    ingress = build(cfg)._bound_deployment
+    assert ingress.name == "Ingress"
+    assert ingress.init_args[1:] == (None, None, None)
+    assert ingress.ray_actor_options["num_gpus"] == 0.25 and ingress.num_replicas == 3
