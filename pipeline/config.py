@@ -283,11 +283,10 @@ class PipelineConfig(_Strict):
                 "fusion.preprocess_in_ingress and preprocess.device 'gpu' exclude each other"
             )
         gpu_pre = self.preprocess.device == "gpu"
-        in_ingress = fu.inference_in_ingress
         if (
             gpu_pre
             and fu.preprocess_in_inference
-            and not in_ingress
+            and not fu.inference_in_ingress  # then the ingress holds the GPU share
             and self.inference_deployment.num_gpus <= 0
         ):
             raise ValueError(
