@@ -36,6 +36,15 @@ RUN_COLS = [("img/s", "img_s"), ("p50 ms", "p50_ms"), ("p99 ms", "p99_ms"), ("er
 """A load level's numbers, after whatever names the row."""
 
 
+def notes_of(stem: str) -> list[str]:
+    """``["", text]`` of results/{stem}_notes.md, to follow a section's tables; ``[]`` without one."""
+    path = os.path.join(RES, f"{stem}_notes.md")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return ["", f.read().strip()]
+
+
 def peaks(rows: list[dict]) -> dict[str, float]:
     """Each system's best img/s over its rows, in the order the systems first appear."""
     peak: dict[str, float] = {}
@@ -96,7 +105,7 @@ def e2e_section(e2e: dict, goals: bool = True) -> list[str]:
                     + (f", {r['errors']} err" if r["errors"] else "")
                 )
         lines.append(f"| {s} | " + " | ".join(cells) + " |")
-    peak = {s: max(by[(s, c)]["img_s"] for c in clients if (s, c) in by) for s in systems}
+    peak = peaks(rows)
     if "ferry" in peak and goals:
         lines += [
             "",
@@ -213,9 +222,7 @@ def fused_section(e2e: dict) -> list[str]:
     bd = e2e.get("ferry_breakdown", {})
     if bd:
         lines += ["", *breakdown_table(bd, "ferry_fused clients")]
-    notes = os.path.join(RES, "e2e_fused_notes.md")
-    if os.path.exists(notes):
-        lines += ["", open(notes).read().strip()]
+    lines += notes_of("e2e_fused")
     return lines
 
 
@@ -331,9 +338,7 @@ def serve_hop_section(doc: dict) -> list[str]:
         ("vs Ray actor", "vs_ray_actor"),
     ]
     lines = [f"{doc['machine']}; {doc['date']}. {doc['method']}.", "", md_table(doc["rows"], cols)]
-    notes = os.path.join(RES, "serve_hop_notes.md")
-    if os.path.exists(notes):
-        lines += ["", open(notes).read().strip()]
+    lines += notes_of("serve_hop")
     return lines
 
 
@@ -372,9 +377,7 @@ def transport_section(tr: dict) -> list[str]:
         + "; ".join(f"{k}: {'met' if v else 'missed'}" for k, v in tr["goals"].items())
         + ".",
     ]
-    notes = os.path.join(RES, "transport_notes.md")
-    if os.path.exists(notes):
-        lines += ["", open(notes).read().strip()]
+    lines += notes_of("transport")
     return lines
 
 
@@ -383,9 +386,9 @@ def run_section(stem: str, title: str, body: list[str]) -> list[str]:
     while body and not body[-1]:
         body = body[:-1]
     out = [f"## {title}", "", *body, "", f"![{stem}](results/{stem}.png)", ""]
-    notes = os.path.join(RES, f"{stem}_notes.md")
-    if os.path.exists(notes):
-        out += [open(notes).read().strip(), ""]
+    notes = notes_of(stem)
+    if notes:
+        out += [*notes[1:], ""]
     return out
 
 
