@@ -39,13 +39,16 @@ FERRY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED":
 FERRY_CONFIG = os.path.join(ROOT, "benchmarks", "configs", "ferry_e2e.yaml")
 FERRY_4STAGE_CONFIG = os.path.join(ROOT, "benchmarks", "configs", "ferry_e2e_4stage.yaml")
 FERRY_FUSED_CONFIG = os.path.join(ROOT, "benchmarks", "configs", "ferry_e2e_fused.yaml")
-ONE_INFERENCE_REPLICA = {"inference_deployment": {"num_replicas": 1, "num_gpus": 1, "num_cpus": 4}}
 
 
-def inference_replicas(n: int) -> dict[str, dict[str, Any]]:
+def inference_replicas(n: int, num_cpus: float = 1) -> dict[str, dict[str, Any]]:
     """``n`` inference replicas sharing the one GPU, each with its share of it and its pool."""
     return {
-        "inference_deployment": {"num_replicas": n, "num_gpus": round(1 / n, 3), "num_cpus": 1},
+        "inference_deployment": {
+            "num_replicas": n,
+            "num_gpus": round(1 / n, 3),
+            "num_cpus": num_cpus,
+        },
         "executor": {"pool_limit_fraction": round(0.9 / n, 3)},
     }
 
@@ -69,7 +72,7 @@ SYSTEMS: dict[str, dict[str, Any]] = {
     # ferry: JPEGs decoded by nvImageCodec in four inference replicas sharing the GPU
     "ferry": {"kind": "ferry", "env": FERRY_ENV},
     # the same with 1-3 or 5 inference replicas, and with 8 or 10 ingress replicas (10: the earlier form)
-    "ferry_1inf": {"kind": "ferry", "env": FERRY_ENV, "set": ONE_INFERENCE_REPLICA},
+    "ferry_1inf": {"kind": "ferry", "env": FERRY_ENV, "set": inference_replicas(1, num_cpus=4)},
     "ferry_2inf": {"kind": "ferry", "env": FERRY_ENV, "set": inference_replicas(2)},
     "ferry_3inf": {"kind": "ferry", "env": FERRY_ENV, "set": inference_replicas(3)},
     "ferry_5inf": {"kind": "ferry", "env": FERRY_ENV, "set": inference_replicas(5)},

@@ -54,8 +54,9 @@ def cpu_times(pids: dict[int, str]) -> dict[str, float]:
 
 def thread_cpu_times(pids: dict[int, str]) -> dict[tuple[str, str], float]:
     """CPU seconds by (process kind, thread name) from /proc: native threads (gRPC's, CUDA's,
-    nvImageCodec's) keep the names their libraries gave them; Python's threads all carry the
-    process's name, so that row is the interpreter's share."""
+    nvImageCodec's) keep the names their libraries gave them, Ferry's pools theirs
+    (pipeline/threads.py); every other thread carries the name of the thread that made it --
+    Serve's loop and Python's default executor mostly ``ray::IDLE``."""
     acc: dict[tuple[str, str], float] = defaultdict(float)
     tick = os.sysconf("SC_CLK_TCK")
     for pid, kind in pids.items():
