@@ -57,11 +57,13 @@ def ingress_replicas(n: int) -> dict[str, dict[str, Any]]:
     return {"ingress_deployment": {"num_replicas": n}}
 
 
-ONE_PROCESS_8 = {
-    "fusion": {"inference_in_ingress": True},
-    "ingress_deployment": {"num_replicas": 8, "num_cpus": 1, "num_gpus": 0.125},
-    "executor": {"pool_limit_fraction": 0.11},
-}
+def one_process(n: int) -> dict[str, dict[str, Any]]:
+    """The whole pipeline in each of ``n`` ingress replicas sharing the GPU: no Serve hop."""
+    return {
+        "fusion": {"inference_in_ingress": True},
+        "ingress_deployment": {"num_replicas": n, "num_cpus": 1, "num_gpus": round(1 / n, 3)},
+        "executor": {"pool_limit_fraction": round(0.9 / n, 3)},
+    }
 
 SWITCH_1MS = {
     "ingress_deployment": {"switch_interval_ms": 1.0},
@@ -84,8 +86,9 @@ SYSTEMS: dict[str, dict[str, Any]] = {
         "env": FERRY_ENV,
         "set": {"ingress": {"max_groups_in_flight": 8}},
     },
-    # the whole pipeline in each of 8 ingress replicas sharing the GPU: no Serve hop at all
-    "ferry_onehop": {"kind": "ferry", "env": FERRY_ENV, "set": ONE_PROCESS_8},
+    # the whole pipeline in each of 8 (or 12) ingress replicas sharing the GPU: no Serve hop at all
+    "ferry_onehop": {"kind": "ferry", "env": FERRY_ENV, "set": one_process(8)},
+    "ferry_onehop12": {"kind": "ferry", "env": FERRY_ENV, "set": one_process(12)},
     # a 1 ms GIL switch interval in the ingress and inference replicas (Python's is 5 ms)
     "ferry_switch1": {"kind": "ferry", "env": FERRY_ENV, "set": SWITCH_1MS},
     "ferry_naive": {"kind": "ferry", "env": FERRY_ENV, "naive": True},

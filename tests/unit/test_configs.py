@@ -141,6 +141,7 @@ FERRY_SYSTEMS = {  # system -> (its ingress replicas, its inference replicas)
     "ferry_switch1": (6, 4),
     "ferry_8groups": (6, 4),
     "ferry_onehop": (8, None),  # the whole pipeline in the ingress replicas
+    "ferry_onehop12": (12, None),
     "ferry_naive": (6, 4),
     "ferry_4stage": (6, 1),
     "ferry_fused": (9, 1),
