@@ -37,6 +37,7 @@ JPEG = {"content-type": "image/jpeg"}
 # more img/s, a third less ingress CPU per request; RESULTS.md)
 FERRY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
 FERRY_CONFIG = os.path.join(ROOT, "benchmarks", "configs", "ferry_e2e.yaml")
+FERRY_SPLIT_CONFIG = os.path.join(ROOT, "benchmarks", "configs", "ferry_e2e_split.yaml")
 FERRY_4STAGE_CONFIG = os.path.join(ROOT, "benchmarks", "configs", "ferry_e2e_4stage.yaml")
 FERRY_FUSED_CONFIG = os.path.join(ROOT, "benchmarks", "configs", "ferry_e2e_fused.yaml")
 
@@ -65,32 +66,36 @@ def one_process(n: int) -> dict[str, dict[str, Any]]:
         "executor": {"pool_limit_fraction": round(0.9 / n, 3)},
     }
 
+
 SWITCH_1MS = {
     "ingress_deployment": {"switch_interval_ms": 1.0},
     "inference_deployment": {"switch_interval_ms": 1.0},
 }
 
+
+def split(overrides: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The split form (ingress replicas, one hop to inference replicas) with ``overrides``."""
+    return {"kind": "ferry", "env": FERRY_ENV, "config": FERRY_SPLIT_CONFIG, "set": overrides or {}}
+
+
 SYSTEMS: dict[str, dict[str, Any]] = {
-    # ferry: JPEGs decoded by nvImageCodec in four inference replicas sharing the GPU
+    # ferry: the whole pipeline in each of 8 replicas of one deployment sharing the GPU (JPEGs
+    # decoded by nvImageCodec), HAProxy in front: no Serve hop at all
     "ferry": {"kind": "ferry", "env": FERRY_ENV},
-    # the same with 1-3 or 5 inference replicas, and with 8 or 10 ingress replicas (10: the earlier form)
-    "ferry_1inf": {"kind": "ferry", "env": FERRY_ENV, "set": inference_replicas(1, num_cpus=4)},
-    "ferry_2inf": {"kind": "ferry", "env": FERRY_ENV, "set": inference_replicas(2)},
-    "ferry_3inf": {"kind": "ferry", "env": FERRY_ENV, "set": inference_replicas(3)},
-    "ferry_5inf": {"kind": "ferry", "env": FERRY_ENV, "set": inference_replicas(5)},
-    "ferry_8ing": {"kind": "ferry", "env": FERRY_ENV, "set": ingress_replicas(8)},
-    "ferry_10ing": {"kind": "ferry", "env": FERRY_ENV, "set": ingress_replicas(10)},
-    # 8 calls in flight per ingress replica instead of 4: less waiting for a slot, more calls
-    "ferry_8groups": {
-        "kind": "ferry",
-        "env": FERRY_ENV,
-        "set": {"ingress": {"max_groups_in_flight": 8}},
-    },
-    # the whole pipeline in each of 8 (or 12) ingress replicas sharing the GPU: no Serve hop at all
-    "ferry_onehop": {"kind": "ferry", "env": FERRY_ENV, "set": one_process(8)},
     "ferry_onehop12": {"kind": "ferry", "env": FERRY_ENV, "set": one_process(12)},
+    # the split form: 6 ingress replicas, one Serve hop per coalesced call to 4 inference
+    # replicas sharing the GPU; with 1-3 or 5 inference replicas, 8 or 10 ingress replicas
+    "ferry_split": split(),
+    "ferry_1inf": split(inference_replicas(1, num_cpus=4)),
+    "ferry_2inf": split(inference_replicas(2)),
+    "ferry_3inf": split(inference_replicas(3)),
+    "ferry_5inf": split(inference_replicas(5)),
+    "ferry_8ing": split(ingress_replicas(8)),
+    "ferry_10ing": split(ingress_replicas(10)),
+    # 8 calls in flight per ingress replica instead of 4: less waiting for a slot, more calls
+    "ferry_8groups": split({"ingress": {"max_groups_in_flight": 8}}),
     # a 1 ms GIL switch interval in the ingress and inference replicas (Python's is 5 ms)
-    "ferry_switch1": {"kind": "ferry", "env": FERRY_ENV, "set": SWITCH_1MS},
+    "ferry_switch1": split(SWITCH_1MS),
     "ferry_naive": {"kind": "ferry", "env": FERRY_ENV, "naive": True},
     # earlier forms: four deployments (CPU decode), and decode in the ingress replicas
     "ferry_4stage": {"kind": "ferry", "env": FERRY_ENV, "config": FERRY_4STAGE_CONFIG},

@@ -38,11 +38,13 @@ def test_serve_configs_validate(name):
             for s in ("ingress", "preprocess", "inference", "postprocess")
         )
         assert total <= 2.0  # fits a two-core laptop
-    else:
+    else:  # the deployment that holds the GPU: the ingress when it runs the whole pipeline
         inf = cfg.inference_deployment
+        if cfg.fusion.inference_in_ingress:
+            inf = cfg.ingress_deployment
         assert cfg.executor.backend == "cupy" and inf.num_gpus * inf.num_replicas >= 1
-    if name == "serve_config.gpu.yaml":  # the measured form: decode in the inference replicas
-        assert cfg.fusion.preprocess_in_inference and cfg.preprocess.device == "gpu"
+    if name == "serve_config.gpu.yaml":  # the measured form: one deployment, decode on its GPU
+        assert cfg.fusion.inference_in_ingress and cfg.preprocess.device == "gpu"
         assert cfg.executor.pool_limit_fraction * inf.num_replicas <= 0.95  # pools share one GPU
     if name == "serve_config.gpu2.yaml":
         assert cfg.preprocess.device == "gpu" and cfg.preprocess_deployment.num_gpus == 1
@@ -131,7 +133,9 @@ def test_gpu_preprocessing_needs_a_gpu_share_and_wires_inference_to_it():
 
 
 FERRY_SYSTEMS = {  # system -> (its ingress replicas, its inference replicas)
-    "ferry": (6, 4),
+    "ferry": (8, None),  # the whole pipeline in the ingress replicas
+    "ferry_onehop12": (12, None),
+    "ferry_split": (6, 4),
     "ferry_1inf": (6, 1),
     "ferry_2inf": (6, 2),
     "ferry_3inf": (6, 3),
@@ -140,9 +144,7 @@ FERRY_SYSTEMS = {  # system -> (its ingress replicas, its inference replicas)
     "ferry_10ing": (10, 4),
     "ferry_switch1": (6, 4),
     "ferry_8groups": (6, 4),
-    "ferry_onehop": (8, None),  # the whole pipeline in the ingress replicas
-    "ferry_onehop12": (12, None),
-    "ferry_naive": (6, 4),
+    "ferry_naive": (8, None),
     "ferry_4stage": (6, 1),
     "ferry_fused": (9, 1),
 }
