@@ -404,10 +404,15 @@ def main() -> int:
     if e2e:
         out += run_section("e2e", "End to end over HTTP (`bench_e2e.py`)", e2e_section(e2e))
     for stem, title in (  # earlier runs and forms: their tables, without the goals
-        ("e2e_diag", "How `ferry` got its replica counts: the diagnostic run"),
+        ("e2e_onehop", "How `ferry` became one deployment: the diagnostic run"),
+        (
+            "e2e_split",
+            "The previous session's run: `ferry` in the split form, 6 ingress and 4 inference replicas",
+        ),
+        ("e2e_diag", "How the split form got its replica counts: the diagnostic run"),
         (
             "e2e_2inf",
-            "The previous session's run: `ferry` with 10 ingress and 2 inference replicas",
+            "An earlier run: the split form with 10 ingress and 2 inference replicas",
         ),
         ("e2e_earlier", "Earlier end to end: four deployments, JPEGs decoded on CPU threads"),
     ):
