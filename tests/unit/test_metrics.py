@@ -1,0 +1,87 @@
+"""The metrics buffer: what reaches Ray's metric objects, and when."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from pipeline import metrics
+
+
+class Recorder:
+    """Stands where a Ray metric object stands: keeps every call made to it."""
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+
+    def observe(self, value, tags=None):
+        self.calls.append(("observe", value, tags))
+
+    def set(self, value, tags=None):
+        self.calls.append(("set", value, tags))
+
+    def inc(self, value=1.0, tags=None):
+        self.calls.append(("inc", value, tags))
+
+
+def sinks() -> dict[str, Recorder]:
+    return {k: Recorder() for k in ("stage", "queue", "requests", "dropped")}
+
+
+def test_flush_records_every_observation_the_last_gauge_and_each_counters_sum():
+    s = sinks()
+    buf = metrics.Buffer(s)
+    total = (("stage", "total"), ("model", "m"))
+    for ms in (1.5, 7.0, 300.0):
+        buf.put("stage", "observe", ms, total)
+    for depth in (5, 9, 2):
+        buf.put("queue", "set", depth, (("model", "m"),))
+    for code in ("200", "200", "503"):
+        buf.put("requests", "inc", 1, (("route", "classify"), ("code", code)))
+    assert s["stage"].calls == []  # nothing reaches Ray before a flush
+    assert buf.flush() == 3 + 1 + 2
+    tags = {"stage": "total", "model": "m"}
+    assert s["stage"].calls == [("observe", v, tags) for v in (1.5, 7.0, 300.0)]
+    assert s["queue"].calls == [("set", 2, {"model": "m"})]
+    assert sorted(s["requests"].calls, key=lambda c: c[2]["code"]) == [
+        ("inc", 2.0, {"route": "classify", "code": "200"}),
+        ("inc", 1.0, {"route": "classify", "code": "503"}),
+    ]
+    assert buf.flush() == 0 and len(s["stage"].calls) == 3  # each record goes once
+
+
+def test_records_past_the_cap_are_dropped_and_counted():
+    s = sinks()
+    buf = metrics.Buffer(s, max_pending=3)
+    for ms in range(5):
+        buf.put("stage", "observe", float(ms), (("stage", "gpu"), ("model", "m")))
+    buf.flush()
+    assert [c[1] for c in s["stage"].calls] == [0.0, 1.0, 2.0]  # the oldest kept
+    assert s["dropped"].calls == [("inc", 2.0, None)]
+    buf.put("stage", "observe", 9.0, (("stage", "gpu"), ("model", "m")))
+    buf.flush()
+    assert s["dropped"].calls == [("inc", 2.0, None)]  # counted once
+
+
+def test_the_flushing_thread_exports_without_a_caller_asking():
+    s = sinks()
+    buf = metrics.Buffer(s)
+    buf.start(every_s=0.05)
+    buf.start(every_s=0.05)  # once only
+    assert sum(t.name == "ferry-metrics" for t in threading.enumerate()) >= 1
+    buf.put("stage", "observe", 4.0, (("stage", "queue"), ("model", "m")))
+    deadline = time.time() + 5
+    while not s["stage"].calls and time.time() < deadline:
+        time.sleep(0.01)
+    assert s["stage"].calls == [("observe", 4.0, {"stage": "queue", "model": "m"})]
+    assert not buf.pending
+
+
+def test_without_ray_the_functions_do_nothing():
+    import ray
+
+    assert not ray.is_initialized()  # unit tests never start Ray (conftest)
+    metrics.observe_stage("total", "m", 1.0)
+    metrics.count_request("classify", 200)
+    metrics.flush()
+    assert metrics._buffer is None
