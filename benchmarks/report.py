@@ -322,7 +322,8 @@ def profile_pairs_section(doc: dict) -> list[str]:
         ("of it in the ingress", "ingress_cpu"),
         ("errors", "errors"),
     ]
-    return [f"{doc['machine']}; {doc['date']}. {doc.get('method', '')}", "", md_table(rows, cols)]
+    out = [f"{doc['machine']}; {doc['date']}. {doc.get('method', '')}", "", md_table(rows, cols)]
+    return out + ["", doc["summary"]] if doc.get("summary") else out
 
 
 def serve_hop_section(doc: dict) -> list[str]:
@@ -452,6 +453,7 @@ def main() -> int:
         ("profile_throughput_mode.json", "Serve's throughput-optimized mode"),
         ("profile_switch_interval.json", "A shorter GIL switch interval in the replicas"),
         ("profile_one_process.json", "The whole pipeline in the ingress replica"),
+        ("profile_metrics_buffer.json", "Metrics handed to Ray from their own thread"),
     ):
         doc = load(name)
         if doc:
