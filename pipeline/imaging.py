@@ -64,13 +64,44 @@ def image_size(data: bytes, kind: str) -> tuple[int, int]:
             raise InvalidInput("truncated or malformed PNG header")
         w, h = struct.unpack(">II", data[16:24])
         return int(h), int(w)
-    import simplejpeg
+    return jpeg_size(data)
 
-    try:
-        h, w, _cs, _ss = simplejpeg.decode_jpeg_header(data)
-    except ValueError as exc:
-        raise InvalidInput("malformed JPEG header", detail=str(exc)) from None
-    return int(h), int(w)
+
+# start-of-frame markers (baseline, extended, progressive, lossless; Huffman or arithmetic):
+# every 0xC0-0xCF but DHT (C4), JPG (C8) and DAC (CC)
+_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+
+
+def jpeg_size(data: bytes) -> tuple[int, int]:
+    """(height, width) from a JPEG's frame header, read in Python. The event loop calls this
+    for every request, and libjpeg-turbo's header read (simplejpeg) gives up the GIL: with
+    one busy Python thread beside it, the call then took 4.5 ms waiting to get it back,
+    against 2 us alone; this loop over the segment headers takes about 1 us either way."""
+    n = len(data)
+    if data[:2] != b"\xff\xd8":
+        raise InvalidInput("malformed JPEG header", detail="no start-of-image marker")
+    i = 2
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            raise InvalidInput("malformed JPEG header", detail=f"no marker at byte {i}")
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte before a marker
+            i += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a length
+            i += 2
+            continue
+        if marker in (0xD9, 0xDA):  # end of image, or scan data, before any frame header
+            break
+        length = (data[i + 2] << 8) | data[i + 3]
+        if length < 2:
+            raise InvalidInput("malformed JPEG header", detail=f"segment length {length}")
+        if marker in _SOF:
+            if i + 9 > n or length < 8:
+                break
+            return (data[i + 5] << 8) | data[i + 6], (data[i + 7] << 8) | data[i + 8]
+        i += 2 + length
+    raise InvalidInput("malformed JPEG header", detail="no frame header")
 
 
 @dataclass(frozen=True)
