@@ -454,6 +454,7 @@ def main() -> int:
         ("profile_switch_interval.json", "A shorter GIL switch interval in the replicas"),
         ("profile_one_process.json", "The whole pipeline in the ingress replica"),
         ("profile_metrics_buffer.json", "Metrics handed to Ray from their own thread"),
+        ("profile_jpeg_header.json", "A JPEG's size read in Python on the event loop"),
     ):
         doc = load(name)
         if doc:
