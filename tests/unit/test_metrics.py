@@ -77,11 +77,15 @@ def test_the_flushing_thread_exports_without_a_caller_asking():
     assert not buf.pending
 
 
-def test_without_ray_the_functions_do_nothing():
+def test_without_ray_the_functions_do_nothing(monkeypatch):
     import ray
 
-    assert not ray.is_initialized()  # unit tests never start Ray (conftest)
+    # as in a process where Ray is not up (integration tests in this pytest run may have it up)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(metrics, "_metrics", None)
+    monkeypatch.setattr(metrics, "_buffer", None)
     metrics.observe_stage("total", "m", 1.0)
     metrics.count_request("classify", 200)
+    metrics.set_pool({"bytes_in_use": 1, "bytes_held": 2, "high_water_bytes": 3})
     metrics.flush()
-    assert metrics._buffer is None
+    assert metrics._buffer is None and metrics._metrics is None
