@@ -172,7 +172,7 @@ def _put(name: str, op: str, value: float, tags: tuple = ()) -> None:
 
 
 def flush() -> None:
-    """Export what waits now (tests; a replica about to stop)."""
+    """Export what waits now, without waiting for the flushing thread."""
     if _buffer is not None:
         _buffer.flush()
 
