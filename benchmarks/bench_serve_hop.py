@@ -25,6 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.common import machine, table, today, write_json  # noqa: E402
+from loadtest.run import venv_bin  # noqa: E402
 
 MODES = {"default": {}, "throughput_optimized": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}}
 
@@ -120,9 +121,7 @@ def main() -> int:
     rows = []
     for mode, env in MODES.items():
         print(f"== {mode}", flush=True)
-        ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
-        stop = [ray_bin if os.path.exists(ray_bin) else "ray", "stop", "--force"]
-        subprocess.run(stop, capture_output=True, timeout=120)
+        subprocess.run([venv_bin("ray"), "stop", "--force"], capture_output=True, timeout=120)
         cmd = [sys.executable, __file__, "--child", "--calls", str(args.calls)]
         out = subprocess.run(
             cmd + ["--sizes", args.sizes],

@@ -146,14 +146,19 @@ def wait_ok(
     return False
 
 
+def venv_bin(name: str) -> str:
+    """The command ``name`` installed beside this interpreter (its venv's), else from PATH."""
+    path = os.path.join(os.path.dirname(sys.executable), name)
+    return path if os.path.exists(path) else name
+
+
 def start_app(
     config: str, log_path: str, extra_env: dict[str, str] | None = None
 ) -> subprocess.Popen:
     """`serve run CONFIG` as its own process group (a fresh local Ray), logging to a file."""
     env = subprocess_env(extra_env)
-    serve_bin = os.path.join(os.path.dirname(sys.executable), "serve")
     return subprocess.Popen(
-        [serve_bin if os.path.exists(serve_bin) else "serve", "run", config],
+        [venv_bin("serve"), "run", config],
         cwd=ROOT,
         env=env,
         stdout=open(log_path, "wb"),
@@ -177,9 +182,8 @@ def run_level(
     url: str, users: int, seconds: float, out_dir: str, user_class: str, model: str
 ) -> dict[str, Any]:
     prefix = os.path.join(out_dir, f"u{users}")
-    locust_bin = os.path.join(os.path.dirname(sys.executable), "locust")
     cmd = [
-        locust_bin if os.path.exists(locust_bin) else "locust",
+        venv_bin("locust"),
         "-f",
         os.path.join(HERE, "locustfile.py"),
         "--headless",

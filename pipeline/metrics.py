@@ -23,6 +23,8 @@ import threading
 import time
 from typing import Any
 
+from .threads import name_os_thread
+
 logger = logging.getLogger(__name__)
 
 LATENCY_BOUNDARIES_MS = [0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
@@ -141,8 +143,6 @@ class Buffer:
             return
 
         def run() -> None:
-            from pipeline.threads import name_os_thread
-
             name_os_thread()
             while True:
                 time.sleep(every_s)

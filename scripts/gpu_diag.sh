@@ -30,7 +30,7 @@ print("cpu ms/request", r["cpu_ms_per_request"])
 for kind, threads in r.get("cpu_ms_per_request_by_thread", {}).items():
     print("  by thread", kind, threads)
 PY
-  [ -n "$spy" ] && python3 scripts/spy_top.py "$OUT/spy" --top 12 --match Inference | head -60
+  [ -n "$spy" ] && python3 scripts/spy_top.py "$OUT/spy" --top 12 --match ServeReplica | head -60
 fi
 if [ -n "${SYSTEMS:-}" ]; then
   clean
