@@ -112,7 +112,7 @@ def main() -> int:
     ap.add_argument("--threads", default="1,8,50")
     args = ap.parse_args()
     from pipeline.device import Backend
-    from pipeline.memory import CupyPool
+    from pipeline.memory.pool import CupyPool
 
     pool = CupyPool(Backend("cupy"), 32 << 30)
     rows = []

@@ -20,7 +20,8 @@ from pipeline.errors import (
     ResourceExhausted,
     TransportError,
 )
-from pipeline.memory import HostArena, PinnedRing, make_pool
+from pipeline.memory.pinned import PinnedRing
+from pipeline.memory.pool import HostArena, make_pool
 
 CPU = Backend("numpy")
 
@@ -45,7 +46,7 @@ def test_reservation_returned_on_cancellation():
     entered = asyncio.Event()
 
     async def holder():
-        async with pool.reserve(2048):
+        with pool.reserve(2048):
             entered.set()
             await asyncio.Event().wait()  # forever, until cancelled
 

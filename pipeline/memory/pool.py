@@ -1,4 +1,4 @@
-"""Device memory: a pool with a hard limit, reservations that always come back, pinned staging.
+"""Device memory: a pool with a hard limit, reservations that always come back.
 
 * ``CupyPool`` sits on cupy's ``MemoryPool`` (blocks that come back are kept and handed out
   again without a driver call) and adds what serving needs: a hard limit that refuses a
@@ -6,14 +6,13 @@
   returned on every path, and statistics -- bytes in use, bytes held from the driver,
   the high-water mark, the hit ratio and the count of allocations that reached the driver.
 * ``HostArena`` is the same interface over numpy buffers, for the CPU backend.
-* ``PinnedRing`` is a ring of page-locked host slots (optionally mapped into the device's
-  address space for zero-copy reads of small inputs) sized to the in-flight depth.
+
+Pinned host staging is next door, in ``pinned.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import threading
 from collections import defaultdict
@@ -22,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from .device import Backend
-from .errors import ResourceExhausted
+from ..device import Backend
+from ..errors import ResourceExhausted
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +57,7 @@ class PoolStats:
 class Reservation:
     """Bytes held for one piece of work. Release it exactly once; every path does.
 
-    Use it as a context manager (sync or async) or call :meth:`release` from a completion
+    Use it as a context manager or call :meth:`release` from a completion
     callback. Releasing twice is harmless; a reservation that is garbage-collected while
     still held is released and logged as a leak.
     """
@@ -105,12 +104,6 @@ class Reservation:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.release()
-
-    async def __aenter__(self) -> Reservation:
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:  # cancellation included
         self.release()
 
     def __del__(self) -> None:
@@ -348,123 +341,3 @@ def make_pool(
 
 
 DevicePool = _PoolBase  # the type to annotate with
-
-
-# --------------------------------------------------------------------------- pinned staging
-
-
-class PinnedSlot:
-    """One slot of the ring: a page-locked host buffer (and its device alias when mapped)."""
-
-    __slots__ = ("index", "host", "device_ptr", "ring")
-
-    def __init__(self, ring: PinnedRing, index: int, host: np.ndarray, device_ptr: int) -> None:
-        self.ring = ring
-        self.index = index
-        self.host = host
-        self.device_ptr = device_ptr
-
-    def view(self, offset: int, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-        dt = np.dtype(dtype)
-        n = int(np.prod(shape)) * dt.itemsize
-        if offset + n > self.host.nbytes:
-            raise ValueError(
-                f"view of {n} bytes at {offset} exceeds the slot ({self.host.nbytes} bytes)"
-            )
-        return self.host[offset : offset + n].view(dt).reshape(shape)
-
-    def device_view(self, offset: int, shape: tuple[int, ...], dtype: Any) -> Any:
-        """The same bytes seen from the device (mapped rings only): no copy at all."""
-        if not self.device_ptr:
-            raise RuntimeError("this ring is not mapped into the device's address space")
-        import cupy
-
-        dt = np.dtype(dtype)
-        n = int(np.prod(shape)) * dt.itemsize
-        mem = cupy.cuda.UnownedMemory(self.device_ptr + offset, n, self)
-        return cupy.ndarray(shape, dtype=dt, memptr=cupy.cuda.MemoryPointer(mem, 0))
-
-    def release(self) -> None:
-        self.ring.release(self)
-
-
-class PinnedRing:
-    """``slots`` page-locked buffers of ``slot_bytes`` each, handed out one batch at a time.
-
-    On the CPU backend the buffers are ordinary numpy memory, so the same code runs.
-    """
-
-    def __init__(self, backend: Backend, slot_bytes: int, slots: int, mapped: bool = False) -> None:
-        if slots < 1 or slot_bytes < 1:
-            raise ValueError(f"need slots >= 1 and slot_bytes >= 1, got {slots}, {slot_bytes}")
-        self.backend = backend
-        self.slot_bytes = round_up(slot_bytes, 4096)
-        self.mapped = bool(mapped and backend.is_cuda)
-        self._cond = threading.Condition()
-        self._keep: list[Any] = []
-        self._host_ptrs: list[int] = []
-        self._slots: list[PinnedSlot] = []
-        for i in range(slots):
-            host, dptr = self._alloc(self.slot_bytes)
-            self._slots.append(PinnedSlot(self, i, host, dptr))
-        self._free = list(reversed(self._slots))
-        self.waits = 0
-
-    def _alloc(self, n: int) -> tuple[np.ndarray, int]:
-        if not self.backend.is_cuda:
-            return np.zeros(n, dtype=np.uint8), 0
-        import cupy
-        from cupy.cuda import runtime
-
-        with cupy.cuda.Device(self.backend.device_id):
-            if self.mapped:
-                ptr = runtime.hostAlloc(n, getattr(runtime, "hostAllocMapped", 2))
-                self._host_ptrs.append(ptr)
-                get_dptr = getattr(runtime, "hostGetDevicePointer", None)
-                # with unified addressing (every 64-bit CUDA platform) the host address is
-                # also the device address of mapped memory
-                dptr = get_dptr(ptr, 0) if get_dptr is not None else ptr
-                host = np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(ptr))
-                return host, int(dptr)
-            mem = cupy.cuda.alloc_pinned_memory(n)
-            self._keep.append(mem)
-            return np.frombuffer(mem, dtype=np.uint8, count=n), 0
-
-    @property
-    def slots(self) -> int:
-        return len(self._slots)
-
-    def available(self) -> int:
-        with self._cond:
-            return len(self._free)
-
-    def acquire(self, timeout: float | None = None) -> PinnedSlot:
-        """A free slot; waits up to ``timeout`` seconds, then ``ResourceExhausted``."""
-        with self._cond:
-            if not self._free:
-                self.waits += 1
-                if not self._cond.wait_for(lambda: bool(self._free), timeout=timeout):
-                    raise ResourceExhausted(
-                        "no pinned staging slot came free in time",
-                        slots=len(self._slots),
-                        timeout_s=timeout,
-                    )
-            return self._free.pop()
-
-    def release(self, slot: PinnedSlot) -> None:
-        with self._cond:
-            if slot in self._free:
-                raise RuntimeError(f"pinned slot {slot.index} released twice")
-            self._free.append(slot)
-            self._cond.notify()
-
-    def close(self) -> None:
-        if self._host_ptrs:
-            from cupy.cuda import runtime
-
-            for p in self._host_ptrs:
-                runtime.freeHost(p)
-            self._host_ptrs.clear()
-        self._keep.clear()
-        self._slots.clear()
-        self._free.clear()
