@@ -1,1 +1,1 @@
-"""Moving tensors between actors: NCCL, the Ray object store, in-process."""
+"""Moving tensors between actors: the channel interface (base), NCCL, the Ray object store."""

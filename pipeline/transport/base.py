@@ -5,7 +5,6 @@ A channel has two ends in two processes. The sending end turns an array into a s
 that travels in the ordinary Ray call; the receiving end turns the envelope back into an
 array. What moves the bytes is the transport:
 
-* ``local``: both ends in one process; the array itself is handed over.
 * ``object_store``: device to host, ``ray.put``, ``ray.get``, host to device (zero copy on
   one node for host arrays). Works everywhere.
 * ``nccl``: the payload goes over NCCL (NVLink on one host, the network between hosts),
@@ -26,7 +25,7 @@ import numpy as np
 
 from ..errors import InvalidInput, TransportError
 
-TransportName = Literal["auto", "local", "object_store", "nccl"]
+TransportName = Literal["auto", "object_store", "nccl"]
 
 # dtypes every transport carries (NCCL has a type for each of them)
 DTYPES = ("bool", "int8", "uint8", "int32", "int64", "float16", "float32", "float64")
@@ -42,7 +41,7 @@ class Envelope:
     shape: tuple[int, ...]
     dtype: str
     meta: dict[str, Any] = field(default_factory=dict)
-    token: Any = None  # the ObjectRef (object store), nothing (nccl), the key (local)
+    token: Any = None  # the ObjectRef (object store), the link's NcclToken (nccl)
 
     @property
     def nbytes(self) -> int:
@@ -120,15 +119,10 @@ def choose_transport(
     preferred: TransportName,
     sender_cuda: bool,
     receiver_cuda: bool,
-    same_process: bool = False,
     nccl_ok: bool | None = None,
 ) -> str:
-    """The transport for one hop. ``auto``: local in one process, NCCL between CUDA ends
-    when NCCL loads, otherwise the object store. A forced NCCL without CUDA ends fails."""
-    if preferred == "local":
-        if not same_process:
-            raise TransportError("the local transport needs both ends in one process")
-        return "local"
+    """The transport for one hop. ``auto``: NCCL between CUDA ends when NCCL loads,
+    otherwise the object store. A forced NCCL without CUDA ends fails."""
     if preferred == "object_store":
         return "object_store"
     ok = nccl_available() if nccl_ok is None else nccl_ok
@@ -143,8 +137,6 @@ def choose_transport(
         return "nccl"
     if preferred != "auto":
         raise InvalidInput("unknown transport", transport=preferred)
-    if same_process:
-        return "local"
     if sender_cuda and receiver_cuda and ok:
         return "nccl"
     return "object_store"

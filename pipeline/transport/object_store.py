@@ -78,30 +78,3 @@ class ObjectStoreReceiver(Receiver):
 
             return cupy.asarray(host), envelope.meta
         return host, envelope.meta
-
-
-class LocalChannel(Sender, Receiver):
-    """Both ends in one process: the array is handed over as it is (no copy)."""
-
-    transport = "local"
-
-    def __init__(self, channel: str = "local") -> None:
-        Sender.__init__(self, channel)
-        self._parked: dict[int, Any] = {}
-
-    def send(self, array: Any, meta: dict[str, Any] | None = None) -> Envelope:
-        shape, dtype = check_array(array)
-        seq = self.next_seq()
-        self._parked[seq] = array
-        return Envelope(self.channel, self.transport, seq, shape, dtype, dict(meta or {}), seq)
-
-    def recv(self, envelope: Envelope, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
-        self.check(envelope)
-        try:
-            return self._parked.pop(envelope.token), envelope.meta
-        except KeyError:
-            raise TransportError(
-                "no such tensor on this channel (received twice?)",
-                seq=envelope.seq,
-                channel=envelope.channel,
-            ) from None

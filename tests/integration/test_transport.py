@@ -35,7 +35,7 @@ def test_nccl_rendezvous_actor_hands_each_id_over_once(ray_cluster):
     end (pure Ray: no GPU needed)."""
     import ray
 
-    from pipeline.transport.nccl import RENDEZVOUS_NAME, RENDEZVOUS_NAMESPACE, rendezvous
+    from pipeline.transport.nccl_link import RENDEZVOUS_NAME, RENDEZVOUS_NAMESPACE, rendezvous
 
     rv = rendezvous()
     assert ray.get_actor(RENDEZVOUS_NAME, namespace=RENDEZVOUS_NAMESPACE) is not None
