@@ -1,7 +1,7 @@
 """The GPU actor's core: streams, pool, pinned staging, plans and CUDA graphs per bucket.
 
     ex = GpuExecutor(ExecutorConfig())
-    ex.load(load_model("resnet50", "resnet50"))
+    ex.load(load_model("resnet50", "resnet50"))   # any engine: pipeline/engines/
     ex.warmup()
     p = ex.prepare("resnet50", 37)          # bucket 64: arena reserved, staging slot taken
     r = ex.commit(p, images_uint8)          # enqueued; returns at once
@@ -15,6 +15,10 @@ one is captured for that bucket and arena) on a compute stream, and device-to-ho
 third stream, handing over between streams with events only; one completion thread
 finishes the result when the last event fires. The slot and the reservation are returned
 on every path: success, a failed commit, a device error.
+
+The model itself is an engine (``pipeline/engines``): the executor asks it for a plan per
+bucket and feed, binds the plan to the reserved arena and enqueues it; nothing here depends
+on which engine it is.
 
 ``mode="naive"`` is the baseline every benchmark reports beside the real path: cudaMalloc
 of the arena, a synchronous pageable copy in, eager compute, a synchronous copy out and
@@ -35,8 +39,8 @@ import numpy as np
 from .async_result import AsyncResult, CompletionWatcher
 from .config import ExecutorConfig, Settings
 from .device import Backend, Stream, StreamSet, is_device_array, select_backend
+from .engines.base import BoundModel, Engine, EngineContext, EnginePlan, Feed
 from .errors import DeviceError, FerryError, InvalidInput, ModelNotFound
-from .graph import BoundGraph, GraphPlan
 from .memory import PinnedRing, PinnedSlot, Reservation, make_pool, round_up
 from .models.registry import LoadedModel, load_model
 
@@ -47,7 +51,7 @@ MAX_BOUND = 256  # bound graphs (and their CUDA graphs) kept, least recently use
 @dataclass
 class _Model:
     loaded: LoadedModel
-    constants: dict[str, Any]  # on the device, in the compute dtype (biases float32)
+    engine: Engine
     weights_bytes: int
 
 
@@ -72,7 +76,7 @@ class PreparedBatch:
         model: str,
         n: int,
         bucket: int,
-        plan: GraphPlan,
+        plan: EnginePlan,
         reservation: Reservation | None,
         slot: PinnedSlot | None,
         naive: bool,
@@ -136,7 +140,7 @@ class GpuExecutor:
         self.ring: PinnedRing | None = None
         self._models: dict[str, _Model] = {}
         self._lock = threading.Lock()  # held while enqueueing: streams and cuBLAS handles
-        self._bound: OrderedDict[tuple, tuple[BoundGraph, Any]] = OrderedDict()
+        self._bound: OrderedDict[tuple, tuple[BoundModel, Any]] = OrderedDict()
         self._tls = threading.local()
         self._stats_lock = threading.Lock()
         self._n = {
@@ -163,23 +167,27 @@ class GpuExecutor:
     # ------------------------------------------------------------------ models
     def load(self, loaded: LoadedModel) -> None:
         """Put a model's weights on the device and size the staging ring for it."""
-        g = loaded.graph
-        host = g.constant_arrays(self.dtype)
-        if self.backend.is_cuda:
-            import cupy
-
-            with cupy.cuda.Device(self.backend.device_id):
-                consts = {k: cupy.asarray(v) for k, v in host.items()}
-        else:
-            consts = host
-        wbytes = sum(int(v.nbytes) for v in host.values())
+        engine = loaded.engine
+        engine.load(
+            EngineContext(
+                self.backend, self.dtype, self.target, self.config.max_workspace_bytes, self.pool
+            )
+        )
+        inputs = engine.inputs
+        if len(inputs) != 1:
+            raise InvalidInput(
+                "models with more than one input tensor are not served yet",
+                model=loaded.name,
+                inputs=[t.name for t in inputs],
+            )
+        wbytes = engine.weights_bytes
         with self._lock:
-            self._models[loaded.name] = _Model(loaded, consts, wbytes)
+            self._models[loaded.name] = _Model(loaded, engine, wbytes)
             self._size_ring()
         logger.info(
-            "loaded %s (%s, %s): %.1f MB of weights",
+            "loaded %s (%s engine, %s): %.1f MB of weights",
             loaded.name,
-            loaded.info.arch,
+            engine.name,
             loaded.source,
             wbytes / 1e6,
         )
@@ -202,8 +210,11 @@ class GpuExecutor:
         return m
 
     def _size_ring(self) -> None:
+        top = self.config.buckets[-1]
         need = max(
-            self._slot_bytes(self.plan(name, self.config.buckets[-1])) for name in self._models
+            self._slot_bytes(self.plan(name, top, feed))
+            for name, m in self._models.items()
+            for feed in m.engine.feeds
         )
         if self.ring is not None and self.ring.slot_bytes >= need:
             return
@@ -215,7 +226,7 @@ class GpuExecutor:
             old.close()
 
     @staticmethod
-    def _slot_bytes(plan: GraphPlan) -> int:
+    def _slot_bytes(plan: EnginePlan) -> int:
         return round_up(plan.input_spec.nbytes, 256) + sum(
             round_up(s.nbytes, 256) for s in plan.output_specs
         )
@@ -229,20 +240,24 @@ class GpuExecutor:
             "batch larger than the largest bucket", batch_size=n, max_bucket=self.config.buckets[-1]
         )
 
-    def plan(self, model: str, bucket: int) -> GraphPlan:
-        return self._model(model).loaded.graph.prepare(
-            bucket, self.dtype, self.target, self.config.max_workspace_bytes
-        )
+    def plan(self, model: str, bucket: int, feed: Feed = "image") -> EnginePlan:
+        engine = self._model(model).engine
+        return engine.plan(bucket, engine.feed_for(feed))
 
     # ------------------------------------------------------------------ phase one
-    def prepare(self, model: str, batch_size: int, timeout: float | None = None) -> PreparedBatch:
-        """Reserve what a batch of ``batch_size`` needs, or fail now (``ResourceExhausted``)."""
+    def prepare(
+        self, model: str, batch_size: int, timeout: float | None = None, feed: Feed = "image"
+    ) -> PreparedBatch:
+        """Reserve what a batch of ``batch_size`` needs, or fail now (``ResourceExhausted``).
+
+        ``feed``: ``image`` (uint8 pixels from the image path) or ``tensors`` (the model's
+        own input tensor, as a v2 request sends it); the same for the built-in models."""
         if self._closed:
             raise RuntimeError("executor is closed")
         if not isinstance(batch_size, int | np.integer) or batch_size < 1:
             raise InvalidInput("batch_size must be a positive integer", batch_size=batch_size)
         bucket = self.bucket_for(int(batch_size))
-        plan = self.plan(model, bucket)
+        plan = self.plan(model, bucket, feed)
         if self.naive:
             return PreparedBatch(model, int(batch_size), bucket, plan, None, None, True)
         assert self.ring is not None
@@ -408,23 +423,26 @@ class GpuExecutor:
         self.watcher.watch(done, finish, result, on_error=failed)
         return result
 
-    def _bound_graph(self, p: PreparedBatch, compute: Stream) -> tuple[BoundGraph, Any]:
+    def _key(self, p: PreparedBatch, compute: Stream) -> tuple:
         assert p.reservation is not None
-        key = (p.model, p.bucket, p.reservation.ptr, compute.name)
+        return (p.model, p.bucket, p.plan.feed, p.reservation.ptr, compute.name)
+
+    def _bound_graph(self, p: PreparedBatch, compute: Stream) -> tuple[BoundModel, Any]:
+        assert p.reservation is not None
+        key = self._key(p, compute)
         hit = self._bound.get(key)
         if hit is not None:
             self._bound.move_to_end(key)
             return hit
-        bound = p.plan.bind(p.reservation.buffer, self._model(p.model).constants)
+        bound = self._model(p.model).engine.bind(p.plan, p.reservation.buffer)
         self._bound[key] = (bound, None)
         while len(self._bound) > MAX_BOUND:
             self._bound.popitem(last=False)
         return bound, None
 
-    def _capture(self, p: PreparedBatch, compute: Stream, bound: BoundGraph) -> None:
+    def _capture(self, p: PreparedBatch, compute: Stream, bound: BoundModel) -> None:
         """Record the bound graph as a CUDA graph for the next batch that gets this arena."""
-        assert p.reservation is not None
-        key = (p.model, p.bucket, p.reservation.ptr, compute.name)
+        key = self._key(p, compute)
         try:
             graph = bound.capture(compute)
         except Exception:
@@ -459,7 +477,7 @@ class GpuExecutor:
                 arena = cupy.ndarray(
                     (plan.arena_bytes,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(mem, 0)
                 )
-                bound = plan.bind(arena, model.constants)
+                bound = model.engine.bind(plan, arena)
                 runtime.memcpy(
                     int(bound.input.data.ptr),
                     int(padded.ctypes.data),
@@ -479,7 +497,7 @@ class GpuExecutor:
                 del bound, arena, mem  # cudaFree
             else:
                 arena = np.empty(plan.arena_bytes, dtype=np.uint8)
-                bound = plan.bind(arena, model.constants)
+                bound = model.engine.bind(plan, arena)
                 np.copyto(bound.input, padded)
                 bound.run(self._naive_stream())
                 rows = [np.array(o[: p.n]) for o in bound.outputs]
@@ -495,13 +513,15 @@ class GpuExecutor:
             p.release()
 
     # ------------------------------------------------------------------ conveniences
-    def infer(self, model: str, batch: np.ndarray, timeout: float | None = None) -> np.ndarray:
+    def infer(
+        self, model: str, batch: np.ndarray, timeout: float | None = None, feed: Feed = "image"
+    ) -> np.ndarray:
         """Run a whole host batch (split into the largest bucket) and wait for the rows."""
         top = self.config.buckets[-1]
         results = []
         for i in range(0, len(batch), top):
             chunk = np.ascontiguousarray(batch[i : i + top])
-            p = self.prepare(model, len(chunk))
+            p = self.prepare(model, len(chunk), feed=feed)
             results.append(self.commit(p, chunk))
         return np.concatenate([r.wait(timeout) for r in results])
 
@@ -514,13 +534,14 @@ class GpuExecutor:
         depth = self.config.max_in_flight if gpu else 1  # one arena per in-flight batch to capture
         for name in models or list(self._models):
             t0 = time.perf_counter()
-            item = self.plan(name, 1).input_spec
-            for bucket in self.config.buckets:
-                for _round in range(2 if gpu else 1):
-                    prepared = [self.prepare(name, bucket) for _ in range(depth)]
-                    zeros = np.zeros((bucket, *item.shape[1:]), dtype=item.np_dtype)
-                    for r in [self.commit(p, zeros) for p in prepared]:
-                        r.wait()
+            for feed in self._model(name).engine.feeds:
+                item = self.plan(name, 1, feed).input_spec
+                for bucket in self.config.buckets:
+                    for _round in range(2 if gpu else 1):
+                        prepared = [self.prepare(name, bucket, feed=feed) for _ in range(depth)]
+                        zeros = np.zeros((bucket, *item.shape[1:]), dtype=item.np_dtype)
+                        for r in [self.commit(p, zeros) for p in prepared]:
+                            r.wait()
             times[name] = time.perf_counter() - t0
             logger.info(
                 "warmed up %s: %d buckets in %.2f s", name, len(self.config.buckets), times[name]
@@ -558,6 +579,8 @@ class GpuExecutor:
         self.watcher.close()
         self.streams.synchronize()
         self._bound.clear()
+        for m in self._models.values():
+            m.engine.close()
         self.streams.close()
         if self.ring is not None:
             self.ring.close()

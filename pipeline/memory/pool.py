@@ -54,6 +54,9 @@ class PoolStats:
         return d
 
 
+_ACCOUNTED = object()  # the token of a reservation that only counts bytes
+
+
 class Reservation:
     """Bytes held for one piece of work. Release it exactly once; every path does.
 
@@ -166,6 +169,25 @@ class _PoolBase:
                 self._hits += 1
         return Reservation(self, size, buf, token)
 
+    def account(self, nbytes: int) -> Reservation:
+        """Count ``nbytes`` held by another allocator (the torch engine's CUDA graph pools)
+        against the limit without allocating them here; ``ResourceExhausted`` past it. The
+        reservation has no buffer; releasing it gives the count back."""
+        size = round_up(max(int(nbytes), 1))
+        with self._lock:
+            in_use = self._in_use + size
+            if in_use > self.limit_bytes:
+                self._refused += 1
+                raise ResourceExhausted(
+                    "memory pool limit reached",
+                    requested_bytes=size,
+                    in_use_bytes=in_use - size,
+                    limit_bytes=self.limit_bytes,
+                )
+            self._in_use = in_use
+            self._high_water = max(self._high_water, in_use)
+        return Reservation(self, size, None, _ACCOUNTED)
+
     def stats(self) -> PoolStats:
         with self._lock:
             return PoolStats(
@@ -193,7 +215,8 @@ class _PoolBase:
             self._refused += 1
 
     def _give_back(self, size: int, buf: Any, token: Any) -> None:
-        self._put(size, buf, token)
+        if token is not _ACCOUNTED:
+            self._put(size, buf, token)
         with self._lock:
             self._in_use -= size
 

@@ -11,9 +11,12 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from ..engines.base import Engine
+from ..engines.native import NativeEngine
 from ..errors import InvalidInput
 from ..graph import Graph
 from ..imaging import Target
@@ -76,10 +79,17 @@ REGISTRY: dict[str, ModelInfo] = {
 @dataclass
 class LoadedModel:
     name: str
-    info: ModelInfo
-    graph: Graph
+    info: ModelInfo | None  # the built-in architecture, if it is one
+    graph: Graph | None  # the native engine's graph (None for other engines)
     random_weights: bool
     source: str  # the weights file, or "random(seed=N)"
+    engine: Engine | None = None  # built from ``graph`` (the native engine) when not given
+
+    def __post_init__(self) -> None:
+        if self.engine is None:
+            if self.graph is None:
+                raise ValueError(f"model {self.name!r} needs a graph or an engine")
+            self.engine = NativeEngine(self.name, self.graph, ("logits",))
 
 
 def model_info(arch: str) -> ModelInfo:
@@ -128,3 +138,10 @@ def labels(arch: str) -> tuple[str, ...]:
             info.num_classes,
         )
     return tuple(str(i) for i in range(info.num_classes))
+
+
+def build_native(entry: Any, image: Any = None) -> LoadedModel:
+    """The native engine's builder (``engines.ENGINES``): a built-in architecture by name,
+    its weights from the entry's file or seeded random ones."""
+    arch = getattr(entry, "source", None) or entry.arch
+    return load_model(entry.name, arch, entry.weights, entry.seed)
