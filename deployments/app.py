@@ -50,10 +50,10 @@ def load_config(args: dict[str, Any] | None) -> PipelineConfig:
 
 def build(config: PipelineConfig) -> serve.Application:
     raw = config.model_dump(mode="json")
-    log = {"enable_access_log": config.access_log, "log_level": config.log_level}
+    log = config.serve_logging_config()  # None: Serve's own logging_config applies
 
     def opts(d) -> dict:
-        return {**d.serve_options(), "logging_config": log}
+        return d.serve_options() if log is None else {**d.serve_options(), "logging_config": log}
 
     pre = post = None
     if config.fusion.inference_in_ingress:  # one deployment: the ingress runs it all

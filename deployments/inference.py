@@ -70,7 +70,19 @@ class InferenceCore:
         if config.fusion.preprocess_in_inference:
             self.local_pre = self._local_preprocess(config)
         self._init_transport()
+        self._start_metrics()
         self.ready = True
+
+    def _start_metrics(self) -> None:
+        """Gauges from the start (a scrape before the first batch finds them) and, on a
+        GPU, NVML's readings of it."""
+        for m in self.config.models:
+            metrics.set_queue_depth(m.name, 0)
+        metrics.set_pool(self.executor.pool.stats().as_dict())
+        if self.executor.backend.is_cuda:
+            from pipeline import gpu_metrics
+
+            gpu_metrics.start(self.executor.backend.device_id)
 
     def _local_preprocess(self, config: PipelineConfig) -> Any:
         """Decode and resize here: on this replica's GPU, or on its threads."""
@@ -160,7 +172,7 @@ class InferenceCore:
         logits = await result
         t1 = time.monotonic()
         gpu_ms = (t1 - t0) * 1e3
-        metrics.observe_stage("gpu", batch.key, gpu_ms)
+        metrics.observe_stage("gpu", batch.key, gpu_ms, len(batch))
         if t1 - self._pool_reported > 1.0:  # gauges once a second, not per batch
             self._pool_reported = t1
             metrics.set_pool(self.executor.pool.stats().as_dict())
@@ -216,8 +228,7 @@ class InferenceCore:
         # a request whose rows partly failed is dropped whole
         keep = [j for j, o in enumerate(owner) if o not in errors]
         data = np.stack([rows[j] for j in keep]).astype(np.float32) if keep else None
-        if queue_ms:
-            metrics.observe_stage("queue", model, max(queue_ms))
+        metrics.observe_items("queue", model, queue_ms)  # each item's own wait
         return Rows(
             images.n_requests,
             data,

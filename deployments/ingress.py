@@ -46,6 +46,7 @@ from pipeline.models.registry import model_info
 
 from . import v2
 from .messages import PostSpec, RequestMeta, Rows
+from .observe import RequestMetrics
 from .preprocess import PreprocessCore
 
 logger = logging.getLogger(__name__)
@@ -88,7 +89,6 @@ def error_response(exc: BaseException, request_id: str) -> JSONResponse:
         headers["retry-after"] = str(
             max(1, round(float(getattr(exc, "fields", {}).get("retry_after_s", 1))))
         )
-    metrics.count_request("error", status)
     if status in (413, 503, 504):
         metrics.count_rejected({413: "too_large", 503: "overloaded", 504: "deadline"}[status])
     return JSONResponse(body, status_code=status, headers=headers)
@@ -174,6 +174,7 @@ class ClassifyFastPath:
 
 app.add_middleware(ClassifyFastPath)
 app.add_middleware(BearerAuth)  # added last: the outermost of the two
+app.add_middleware(RequestMetrics)  # outside auth: every answer is counted, 401s too
 
 
 @app.exception_handler(FerryError)
@@ -424,10 +425,7 @@ class Ingress:
         result = await self._await(
             self._coalescer(model, "classify").submit((body, ct, k, meta)), rid
         )
-        total = _finish_timings(result, t0)
-        metrics.observe_stage(
-            "total", model, total
-        )  # (Serve itself counts requests by route and code)
+        _finish_timings(result, t0)  # (observe.RequestMetrics counts it and its total)
         return JSONResponse({"request_id": rid, "model": model, **result})
 
     @app.get("/v1/models")

@@ -60,7 +60,7 @@ class PostprocessCore:
                     tensors["logits"] = logits.data[rows]
                 out.append({"outputs": tensors, **self._timings(logits, rows)})
         ms = (time.perf_counter() - t0) * 1e3
-        metrics.observe_stage("postprocess", model, ms)
+        metrics.observe_stage("postprocess", model, ms, len(out))
         for d in out:
             if isinstance(d, dict):
                 d["timings_ms"]["postprocess"] = ms

@@ -71,7 +71,7 @@ class PreprocessCore:
         t0 = time.perf_counter()
         rows, owner, errors = await self.decode_many(model, items)
         ms = (time.perf_counter() - t0) * 1e3
-        metrics.observe_stage("preprocess", model, ms)
+        metrics.observe_stage("preprocess", model, ms, len(items))
         return Rows(len(items), np.stack(rows) if rows else None, owner, errors, {"preprocess": ms})
 
 

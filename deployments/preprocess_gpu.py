@@ -128,7 +128,7 @@ class PreprocessGpuCore:
         elif imgs:
             env = await loop.run_in_executor(self.gpu_pool, self.make_and_send, model, imgs, to)
         ms = (time.perf_counter() - t0) * 1e3
-        metrics.observe_stage("preprocess", model, ms)
+        metrics.observe_stage("preprocess", model, ms, len(items))
         return Rows(len(items), data, owner, errors, {"preprocess": ms}, envelope=env)
 
     async def _when_done(self, event: Any) -> None:
@@ -167,7 +167,7 @@ class PreprocessGpuCore:
                     rows += got
                     owner += got_owner
         ms = (time.perf_counter() - t0) * 1e3
-        metrics.observe_stage("preprocess", model, ms)
+        metrics.observe_stage("preprocess", model, ms, len(items))
         return Rows(len(items), rows or None, owner, errors, {"preprocess": ms})
 
     def _round(self, model: str, entries: list[tuple[int, Any]]) -> Any:

@@ -256,10 +256,30 @@ class PipelineConfig(_Strict):
     postprocess_deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
     warmup: bool = True
     """Plan every bucket (and capture its CUDA graph) before the inference replica reports healthy."""
-    access_log: bool = False
-    """Serve's per-request access log in every replica; off, a line per request costs CPU at high rates."""
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    """Log level of the four deployments."""
+    access_log: bool | None = None
+    """Serve's per-request access log (a line per request, with its request id) in every
+    replica; it costs CPU at high rates. ``None``: as Serve's ``logging_config`` says."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] | None = None
+    """Log level of Ferry's deployments. ``None``: as Serve's ``logging_config`` says."""
+    log_encoding: Literal["TEXT", "JSON"] | None = None
+    """Serve's log encoding in Ferry's deployments (JSON: one object a line, request id,
+    deployment and replica as fields). ``None``: as Serve's ``logging_config`` says.
+
+    When none of ``access_log``, ``log_level`` and ``log_encoding`` is set, Ferry gives its
+    deployments no ``logging_config`` and Serve's own applies (the config file's
+    application- or top-level ``logging_config``, else Serve's defaults). When any is set,
+    the three form the deployments' ``logging_config``, the unset ones defaulting to no
+    access log, INFO and TEXT."""
+
+    def serve_logging_config(self) -> dict[str, Any] | None:
+        """The deployments' ``logging_config``, or None to leave Serve's in force."""
+        if self.access_log is None and self.log_level is None and self.log_encoding is None:
+            return None
+        return {
+            "enable_access_log": bool(self.access_log),
+            "log_level": self.log_level or "INFO",
+            "encoding": self.log_encoding or "TEXT",
+        }
 
     @model_validator(mode="after")
     def _cross_checks(self) -> PipelineConfig:

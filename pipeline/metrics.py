@@ -1,7 +1,13 @@
 """Ferry's metrics on the Ray metrics endpoint (the Ray dashboard and Prometheus read them).
 
 Every function is a no-op when Ray is not initialized in this process (unit tests, the
-CLI), so callers never branch on it. Metric objects are made once per process.
+CLI), so callers never branch on it. Metric objects are made once per process, at the first
+record, from the metric classes installed with ``use_metric_classes``: in Serve replicas
+``deployments`` installs ``ray.serve.metrics`` (which adds the ``deployment``, ``replica`` and
+``application`` labels, so a gauge stays one series per replica), elsewhere (a plain Ray
+actor, a benchmark) ``ray.util.metrics`` serves. The classes are injected rather than
+imported here because ``pipeline/`` never imports ``ray.serve``: the runtime stays usable
+without Serve, and only the Serve layer knows it runs in a replica.
 
 Callers only append to a buffer; a thread of its own (``ferry-metrics``) hands the records
 to Ray every ``FLUSH_S``. Ray's record call releases the GIL, and a thread that gives the GIL
@@ -13,6 +19,10 @@ Gauges keep their last value per flush and counters their sum (one record each);
 histogram observation is recorded. Past ``MAX_PENDING`` records waiting, new ones are
 dropped and counted (``ferry_metrics_dropped_total``), so a stuck exporter cannot grow the
 replica's memory.
+
+Ray's histograms export a ``_sum`` computed from bucket midpoints, not the observed values;
+exact totals come from counters beside them: ``ferry_stage_duration_us_total`` (every
+observed stage time, summed) and ``ferry_batch_items_total`` / ``ferry_batches_total``.
 """
 
 from __future__ import annotations
@@ -35,6 +45,15 @@ MAX_PENDING = 100_000
 
 _lock = threading.Lock()
 _metrics: dict[str, Any] | None = None
+_classes: Any = None  # a module with Counter, Gauge, Histogram; None: ray.util.metrics
+
+
+def use_metric_classes(module: Any) -> None:
+    """Make this process's metrics from ``module``'s ``Counter``, ``Gauge`` and
+    ``Histogram`` (``ray.serve.metrics`` in a Serve replica). Takes effect for metrics not
+    made yet; call it before the first record."""
+    global _classes
+    _classes = module
 
 
 def _get() -> dict[str, Any] | None:
@@ -49,43 +68,83 @@ def _get() -> dict[str, Any] | None:
         from ray.util import metrics as m
     except Exception:  # pragma: no cover - ray missing
         return None
+    if _classes is not None:
+        m = _classes
     with _lock:
         if _metrics is None:
-            _metrics = {
-                "stage": m.Histogram(
-                    "ferry_stage_latency_ms",
-                    "Time spent in a pipeline stage, per item",
-                    boundaries=LATENCY_BOUNDARIES_MS,
-                    tag_keys=("stage", "model"),
-                ),
-                "batch": m.Histogram(
-                    "ferry_batch_size",
-                    "Items in a GPU batch (before padding)",
-                    boundaries=BATCH_BOUNDARIES,
-                    tag_keys=("model",),
-                ),
-                "queue": m.Gauge(
-                    "ferry_queue_depth", "Items waiting in the inference queue", tag_keys=("model",)
-                ),
-                "pool_in_use": m.Gauge(
-                    "ferry_pool_bytes_in_use", "Device pool bytes held by batches in flight"
-                ),
-                "pool_held": m.Gauge(
-                    "ferry_pool_bytes_reserved", "Device pool bytes held from the driver"
-                ),
-                "pool_hwm": m.Gauge("ferry_pool_high_water_bytes", "Highest pool bytes in use"),
-                "rejected": m.Counter(
-                    "ferry_rejected_total", "Requests refused, by reason", tag_keys=("reason",)
-                ),
-                "requests": m.Counter(
-                    "ferry_requests_total", "HTTP requests answered", tag_keys=("route", "code")
-                ),
-                "dropped": m.Counter(
-                    "ferry_metrics_dropped_total",
-                    "Metric records dropped because too many waited to be exported",
-                ),
-            }
+            _metrics = _make(m)
     return _metrics
+
+
+def _make(m: Any) -> dict[str, Any]:
+    """Every Ferry metric, from the metric classes of module ``m``. Prometheus sees each
+    name with Ray's ``ray_`` prefix (``ray_ferry_stage_latency_ms_bucket``, ...)."""
+    model = ("model",)
+    return {
+        "stage": m.Histogram(
+            "ferry_stage_latency_ms",
+            "Time one item spent in a pipeline stage (each item of a batch or group "
+            "observed once; stage total: a request from arrival to its answer)",
+            boundaries=LATENCY_BOUNDARIES_MS,
+            tag_keys=("stage", "model"),
+        ),
+        "stage_us": m.Counter(
+            "ferry_stage_duration_us_total",
+            "Cumulative microseconds items spent in a stage (exact; the histogram's sum "
+            "is estimated from its buckets)",
+            tag_keys=("stage", "model"),
+        ),
+        "batch": m.Histogram(
+            "ferry_batch_size",
+            "Items in a GPU batch (before padding to its bucket)",
+            boundaries=BATCH_BOUNDARIES,
+            tag_keys=model,
+        ),
+        "batches": m.Counter("ferry_batches_total", "GPU batches run", tag_keys=model),
+        "batch_items": m.Counter(
+            "ferry_batch_items_total",
+            "Items in the GPU batches run (before padding)",
+            tag_keys=model,
+        ),
+        "queue": m.Gauge(
+            "ferry_queue_depth", "Items waiting in the inference queue", tag_keys=model
+        ),
+        "pool_in_use": m.Gauge(
+            "ferry_pool_bytes_in_use", "Device pool bytes held by batches in flight"
+        ),
+        "pool_held": m.Gauge("ferry_pool_bytes_reserved", "Device pool bytes held from the driver"),
+        "pool_hwm": m.Gauge("ferry_pool_high_water_bytes", "Highest pool bytes in use"),
+        "rejected": m.Counter(
+            "ferry_rejected_total", "Requests refused, by reason", tag_keys=("reason",)
+        ),
+        "requests": m.Counter(
+            "ferry_requests_total",
+            "HTTP requests answered, by model (empty: not a model's route), route and status code",
+            tag_keys=("model", "route", "code"),
+        ),
+        "gpu_util": m.Gauge(
+            "ferry_gpu_utilization",
+            "Fraction of the last sample period a kernel ran on the GPU (NVML)",
+            tag_keys=("gpu",),
+        ),
+        "gpu_mem_used": m.Gauge(
+            "ferry_gpu_memory_used_bytes",
+            "GPU memory in use, all processes (NVML)",
+            tag_keys=("gpu",),
+        ),
+        "gpu_mem_total": m.Gauge(
+            "ferry_gpu_memory_total_bytes", "GPU memory in all (NVML)", tag_keys=("gpu",)
+        ),
+        "gpu_jpeg_util": m.Gauge(
+            "ferry_gpu_jpeg_utilization",
+            "Fraction of the last sample period the GPU's JPEG engines were busy (NVML)",
+            tag_keys=("gpu",),
+        ),
+        "dropped": m.Counter(
+            "ferry_metrics_dropped_total",
+            "Metric records dropped because too many waited to be exported",
+        ),
+    }
 
 
 class Buffer:
@@ -177,12 +236,27 @@ def flush() -> None:
         _buffer.flush()
 
 
-def observe_stage(stage: str, model: str, ms: float) -> None:
-    _put("stage", "observe", ms, (("stage", stage), ("model", model)))
+def observe_stage(stage: str, model: str, ms: float, n: int = 1) -> None:
+    """``n`` items each spent ``ms`` in ``stage`` (a batch or group passes as one)."""
+    tags = (("stage", stage), ("model", model))
+    for _ in range(n):
+        _put("stage", "observe", ms, tags)
+    _put("stage_us", "inc", ms * 1e3 * n, tags)
+
+
+def observe_items(stage: str, model: str, ms: list[float]) -> None:
+    """Each item's own time in ``stage``."""
+    tags = (("stage", stage), ("model", model))
+    for v in ms:
+        _put("stage", "observe", v, tags)
+    _put("stage_us", "inc", sum(ms) * 1e3, tags)
 
 
 def observe_batch(model: str, size: int) -> None:
-    _put("batch", "observe", size, (("model", model),))
+    tags = (("model", model),)
+    _put("batch", "observe", int(size), tags)
+    _put("batches", "inc", 1, tags)
+    _put("batch_items", "inc", int(size), tags)
 
 
 def set_queue_depth(model: str, depth: int) -> None:
@@ -195,9 +269,26 @@ def set_pool(stats: dict[str, Any]) -> None:
     _put("pool_hwm", "set", stats["high_water_bytes"])
 
 
+def set_gpu(gpu: str, sample: dict[str, float]) -> None:
+    """One NVML sample of a GPU (``pipeline.gpu_metrics``): keys ``utilization``,
+    ``memory_used_bytes``, ``memory_total_bytes`` and, where NVML reports it,
+    ``jpeg_utilization``."""
+    tags = (("gpu", gpu),)
+    for key, name in (
+        ("utilization", "gpu_util"),
+        ("memory_used_bytes", "gpu_mem_used"),
+        ("memory_total_bytes", "gpu_mem_total"),
+        ("jpeg_utilization", "gpu_jpeg_util"),
+    ):
+        if key in sample:
+            _put(name, "set", sample[key], tags)
+
+
 def count_rejected(reason: str) -> None:
     _put("rejected", "inc", 1, (("reason", reason),))
 
 
-def count_request(route: str, code: int) -> None:
-    _put("requests", "inc", 1, (("route", route), ("code", str(code))))
+def count_request(model: str, route: str, code: int) -> None:
+    """One HTTP answer: ``model`` the path's model ("" for other routes), ``route`` its
+    template (``/v1/models/{model}/classify``), ``code`` the status."""
+    _put("requests", "inc", 1, (("model", model), ("route", route), ("code", str(code))))

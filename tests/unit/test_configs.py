@@ -274,3 +274,19 @@ def test_inference_in_ingress_builds_one_deployment():
     assert ingress.name == "Ingress"
     assert ingress.init_args[1:] == (None, None, None)
     assert ingress.ray_actor_options["num_gpus"] == 0.25 and ingress.num_replicas == 3
+
+
+def test_serves_logging_config_applies_unless_the_pipeline_sets_one():
+    from deployments.app import build
+
+    assert build(PipelineConfig())._bound_deployment._deployment_config.logging_config is None
+    app = build(PipelineConfig(log_encoding="JSON"))
+    got = app._bound_deployment._deployment_config.logging_config  # the ingress; the rest alike
+    assert got["encoding"] == "JSON" and got["log_level"] == "INFO"
+    assert got["enable_access_log"] is False
+    cfg = PipelineConfig(access_log=True, log_level="WARNING")
+    assert cfg.serve_logging_config() == {
+        "enable_access_log": True,
+        "log_level": "WARNING",
+        "encoding": "TEXT",
+    }

@@ -85,7 +85,74 @@ def test_without_ray_the_functions_do_nothing(monkeypatch):
     monkeypatch.setattr(metrics, "_metrics", None)
     monkeypatch.setattr(metrics, "_buffer", None)
     metrics.observe_stage("total", "m", 1.0)
-    metrics.count_request("classify", 200)
+    metrics.count_request("digits", "/v1/models/{model}/classify", 200)
     metrics.set_pool({"bytes_in_use": 1, "bytes_held": 2, "high_water_bytes": 3})
     metrics.flush()
     assert metrics._buffer is None and metrics._metrics is None
+
+
+class Collect:
+    """A buffer stand-in that keeps what the record functions put."""
+
+    def __init__(self):
+        self.records: list[tuple] = []
+
+    def put(self, name, op, value, tags=()):
+        self.records.append((name, op, value, tags))
+
+
+def test_stage_times_are_per_item_with_an_exact_total(monkeypatch):
+    c = Collect()
+    monkeypatch.setattr(metrics, "_buffer", c)
+    metrics.observe_stage("gpu", "m", 2.5, n=3)  # a batch of 3: each item spent 2.5 ms
+    metrics.observe_items("queue", "m", [1.0, 4.0])
+    tags_gpu = (("stage", "gpu"), ("model", "m"))
+    assert [r for r in c.records if r[0] == "stage"] == [
+        ("stage", "observe", 2.5, tags_gpu),
+        ("stage", "observe", 2.5, tags_gpu),
+        ("stage", "observe", 2.5, tags_gpu),
+        ("stage", "observe", 1.0, (("stage", "queue"), ("model", "m"))),
+        ("stage", "observe", 4.0, (("stage", "queue"), ("model", "m"))),
+    ]
+    us = {r[3]: r[2] for r in c.records if r[0] == "stage_us"}
+    assert us == {tags_gpu: 7500.0, (("stage", "queue"), ("model", "m")): 5000.0}
+
+
+def test_batch_sizes_are_counted_as_integers(monkeypatch):
+    c = Collect()
+    monkeypatch.setattr(metrics, "_buffer", c)
+    metrics.observe_batch("m", 3)
+    metrics.observe_batch("m", 8)
+    buf = metrics.Buffer({k: Recorder() for k in ("batch", "batches", "batch_items")})
+    for r in c.records:
+        buf.put(*r)
+    buf.flush()
+    assert buf.sinks["batch_items"].calls == [("inc", 11, {"model": "m"})]
+    assert buf.sinks["batches"].calls == [("inc", 2, {"model": "m"})]
+    assert [v for _, v, _ in buf.sinks["batch"].calls] == [3, 8]
+    assert all(isinstance(v, int) for _, v, _ in buf.sinks["batch"].calls)
+
+
+def test_metrics_are_made_from_the_installed_classes(monkeypatch):
+    import ray.util.metrics as rum
+
+    made = []
+
+    class Kinds:
+        def __getattr__(self, kind):
+            def make(name, *a, **kw):
+                made.append((kind, name))
+                return Recorder()
+
+            return make
+
+    monkeypatch.setattr(metrics, "_classes", None)
+    metrics.use_metric_classes(Kinds())
+    try:
+        sinks = metrics._make(metrics._classes)
+    finally:
+        metrics.use_metric_classes(None)
+    assert set(sinks) >= {"stage", "stage_us", "batch", "requests", "gpu_util", "gpu_jpeg_util"}
+    assert ("Counter", "ferry_requests_total") in made
+    assert ("Histogram", "ferry_stage_latency_ms") in made
+    assert all(hasattr(rum, kind) for kind, _ in made)  # the kinds Ray has

@@ -1,0 +1,95 @@
+"""What the ingress tells Prometheus about each HTTP request, as one pure-ASGI middleware.
+
+``RequestMetrics`` sits outside every other layer of the ingress app (auth, the classify
+fast path, FastAPI), so every answer is counted -- successes, 401s, 404s and errors alike --
+in ``ferry_requests_total{model, route, code}``, and every 2xx answer of a model's infer or
+classify route observes ``ferry_stage_latency_ms{stage="total"}``: from the request reaching
+this replica to its response headers leaving (v1 and v2 alike). It also fixes the request's
+id (the client's ``X-Request-ID``, else one made here) in the ASGI scope's state, where
+``ingress.request_id_of`` finds it, so body, header, metrics and logs name the same id.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from typing import Any
+
+from pipeline import metrics
+
+_MODEL_ROUTE = re.compile(
+    r"^/v(?P<v>[12])/models/(?P<model>[^/]+)(?P<version>/versions/[^/]+)?(?P<rest>/[a-z_]+)?$"
+)
+_STATIC = {
+    "/v1/models",
+    "/v2",
+    "/v2/health/live",
+    "/v2/health/ready",
+    "/v2/models/stats",
+    "/v2/repository/index",
+    "/docs",
+    "/openapi.json",
+}
+TIMED = {"/classify", "/infer"}
+
+
+def route_of(path: str) -> tuple[str, str]:
+    """(model, route template) of a request path; the template keeps label values few:
+    ``("digits", "/v2/models/{model}/infer")``, ``("", "/v2/health/ready")``, ``("", "other")``."""
+    m = None if path in _STATIC else _MODEL_ROUTE.match(path)
+    if m:
+        version = "/versions/{version}" if m.group("version") else ""
+        return m.group(
+            "model"
+        ), f"/v{m.group('v')}/models/{{model}}{version}{m.group('rest') or ''}"
+    if path in _STATIC or path.startswith("/docs/"):
+        return "", path if not path.startswith("/docs/") else "/docs/{asset}"
+    return "", "other"
+
+
+def request_id_from(headers: list[tuple[bytes, bytes]]) -> str:
+    """The client's ``X-Request-ID`` (printable, at most 128 characters), else a new one."""
+    for k, v in headers:
+        if k == b"x-request-id":
+            given = v.decode("latin-1")[:128]
+            if given and given.isprintable():
+                return given
+            break
+    return uuid.uuid4().hex
+
+
+class RequestMetrics:
+    """Pure ASGI (no task or stream per request, unlike Starlette's BaseHTTPMiddleware)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        state = scope.setdefault("state", {})
+        if "request_id" not in state:
+            state["request_id"] = request_id_from(scope.get("headers") or [])
+        model, route = route_of(scope["path"])
+        if model:  # only served models become label values (any path is not a series)
+            import deployments.ingress as ingress
+
+            active = ingress.ACTIVE
+            if active is not None and model not in active.models:
+                model = "?"
+        status = [500]
+
+        async def send_counted(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+                if model and 200 <= status[0] < 300 and route.endswith(tuple(TIMED)):
+                    metrics.observe_stage("total", model, (time.perf_counter() - t0) * 1e3)
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_counted)
+        finally:
+            metrics.count_request(model, route, status[0])

@@ -1,0 +1,272 @@
+"""Metrics, the Grafana dashboard and logs of a real Ferry app: Ray's metrics endpoint
+scraped over HTTP, Serve's replica log files read back.
+
+The app is deployed with Serve's own ``logging_config`` (JSON, access log on, a log
+directory of this test's) and a pipeline config that sets none, so Serve's applies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import urllib.request
+
+import httpx
+import numpy as np
+import pytest
+
+from pipeline.imaging import encode_jpeg, encode_png
+from tests.integration.helpers import BASE, ROOT, cpu_config, photos
+
+pytestmark = pytest.mark.integration
+APP = "obs"
+LIMIT = 200_000
+LINE = re.compile(r"^([a-zA-Z_:][\w:]*)(?:\{(.*)\})?\s+(\S+)$")
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+@pytest.fixture(scope="module")
+def app(ray_cluster, tmp_path_factory):
+    from ray import serve
+
+    from deployments.app import build
+
+    logs = str(tmp_path_factory.mktemp("serve_logs"))
+    cfg = cpu_config(ingress={"max_body_bytes": LIMIT})
+    assert cfg.serve_logging_config() is None  # the pipeline config sets no logging
+    serve.run(
+        build(cfg),
+        name=APP,
+        route_prefix="/",
+        logging_config={"encoding": "JSON", "enable_access_log": True, "logs_dir": logs},
+    )
+    yield logs
+    serve.delete(APP)
+
+
+def scrape() -> list[tuple[str, dict, float]]:
+    import ray
+
+    port = ray._private.worker.global_worker.node.metrics_export_port
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+    out = []
+    for line in text.decode().splitlines():
+        m = LINE.match(line)
+        if m and not line.startswith("#"):
+            out.append((m.group(1), dict(LABEL.findall(m.group(2) or "")), float(m.group(3))))
+    return out
+
+
+def total(series, name: str, **labels) -> float:
+    return sum(
+        v for n, lab, v in series if n == name and all(lab.get(k) == x for k, x in labels.items())
+    )
+
+
+def traffic() -> dict[str, int]:
+    """v1 classify (JPEG, PNG), v2 infer, a 413 and a 404: what the scrape must show."""
+    rng = np.random.default_rng(0)
+    digit = rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)
+    n = {"v1": 0, "v2_items": 0, "v2": 0}
+    with httpx.Client(base_url=BASE, timeout=60) as c:
+        for img in list(photos().values())[:2]:
+            for body, ct in (
+                (encode_jpeg(img, 85), "image/jpeg"),
+                (encode_png(digit), "image/png"),
+            ):
+                r = c.post("/v1/models/digits/classify", content=body, headers={"content-type": ct})
+                assert r.status_code == 200, r.text
+                n["v1"] += 1
+        for batch in (1, 3):
+            x = rng.integers(0, 255, (batch, 8, 8, 1)).tolist()
+            req = {
+                "inputs": [
+                    {
+                        "name": "image",
+                        "shape": [batch, 8, 8, 1],
+                        "datatype": "UINT8",
+                        "data": np.asarray(x).ravel().tolist(),
+                    }
+                ]
+            }
+            r = c.post(
+                "/v2/models/digits/infer", json=req, headers={"x-request-id": f"obs-v2-{batch}"}
+            )
+            assert r.status_code == 200, r.text
+            n["v2"] += 1
+            n["v2_items"] += batch
+        r = c.post(
+            "/v1/models/digits/classify",
+            content=b"\xff\xd8" + b"\0" * (LIMIT + 10),
+            headers={"content-type": "image/jpeg"},
+        )
+        assert r.status_code == 413
+        r = c.post(
+            "/v1/models/nosuch/classify",
+            content=encode_png(digit),
+            headers={"content-type": "image/png"},
+        )
+        assert r.status_code == 404
+    return n
+
+
+@pytest.fixture(scope="module")
+def scraped(app):
+    n = traffic()
+    deadline = time.time() + 90
+    while True:  # Ray exports on its own period: wait until this app's numbers are in
+        series = scrape()
+        ok = (
+            total(
+                series,
+                "ray_ferry_requests_total",
+                application=APP,
+                model="digits",
+                route="/v2/models/{model}/infer",
+                code="200",
+            )
+            >= n["v2"]
+            and total(
+                series,
+                "ray_ferry_stage_latency_ms_count",
+                application=APP,
+                stage="total",
+                model="digits",
+            )
+            >= n["v1"] + n["v2"]
+            and total(series, "ray_ferry_rejected_total", application=APP, reason="too_large") >= 1
+            and total(series, "ray_ferry_batch_items_total", application=APP)
+            >= n["v1"] + n["v2_items"]
+        )
+        if ok or time.time() > deadline:
+            return series, n
+        time.sleep(2)
+
+
+def test_requests_are_counted_by_model_route_and_code_with_serves_labels(scraped):
+    series, n = scraped
+    ok_v1 = total(
+        series,
+        "ray_ferry_requests_total",
+        application=APP,
+        model="digits",
+        route="/v1/models/{model}/classify",
+        code="200",
+    )
+    ok_v2 = total(
+        series,
+        "ray_ferry_requests_total",
+        application=APP,
+        model="digits",
+        route="/v2/models/{model}/infer",
+        code="200",
+    )
+    assert (ok_v1, ok_v2) == (n["v1"], n["v2"])
+    assert total(series, "ray_ferry_requests_total", application=APP, code="413") == 1
+    assert total(series, "ray_ferry_requests_total", application=APP, model="?", code="404") == 1
+    ours = [
+        lab
+        for name, lab, _ in series
+        if name == "ray_ferry_requests_total" and lab.get("application") == APP
+    ]
+    assert ours and all(lab["deployment"] == "Ingress" and lab["replica"] for lab in ours)
+    # v1 and v2 both reach stage="total"; per-item stages count every image
+    assert (
+        total(
+            series,
+            "ray_ferry_stage_latency_ms_count",
+            application=APP,
+            stage="total",
+            model="digits",
+        )
+        == n["v1"] + n["v2"]
+    )
+    items = n["v1"] + n["v2_items"]
+    assert (
+        total(
+            series, "ray_ferry_stage_latency_ms_count", application=APP, stage="gpu", model="digits"
+        )
+        == items
+    )
+    assert (
+        total(
+            series,
+            "ray_ferry_stage_latency_ms_count",
+            application=APP,
+            stage="queue",
+            model="digits",
+        )
+        == items
+    )
+    assert (
+        total(
+            series,
+            "ray_ferry_stage_latency_ms_count",
+            application=APP,
+            stage="preprocess",
+            model="digits",
+        )
+        == n["v1"]
+    )
+    # integer batch accounting, exact where the histogram's sum is estimated
+    got = total(series, "ray_ferry_batch_items_total", application=APP, model="digits")
+    assert got == items and got == int(got)
+    batches = total(series, "ray_ferry_batches_total", application=APP, model="digits")
+    assert 1 <= batches <= items
+    assert total(series, "ray_ferry_stage_duration_us_total", application=APP, stage="gpu") > 0
+
+
+def test_gauges_are_per_replica_from_the_start(scraped):
+    series, _ = scraped
+    q = [
+        lab
+        for name, lab, _ in series
+        if name == "ray_ferry_queue_depth" and lab.get("application") == APP
+    ]
+    assert {lab["model"] for lab in q} == {"digits", "resnet50"}  # resnet50 never ran a batch
+    assert all(lab["deployment"] == "Inference" and lab["replica"] for lab in q)
+    pool = [
+        lab
+        for name, lab, _ in series
+        if name == "ray_ferry_pool_bytes_reserved" and lab.get("application") == APP
+    ]
+    assert len(pool) == 1 and pool[0]["deployment"] == "Inference"
+
+
+def test_every_grafana_panel_queries_metrics_the_scrape_exports(scraped):
+    series, _ = scraped
+    exported = {name for name, _, _ in series}
+    with open(os.path.join(ROOT, "deploy", "grafana", "ferry.json")) as f:
+        dash = json.load(f)
+    assert dash["panels"]
+    for panel in dash["panels"]:
+        names = {
+            name for t in panel["targets"] for name in re.findall(r"\b(ray_[a-z_]+)\b", t["expr"])
+        }
+        assert names, panel["title"]
+        if all(n.startswith("ray_ferry_gpu_") for n in names):
+            continue  # NVML series: only GPU replicas export them (tests/gpu has no Ray)
+        missing = names - exported
+        assert not missing, (panel["title"], missing)
+
+
+def test_serves_logging_config_applies_json_lines_carry_the_request_id(scraped, app):
+    logs_dir = app
+    deadline = time.time() + 30
+    found: list[dict] = []
+    while time.time() < deadline and not found:
+        for name in os.listdir(logs_dir):
+            if not name.startswith("replica_") or not name.endswith(".log"):
+                continue
+            with open(os.path.join(logs_dir, name)) as f:
+                for line in f:
+                    rec = json.loads(line)  # JSON encoding: every line one object
+                    if rec.get("request_id") == "obs-v2-3":
+                        found.append(rec)
+        time.sleep(1)
+    assert found, os.listdir(logs_dir)
+    access = [r for r in found if r["message"].startswith("POST /v2/models/{model}/infer 200")]
+    assert len(access) == 1 and access[0]["deployment"].endswith("Ingress")  # access log on
+    assert access[0]["application"] == APP
