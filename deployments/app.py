@@ -74,9 +74,29 @@ def build(config: PipelineConfig) -> serve.Application:
     return Ingress.options(**opts(config.ingress_deployment)).bind(raw, pre, inf, post)
 
 
+def place(config: PipelineConfig) -> PipelineConfig:
+    """Resolve ``replicas_per_gpu`` against the cluster's GPUs and refuse a layout its nodes
+    cannot hold (``pipeline.placement``). Serve builds a config file's application inside the
+    cluster, so Ray is up here; an import path given to ``serve run`` is built before Ray
+    starts, and then only an explicit ``gpus`` count can be resolved."""
+    import ray
+
+    from pipeline import placement
+
+    nodes = []
+    if ray.is_initialized():
+        nodes = [placement.NodeShape.from_ray(n) for n in ray.nodes() if n.get("Alive")]
+    gpus = sum(n.gpus for n in nodes) if nodes else None
+    config = placement.resolve(config, gpus)
+    if nodes:
+        for note in placement.check_fits(config, nodes):
+            logger.warning("%s", note)
+    return config
+
+
 def build_app(args: dict[str, Any] | None = None) -> serve.Application:
     """The Serve application builder (``import_path: deployments.app:build_app``)."""
-    config = load_config(args)
+    config = place(load_config(args))
     logger.info(
         "building Ferry: models %s on %s", [m.name for m in config.models], config.executor.backend
     )

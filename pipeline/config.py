@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -98,11 +98,27 @@ class DeploymentOptions(_Strict):
     """GPUs per replica; fractions share one device."""
     env_vars: dict[str, str] = Field(default_factory=dict)
     """Environment of the replica processes (e.g. FERRY_AUTH_TOKEN for the ingress)."""
+    replicas_per_gpu: int | None = Field(None, ge=1, le=64)
+    """Replicas on each GPU instead of ``num_replicas`` and ``num_gpus``: the stage gets
+    ``replicas_per_gpu x gpus`` replicas of ``1/replicas_per_gpu`` GPU each (``gpus`` of the
+    pipeline config; ``"auto"`` counts the cluster's GPUs when the application is built), so
+    one config fits a node of one GPU and a node of eight."""
+    resources: dict[str, float] = Field(default_factory=dict)
+    """Custom Ray resources each replica needs, e.g. ``{cpu_pool: 1}`` to keep the ingress on
+    nodes started with ``--resources '{"cpu_pool": 64}'``."""
+    label_selector: dict[str, str] = Field(default_factory=dict)
+    """Ray node labels the replicas must run on (``ray start --labels``; KubeRay sets
+    ``ray.io/node-group``), e.g. ``{ray.io/node-group: cpu}`` for the ingress of the split form."""
     switch_interval_ms: float | None = Field(None, gt=0.0, le=100.0)
     """Python's GIL switch interval in the replica processes (``sys.setswitchinterval``);
     ``None`` keeps Python's 5 ms. A replica whose worker threads keep the GIL busy makes its
     event loop -- where Serve takes calls and hands back answers -- wait up to this long
     each time it wants the GIL back; a shorter interval trades some CPU for that wait."""
+
+    @property
+    def holds_gpu(self) -> bool:
+        """A GPU share, given or to come from ``replicas_per_gpu``."""
+        return self.num_gpus > 0 or self.replicas_per_gpu is not None
 
     def apply_in_process(self) -> None:
         """What of these options acts inside the replica process: called by each stage's
@@ -120,10 +136,25 @@ class DeploymentOptions(_Strict):
             )
         if self.autoscaling_config is None and self.num_replicas is None:
             raise ValueError("one of num_replicas or autoscaling_config is required")
+        if self.replicas_per_gpu is not None:
+            given = {"num_replicas", "num_gpus", "autoscaling_config"} & self.model_fields_set
+            if given:
+                raise ValueError(
+                    f"replicas_per_gpu ({self.replicas_per_gpu}) sets the replica count and GPU "
+                    f"share; do not also give {sorted(given)}"
+                )
         return self
 
     def serve_options(self) -> dict[str, Any]:
+        if self.replicas_per_gpu is not None:
+            raise ValueError(
+                "replicas_per_gpu is resolved against a GPU count first (pipeline.placement.resolve)"
+            )
         actor: dict[str, Any] = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus}
+        if self.resources:
+            actor["resources"] = dict(self.resources)
+        if self.label_selector:
+            actor["label_selector"] = dict(self.label_selector)
         # With gRPC between deployments (RAY_SERVE_THROUGHPUT_OPTIMIZED=1) a replica refuses
         # calls over 4 MB by default -- one large photo, or a coalesced group of small ones
         # -- so every stage takes what its callers can send; its own env_vars win.
@@ -254,6 +285,9 @@ class PipelineConfig(_Strict):
     preprocess_deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
     inference_deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
     postprocess_deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
+    gpus: Annotated[int, Field(ge=1, le=4096)] | Literal["auto"] = "auto"
+    """GPUs the deployments with ``replicas_per_gpu`` spread over; ``auto``: all the cluster's
+    GPUs when the application is built. Unused by deployments that give ``num_replicas``."""
     warmup: bool = True
     """Plan every bucket (and capture its CUDA graph) before the inference replica reports healthy."""
     access_log: bool | None = None
@@ -293,6 +327,9 @@ class PipelineConfig(_Strict):
             raise ValueError(
                 f"batching.max_batch_size ({mb}) exceeds the largest bucket ({self.executor.buckets[-1]})"
             )
+        from .placement import check_pools
+
+        check_pools(self)  # the pools of replicas sharing a GPU fit it together
         fu = self.fusion
         if fu.preprocess_in_ingress and fu.preprocess_in_inference:
             raise ValueError(
@@ -307,13 +344,13 @@ class PipelineConfig(_Strict):
             gpu_pre
             and fu.preprocess_in_inference
             and not fu.inference_in_ingress  # then the ingress holds the GPU share
-            and self.inference_deployment.num_gpus <= 0
+            and not self.inference_deployment.holds_gpu
         ):
             raise ValueError(
                 "preprocess.device is 'gpu' with fusion.preprocess_in_inference but "
                 f"inference_deployment.num_gpus is {self.inference_deployment.num_gpus}"
             )
-        if gpu_pre and not fu.preprocess_in_inference and self.preprocess_deployment.num_gpus <= 0:
+        if gpu_pre and not fu.preprocess_in_inference and not self.preprocess_deployment.holds_gpu:
             raise ValueError(
                 "preprocess.device is 'gpu' but preprocess_deployment.num_gpus is "
                 f"{self.preprocess_deployment.num_gpus}; give it a GPU share"
@@ -324,7 +361,7 @@ class PipelineConfig(_Strict):
                     "fusion.inference_in_ingress needs fusion.preprocess_in_inference and "
                     "fusion.postprocess_in_inference: the whole pipeline in one process"
                 )
-            if gpu_pre and self.ingress_deployment.num_gpus <= 0:
+            if gpu_pre and not self.ingress_deployment.holds_gpu:
                 raise ValueError(
                     "preprocess.device is 'gpu' with fusion.inference_in_ingress but "
                     f"ingress_deployment.num_gpus is {self.ingress_deployment.num_gpus}"

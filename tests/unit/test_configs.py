@@ -9,6 +9,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from pipeline import placement
 from pipeline.config import DeploymentOptions, ExecutorConfig, PipelineConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -30,6 +31,7 @@ def test_serve_configs_validate(name):
     (app,) = raw["applications"]
     assert app["import_path"] == "deployments.app:build_app"
     cfg = PipelineConfig.model_validate(app["args"]["config"])
+    cfg = placement.resolve(cfg, 1)  # as built on a node with one GPU
     assert {m.name for m in cfg.models} == {"digits", "resnet50"}
     if name == "serve_config.yaml":
         assert cfg.executor.backend == "numpy" and raw["http_options"]["host"] == "127.0.0.1"
@@ -253,8 +255,12 @@ def test_inference_in_ingress_needs_the_whole_pipeline_and_a_gpu_share_for_gpu_d
     gpu = {"preprocess": {"device": "gpu"}, "fusion": whole}
     with pytest.raises(ValidationError, match="ingress_deployment.num_gpus"):
         PipelineConfig.model_validate(gpu)
-    # the GPU share is the ingress's: the inference deployment is not used
-    PipelineConfig.model_validate({**gpu, "ingress_deployment": {"num_gpus": 0.125}})
+    # the GPU share is the ingress's: the inference deployment is not used; eight replicas
+    # share the GPU, so their pools must fit it together
+    share = {**gpu, "ingress_deployment": {"num_gpus": 0.125}}
+    with pytest.raises(ValidationError, match="8 replicas on one GPU"):
+        PipelineConfig.model_validate(share)
+    PipelineConfig.model_validate({**share, "executor": {"pool_limit_fraction": 0.118}})
 
 
 def test_inference_in_ingress_builds_one_deployment():
@@ -268,6 +274,7 @@ def test_inference_in_ingress_builds_one_deployment():
                 "inference_in_ingress": True,
             },
             "ingress_deployment": {"num_replicas": 3, "num_gpus": 0.25},
+            "executor": {"pool_limit_fraction": 0.2},
         }
     )
     ingress = build(cfg)._bound_deployment
