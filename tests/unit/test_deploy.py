@@ -92,7 +92,7 @@ def test_rayservice_serve_config_validates_and_is_the_gpu_config():
     cfg = PipelineConfig.model_validate(app["args"]["config"])
     gpu = yaml.safe_load(_text("serve_config.gpu.yaml"))
     assert serve_cfg == gpu  # the same file: one edit does not leave the other behind
-    assert cfg.executor.backend == "cupy" and cfg.ingress_deployment.num_gpus > 0
+    assert cfg.executor.backend == "cupy" and cfg.ingress_deployment.holds_gpu
 
 
 def test_rayservice_pods_run_the_image_with_serves_two_variables():
