@@ -17,7 +17,9 @@ DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, use_attribute_docstrings=True
+    )
 
 
 class ExecutorConfig(_Strict):
@@ -276,15 +278,25 @@ class PipelineConfig(_Strict):
     )
     """Models served; each is loaded into every inference replica."""
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
+    """The GPU actor's core: device, pool, streams, buckets, CUDA graphs."""
     batching: BatchingConfig = Field(default_factory=BatchingConfig)
+    """How the inference stage forms GPU batches."""
     ingress: IngressConfig = Field(default_factory=IngressConfig)
+    """The HTTP front: coalescing, body and pixel limits, timeouts."""
     preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
+    """Decoding and resizing: where, with what, on how many threads."""
     transport: TransportConfig = Field(default_factory=TransportConfig)
+    """How tensors move between GPU stages (NCCL or the object store)."""
     fusion: FusionConfig = Field(default_factory=FusionConfig)
+    """Stages run inside a neighbour instead of a deployment of their own."""
     ingress_deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
+    """Serve options of the ingress (of the one deployment with ``fusion.inference_in_ingress``)."""
     preprocess_deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
+    """Serve options of the Preprocess (or PreprocessGPU) deployment, where there is one."""
     inference_deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
+    """Serve options of the Inference deployment (the GPU actor), where there is one."""
     postprocess_deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
+    """Serve options of the Postprocess deployment, where there is one."""
     gpus: Annotated[int, Field(ge=1, le=4096)] | Literal["auto"] = "auto"
     """GPUs the deployments with ``replicas_per_gpu`` spread over; ``auto``: all the cluster's
     GPUs when the application is built. Unused by deployments that give ``num_replicas``."""

@@ -297,3 +297,19 @@ def test_serves_logging_config_applies_unless_the_pipeline_sets_one():
         "log_level": "WARNING",
         "encoding": "TEXT",
     }
+
+
+def test_field_docstrings_reach_the_json_schema():
+    """Each field's docstring is its description in the schema (editors, `serve` tooling)."""
+    schema = PipelineConfig.model_json_schema()
+    ex = schema["$defs"]["ExecutorConfig"]["properties"]
+    assert "hard limit of the device pool" in ex["pool_limit_fraction"]["description"].lower()
+    dep = schema["$defs"]["DeploymentOptions"]["properties"]
+    assert "replicas on each gpu" in dep["replicas_per_gpu"]["description"].lower()
+    undocumented = [
+        f"{name}.{field}"
+        for name, d in [("PipelineConfig", schema), *schema["$defs"].items()]
+        for field, p in d.get("properties", {}).items()
+        if not p.get("description")
+    ]
+    assert undocumented == [], undocumented
