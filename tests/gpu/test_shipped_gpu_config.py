@@ -1,0 +1,102 @@
+"""`serve run serve_config.gpu.yaml` exactly as shipped, with the two Serve variables its header
+names: it becomes ready, answers classify and v2 for both models, and takes a burst of clients."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+URL = "http://127.0.0.1:8000"
+ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory):
+    from loadtest.run import start_app, stop_app, wait_ready
+
+    log = tmp_path_factory.mktemp("shipped") / "serve.log"
+    proc = start_app("serve_config.gpu.yaml", str(log), ENV)
+    try:
+        if not wait_ready(URL, 420, proc):
+            pytest.fail(f"not ready:\n{log.read_text(errors='replace')[-4000:]}")
+        yield log
+    finally:
+        stop_app(proc)
+        subprocess.run(["pkill", "-f", "haproxy"], capture_output=True)  # outlives `ray stop`
+
+
+def test_classify_and_v2_answer_for_both_models(shipped):
+    import httpx
+    import skimage.data
+
+    from pipeline.imaging import encode_jpeg, encode_png
+    from pipeline.models import digits
+
+    r = httpx.post(
+        URL + "/v1/models/resnet50/classify?top_k=3",
+        content=encode_jpeg(skimage.data.chelsea()),
+        headers={"content-type": "image/jpeg"},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert len(body["top_k"]) == 3 and body["model"] == "resnet50"
+    _, _, xte, yte = digits.load_split()
+    r = httpx.post(
+        URL + "/v1/models/digits/classify",
+        content=encode_png(xte[0]),
+        headers={"content-type": "image/png"},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["top_k"][0]["label"] == str(int(yte[0]))
+    meta = httpx.get(URL + "/v2/models/digits", timeout=10).json()
+    (inp,) = meta["inputs"]
+    shape = [4 if d == -1 else d for d in inp["shape"]]
+    x = np.zeros(shape, dtype=np.uint8) if inp["datatype"] == "UINT8" else np.zeros(shape)
+    req = {
+        "inputs": [
+            {
+                "name": inp["name"],
+                "shape": shape,
+                "datatype": inp["datatype"],
+                "data": x.ravel().tolist(),
+            }
+        ]
+    }
+    r = httpx.post(URL + "/v2/models/digits/infer", json=req, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["outputs"][0]["shape"][0] == 4
+
+
+def test_a_burst_of_256_clients_is_answered_without_errors(shipped):
+    import httpx
+    import skimage.data
+
+    from pipeline.imaging import encode_jpeg
+
+    jpeg = encode_jpeg(skimage.data.chelsea())
+
+    async def main():
+        async with httpx.AsyncClient(base_url=URL, timeout=120) as c:
+            return await asyncio.gather(
+                *(
+                    c.post(
+                        "/v1/models/resnet50/classify",
+                        content=jpeg,
+                        headers={"content-type": "image/jpeg"},
+                    )
+                    for _ in range(256)
+                )
+            )
+
+    rs = asyncio.run(main())
+    assert [r.status_code for r in rs] == [200] * 256, [r.text for r in rs if r.status_code != 200][
+        :3
+    ]
+    sizes = [r.json()["batch_size"] for r in rs]
+    assert max(sizes) > 1  # the burst rode in shared GPU batches
