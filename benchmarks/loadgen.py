@@ -1,9 +1,11 @@
-"""A closed-loop HTTP load generator: N clients over P processes, aiohttp, one image.
+"""A closed-loop HTTP load generator: N clients over P processes, aiohttp, images cycled.
 
     python benchmarks/loadgen.py --url http://127.0.0.1:8000/v1/models/resnet50/classify \
-        --image chelsea.jpg --clients 64 --seconds 30 [--procs 4] [--warmup 3]
+        --image chelsea.jpg [--image more.jpg ...] --clients 64 --seconds 30 [--procs 4] [--warmup 3]
 
-Each client sends a request, waits for the answer, sends the next. It reports img/s
+Each client sends a request, waits for the answer, sends the next; with several images each
+client cycles through all of them, starting at its own (clients hold different images at
+any moment). It reports img/s
 (answers per second), p50/p99 latency, errors by status, and the generator's own CPU use
 (user+system seconds per wall second, per process), so it can be shown not to be the
 bottleneck. Run it as its own process: it imports nothing of Ray.
@@ -19,6 +21,7 @@ import os
 import resource
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -26,12 +29,13 @@ import numpy as np
 
 async def _clients(
     url: str,
-    body: bytes,
+    bodies: Sequence[bytes],
     headers: dict[str, str],
     n: int,
     seconds: float,
     warmup: float,
     timings: dict[str, float] | None = None,
+    first: int = 0,
 ) -> tuple[list[float], dict[str, int], int]:
     import aiohttp
 
@@ -43,11 +47,13 @@ async def _clients(
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as s:
 
-        async def client() -> None:
+        async def client(i: int) -> None:
             while True:
                 t0 = time.perf_counter()
                 if t0 >= stop_at:
                     return
+                body = bodies[i % len(bodies)]
+                i += 1
                 try:
                     async with s.post(url, data=body, headers=headers) as r:
                         payload = await r.read()
@@ -65,16 +71,16 @@ async def _clients(
                     else:
                         errors[str(status)] = errors.get(str(status), 0) + 1
 
-        await asyncio.gather(*(client() for _ in range(n)))
+        await asyncio.gather(*(client(first + c) for c in range(n)))
     return lat, errors, n
 
 
 def _proc(args: tuple, q: Any) -> None:
-    url, body, headers, n, seconds, warmup, collect = args
+    url, bodies, headers, n, seconds, warmup, collect, first = args
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     timings: dict[str, float] | None = {} if collect else None
-    lat, errors, _ = asyncio.run(_clients(url, body, headers, n, seconds, warmup, timings))
+    lat, errors, _ = asyncio.run(_clients(url, bodies, headers, n, seconds, warmup, timings, first))
     wall = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
@@ -83,7 +89,7 @@ def _proc(args: tuple, q: Any) -> None:
 
 def run(
     url: str,
-    body: bytes,
+    body: bytes | Sequence[bytes],
     content_type: str,
     clients: int,
     seconds: float,
@@ -92,17 +98,22 @@ def run(
     extra_headers: dict[str, str] | None = None,
     collect_timings: bool = False,
 ) -> dict[str, Any]:
+    """``clients`` closed-loop clients for ``seconds`` after ``warmup``; ``body`` is one
+    request body or several, cycled."""
+    bodies = (body,) if isinstance(body, bytes) else tuple(body)
     procs = procs or max(1, min(clients // 32 + 1, os.cpu_count() or 1, 8))
     procs = min(procs, clients)
     headers = {"content-type": content_type, **(extra_headers or {})}
     shares = [clients // procs + (1 if i < clients % procs else 0) for i in range(procs)]
+    firsts = [sum(shares[:i]) for i in range(procs)]  # client c starts at image c
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     ps = [
         ctx.Process(
-            target=_proc, args=((url, body, headers, n, seconds, warmup, collect_timings), q)
+            target=_proc,
+            args=((url, bodies, headers, n, seconds, warmup, collect_timings, first), q),
         )
-        for n in shares
+        for n, first in zip(shares, firsts, strict=True)
     ]
     for p in ps:
         p.start()
@@ -151,17 +162,19 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--url", required=True)
-    ap.add_argument("--image", required=True)
+    ap.add_argument("--image", required=True, action="append", help="repeat to cycle several")
     ap.add_argument("--content-type", default="image/jpeg")
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--warmup", type=float, default=3)
     ap.add_argument("--procs", type=int, default=None)
     args = ap.parse_args()
-    with open(args.image, "rb") as f:
-        body = f.read()
+    bodies = []
+    for path in args.image:
+        with open(path, "rb") as f:
+            bodies.append(f.read())
     res = run(
-        args.url, body, args.content_type, args.clients, args.seconds, args.procs, args.warmup
+        args.url, bodies, args.content_type, args.clients, args.seconds, args.procs, args.warmup
     )
     print(json.dumps(res))
     return 0

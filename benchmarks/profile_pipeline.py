@@ -128,8 +128,14 @@ def main() -> int:
         help="the body: a digit PNG, or chelsea as a 451x300 JPEG (auto: by model); chelsea "
         "to the digits model costs a photo's decode but almost no inference",
     )
-    ap.add_argument("--out", default=None, help="append the result to this JSON file")
-    ap.add_argument("--label", default="", help="the result's name in --out")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="add the result to this JSON file (benchmarks/results/profile_pipeline.json "
+        "keeps one entry per experiment, each with its runs by --label)",
+    )
+    ap.add_argument("--experiment", default="default", help="the experiment's name in --out")
+    ap.add_argument("--label", default="", help="the run's name within its experiment")
     ap.add_argument(
         "--spy",
         default=None,
@@ -143,15 +149,14 @@ def main() -> int:
         "second over the rate is the share of time its GIL was held",
     )
     args = ap.parse_args()
-    import numpy as np
     import ray
     import yaml
     from ray import serve
 
     from benchmarks import loadgen
-    from benchmarks.common import busy_cores_since
     from deployments.app import build_app
-    from pipeline.imaging import encode_jpeg, encode_png
+    from loadtest.cores import busy_cores_since
+    from pipeline.imaging import encode_png
 
     with open(args.config) as f:
         raw = yaml.safe_load(f)
@@ -166,9 +171,9 @@ def main() -> int:
 
         body, ct = encode_png(load_split()[2][0]), "image/png"
     else:
-        import skimage.data
+        from loadtest.corpus import chelsea
 
-        body, ct = encode_jpeg(np.ascontiguousarray(skimage.data.chelsea()), 90), "image/jpeg"
+        body, ct = chelsea().bodies[0], "image/jpeg"
     url = f"http://127.0.0.1:{args.port}/v1/models/{args.model}/classify"
     loadgen.run(url, body, ct, 4, 2, warmup=0.5)  # warm
     pids = ray_processes()
@@ -213,9 +218,10 @@ def main() -> int:
         from benchmarks.common import machine, today, write_json
 
         doc = json.load(open(args.out)) if os.path.exists(args.out) else {}
-        doc.setdefault("machine", machine())
-        doc.setdefault("date", today())
-        doc.setdefault("results", {})[args.label or args.config] = result
+        exp = doc.setdefault("experiments", {}).setdefault(args.experiment, {})
+        exp.setdefault("machine", machine())
+        exp.setdefault("date", today())
+        exp.setdefault("results", {})[args.label or args.config] = result
         write_json(args.out, doc)
     serve.shutdown()
     ray.shutdown()

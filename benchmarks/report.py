@@ -1,4 +1,5 @@
-"""Write benchmarks/RESULTS.md from the JSON files in benchmarks/results/.
+"""Write benchmarks/RESULTS.md from the JSON files in benchmarks/results/: one section per
+benchmark, its current result only (earlier runs are in git history).
 
 python benchmarks/report.py
 """
@@ -32,10 +33,6 @@ def md_table(rows: list[dict], cols: list[tuple[str, str]]) -> str:
     return "\n".join(out)
 
 
-RUN_COLS = [("img/s", "img_s"), ("p50 ms", "p50_ms"), ("p99 ms", "p99_ms"), ("errors", "errors")]
-"""A load level's numbers, after whatever names the row."""
-
-
 def notes_of(stem: str) -> list[str]:
     """``["", text]`` of results/{stem}_notes.md, to follow a section's tables; ``[]`` without one."""
     path = os.path.join(RES, f"{stem}_notes.md")
@@ -66,194 +63,115 @@ BREAKDOWN_KEYS = [
 ]
 
 
-def breakdown_table(bd: dict[str, dict], first: str) -> list[str]:
-    """Rows of ``"system@clients"`` -> mean ms per stage, ordered by clients."""
-    lines = [f"| {first} | " + " | ".join(BREAKDOWN_KEYS) + " |"]
+def breakdown_table(bd: dict[str, dict]) -> list[str]:
+    """Rows of ``"system@corpus@clients"`` -> mean ms per stage, ordered by clients."""
+    lines = ["| clients | " + " | ".join(BREAKDOWN_KEYS) + " |"]
     lines.append("|" + "---|" * (len(BREAKDOWN_KEYS) + 1))
-    for k in sorted(bd, key=lambda x: int(x.split("@")[1])):
+    for k in sorted(bd, key=lambda x: int(x.rsplit("@", 1)[1])):
         cells = " | ".join(f"{bd[k][x]:.1f}" if x in bd[k] else "-" for x in BREAKDOWN_KEYS)
-        lines.append(f"| {k.split('@')[1]} | {cells} |")
+        lines.append(f"| {k.rsplit('@', 1)[1]} | {cells} |")
     return lines
 
 
-def e2e_section(e2e: dict, goals: bool = True) -> list[str]:
-    rows = e2e["rows"]
-    systems = list(dict.fromkeys(r["system"] for r in rows))
-    clients = sorted({r["clients"] for r in rows})
+def level_table(rows: list[dict], clients: list[int], cell) -> list[str]:
+    """One row per system, one column per client count; ``cell(row)`` fills a measured one."""
     by = {(r["system"], r["clients"]): r for r in rows}
-    lines = [
-        f"Machine: {e2e['machine']}; {e2e['date']}. Image: {e2e['image']}.",
-        f"Method: {e2e['method']}.",
-        "",
-    ]
-    for k, v in e2e.get("runs", {}).items():
-        lines.append(f"* {k}: {v}.")
-    lines += ["", "img/s (p50 / p99 ms) by concurrent clients:", ""]
-    head = "| system | " + " | ".join(f"{c} clients" for c in clients) + " |"
-    lines += [head, "|" + "---|" * (len(clients) + 1)]
-    for s in systems:
-        cells = []
-        for c in clients:
-            r = by.get((s, c))
-            if r is None:
-                cells.append("not measured")
-            elif not r["img_s"]:
-                cells.append("0 answered within the window")
-            else:
-                cells.append(
-                    f"{r['img_s']:,.0f} ({r['p50_ms']:.0f} / {r['p99_ms']:.0f})"
-                    + (f", {r['errors']} err" if r["errors"] else "")
-                )
+    lines = ["| system | " + " | ".join(f"{c}" for c in clients) + " |"]
+    lines.append("|" + "---|" * (len(clients) + 1))
+    for s in dict.fromkeys(r["system"] for r in rows):
+        cells = [cell(by[(s, c)]) if (s, c) in by else "not measured" for c in clients]
         lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def run_cell(r: dict) -> str:
+    if not r["img_s"]:
+        return "0 answered within the window"
+    return f"{r['img_s']:,.0f} ({r['p50_ms']:.0f} / {r['p99_ms']:.0f})" + (
+        f", {r['errors']} err" if r["errors"] else ""
+    )
+
+
+def goals_of(rows: list[dict], corpus: str) -> list[str]:
+    """The end-to-end goals (issue 18) that this corpus's rows can judge."""
     peak = peaks(rows)
-    if "ferry" in peak and goals:
+    f = {r["clients"]: r for r in rows if r["system"] == "ferry"}
+    out = []
+    if corpus == "chelsea":
+        out.append(f"* Ferry's peak: {peak['ferry']:,.0f} img/s (goal >= 10,000).")
+    expert = {s: v for s, v in peak.items() if s.startswith("rayserve_expert")}
+    if expert:
+        best = max(expert, key=expert.get)
+        out.append(
+            f"* vs the expert Ray Serve app at its best replica count ({best}, {expert[best]:,.0f}): "
+            f"{peak['ferry'] / expert[best]:.2f}x (goal >= 1.5x)."
+        )
+    if 256 in f:
+        out.append(f"* p99 at 256 clients: {f[256]['p99_ms']:.0f} ms (goal <= 100 ms).")
+    if 1 in f:
+        out.append(f"* p50 at one client: {f[1]['p50_ms']:.1f} ms (goal <= 5 ms).")
+    if 1024 in f:
+        out.append(
+            f"* at 1,024 clients: {f[1024]['img_s'] / peak['ferry'] * 100:.0f}% of the peak, "
+            f"{f[1024]['errors']} errors (goal >= 95%, none)."
+        )
+    return out
+
+
+def e2e_section(e2e: dict) -> list[str]:
+    rows = e2e["rows"]
+    lines = [f"Machine: {e2e['machine']}; {e2e['date']}. Method: {e2e['method']}.", ""]
+    lines += [f"* corpus `{k}`: {v}." for k, v in e2e["corpora"].items()]
+    lines += [f"* {k}: {v}." for k, v in e2e.get("runs", {}).items()]
+    bd = e2e.get("ferry_breakdown", {})
+    for corpus in e2e["corpora"]:
+        part = [r for r in rows if r["corpus"] == corpus]
+        if not part:
+            continue
+        clients = sorted({r["clients"] for r in part})
+        peak = peaks(part)
         lines += [
             "",
-            "Peak throughput and Ferry's ratio to each system (same machine, the two runs above):",
+            f"### Corpus `{corpus}`",
+            "",
+            "img/s (p50 / p99 ms) by concurrent clients:",
             "",
         ]
-        lines += ["| system | peak img/s | Ferry / system |", "|---|---|---|"]
-        for s in systems:
-            lines.append(f"| {s} | {peak[s]:,.0f} | {peak['ferry'] / peak[s]:.2f}x |")
-        f = {c: by[("ferry", c)] for c in clients if ("ferry", c) in by}
-        goals = []
-        goals.append(f"* Ferry peak {peak['ferry']:,.0f} img/s (goal >= 5,000).")
-        defaults = [s for s in ("rayserve_batch_1rep", "rayserve_batch_4rep") if s in peak]
-        if defaults:
-            best_def = max(peak[s] for s in defaults)
-            goals.append(
-                f"* vs the usual app on Ray Serve's defaults (best of 1 and 4 replicas, {best_def:,.0f}): "
-                f"{peak['ferry'] / best_def:.1f}x (goal >= 25x)."
-            )
-        strong = [s for s in peak if "haproxy" in s]
-        if strong:
-            best = max(peak[s] for s in strong)
-            goals.append(
-                f"* vs its strongest form (HAProxy, best replica count, {best:,.0f}): "
-                f"{peak['ferry'] / best:.1f}x (goal >= 3x)."
-            )
-        if 256 in f:
-            goals.append(f"* p99 at 256 clients: {f[256]['p99_ms']:.0f} ms (goal <= 100 ms).")
-        if 512 in f:
-            goals.append(
-                f"* at 512 clients: {f[512]['img_s'] / peak['ferry'] * 100:.0f}% of the peak (goal >= 95%)."
-            )
-        if 1 in f:
-            goals.append(f"* p50 at one client: {f[1]['p50_ms']:.1f} ms (goal <= 8 ms).")
-        lines += ["", "Against the goals:", ""] + goals
-    cpu = [max(r.get("loadgen_cpu_per_proc") or [0]) for r in rows]
-    if cpu:
+        lines += level_table(part, clients, run_cell)
+        if "ferry" in peak:
+            lines += ["", "| system | peak img/s | Ferry / system |", "|---|---|---|"]
+            lines += [f"| {s} | {v:,.0f} | {peak['ferry'] / v:.2f}x |" for s, v in peak.items()]
+            lines += ["", "Against the goals:", "", *goals_of(part, corpus)]
+        cpu = max(max(r.get("loadgen_cpu_per_proc") or [0]) for r in part)
         lines += [
             "",
-            f"Load generator: its busiest process used at most {max(cpu):.2f} of a core (user+system "
+            f"Load generator: its busiest process used at most {cpu:.2f} of a core (user+system "
             "per wall second) in any row, so it was not the bottleneck.",
-        ]
-    busy = [r for r in rows if r.get("machine_busy_cores") is not None]
-    if busy:
-        lines += [
             "",
-            "Busy CPU cores on the node during each level (every process: load generator, HAProxy, "
-            "replicas; of 16):",
+            "Busy CPU cores on the node during each level (every process: load generator, "
+            "HAProxy, replicas):",
             "",
-            "| system | " + " | ".join(f"{c}" for c in clients) + " |",
-            "|" + "---|" * (len(clients) + 1),
         ]
-        for s in systems:
-            cells = [
-                f"{by[(s, c)]['machine_busy_cores']:.1f}"
-                if (s, c) in by and by[(s, c)].get("machine_busy_cores") is not None
-                else "-"
-                for c in clients
+        lines += level_table(
+            part,
+            clients,
+            lambda r: (
+                "-" if r.get("machine_busy_cores") is None else f"{r['machine_busy_cores']:.1f}"
+            ),
+        )
+        picks = {k: v for k, v in bd.items() if k.startswith(f"ferry@{corpus}@")}
+        if picks:
+            lines += [
+                "",
+                "Where a request's time goes in `ferry` (mean ms, from the answers' `timings_ms`): "
+                "`ingress` is arrival to the group leaving the ingress (body, checks, coalescing), "
+                "`queue` the wait for a GPU batch, `gpu` the batch from submission to its result "
+                "on the host, `hops` what is left (HAProxy, the answer's way back, and Serve calls "
+                "where a placement has them); `hop_in` and `hop_out` are the parts of `hops` "
+                "before and after the inference stage.",
+                "",
+                *breakdown_table(picks),
             ]
-            lines.append(f"| {s} | " + " | ".join(cells) + " |")
-    bd = e2e.get("ferry_breakdown", {})
-    picks = [k for k in bd if k.startswith("ferry@")]
-    if not picks:  # runs of other Ferry forms: a table per form
-        picks = list(bd)
-    if picks:
-        lines += [
-            "",
-            "Where a request's time goes in Ferry (mean ms, from the answers' `timings_ms`): `ingress` is "
-            "arrival to the group leaving the ingress (body, checks, coalescing), `queue` the wait for a GPU "
-            "batch, `gpu` the batch from submission to its result on the host, `hops` what is left: Serve "
-            "calls and transfers between stages, HAProxy, the answer's way back; where the inference replica "
-            "answers, `hop_in` and `hop_out` are the parts of `hops` spent on the Serve call to it and on "
-            "the way back.",
-            "",
-        ]
-        for system in dict.fromkeys(k.split("@")[0] for k in picks):
-            if system != "ferry":
-                lines += [f"`{system}`:", ""]
-            lines += breakdown_table(
-                {k: bd[k] for k in picks if k.split("@")[0] == system}, "clients"
-            )
-            lines.append("")
-    prof = e2e.get("profile_512")
-    if prof:
-        cpu = ", ".join(
-            f"{k.replace('ServeReplica:ferry:', '')} {v:.2f}"
-            for k, v in prof["cpu_ms_per_request"].items()
-            if v >= 0.01
-        )
-        lines += [
-            f"Profile: {prof['what']}. {prof['load']['img_s']:,.0f} img/s; CPU ms per request: {cpu} "
-            f"(total {prof['cpu_ms_per_request_total']:.2f}); the node's busy cores "
-            f"{prof['machine_busy_cores']:.1f} of {prof['machine_cores']}.",
-        ]
-    return lines
-
-
-def fused_section(e2e: dict) -> list[str]:
-    rows = e2e["rows"]
-    lines = [
-        f"Machine: {e2e['machine']}; {e2e['date']}. Image: {e2e['image']}. One run, 20 s per "
-        "level; `ferry_fused` is `benchmarks/configs/ferry_e2e_fused.yaml` (decode in 9 ingress "
-        "replicas, answers from the inference replica: one Serve hop per call instead of three).",
-        "",
-        md_table(rows, [("system", "system"), ("clients", "clients"), *RUN_COLS]),
-    ]
-    peak = peaks(rows)
-    if len(peak) == 2:
-        a, b = list(peak)
-        lines += [
-            "",
-            f"Peak: {a} {peak[a]:,.0f}, {b} {peak[b]:,.0f} img/s: {peak[a] / peak[b]:.2f}x.",
-        ]
-    bd = e2e.get("ferry_breakdown", {})
-    if bd:
-        lines += ["", *breakdown_table(bd, "ferry_fused clients")]
-    lines += notes_of("e2e_fused")
-    return lines
-
-
-def gpu_decode_section(e2e: dict) -> list[str]:
-    """The GPU-decode pipeline end to end, from its own runs (e2e_gpu_decode.json)."""
-    rows = e2e["rows"]
-    lines = [
-        f"Machine: {e2e['machine']}; {e2e['date']}. Image: {e2e['image']}. Method: "
-        f"{e2e['method']}.",
-        "",
-    ]
-    for k, v in e2e.get("runs", {}).items():
-        lines.append(f"* run {k}: {v}.")
-    if e2e.get("not_measured"):
-        lines.append(f"* Not measured: {e2e['not_measured']}.")
-    lines += [
-        "",
-        md_table(rows, [("system", "system"), ("run", "run"), ("clients", "clients"), *RUN_COLS]),
-        "",
-    ]
-    peak = peaks(rows)
-    if "ferry_gpu_decode" in peak:
-        f = peak["ferry_gpu_decode"]
-        ratios = ", ".join(
-            f"{s} {v:,.0f} ({f / v:.2f}x)" for s, v in peak.items() if s != "ferry_gpu_decode"
-        )
-        lines += [f"Peak img/s: ferry_gpu_decode {f:,.0f}; ferry_gpu_decode / {ratios}.", ""]
-    bd = e2e.get("ferry_breakdown", {})
-    for system in dict.fromkeys(k.split("@")[0] for k in bd):
-        part = {k: v for k, v in bd.items() if k.startswith(system + "@")}
-        lines += [*breakdown_table(part, f"{system} clients"), ""]
     return lines
 
 
@@ -277,14 +195,11 @@ def decode_section(dec: dict) -> list[str]:
 
 
 def profile_inference_section(prof: dict) -> list[str]:
-    def rows_of(rs: list[dict]) -> list[dict]:
-        out = []
-        for r in rs:
-            d = {k: r[k] for k in ("group", "img_s", "cpu_ms_per_img", "event_loop_ms_per_img")}
-            d["event_loop_busy"] = f"{r['event_loop_busy']:.0%}"
-            out.append(d)
-        return out
-
+    rows = []
+    for r in prof["rows"]:
+        d = {k: r[k] for k in ("group", "img_s", "cpu_ms_per_img", "event_loop_ms_per_img")}
+        d["event_loop_busy"] = f"{r['event_loop_busy']:.0%}"
+        rows.append(d)
     cols = [
         ("images per call", "group"),
         ("img/s", "img_s"),
@@ -292,13 +207,11 @@ def profile_inference_section(prof: dict) -> list[str]:
         ("event loop ms / img", "event_loop_ms_per_img"),
         ("event loop busy", "event_loop_busy"),
     ]
-    lines = [f"{prof['machine']}; {prof['date']}. {prof['method']}.", ""]
-    for key, label in (("first", "first"), ("earlier", "then"), (None, "as committed")):
-        part = prof if key is None else prof.get(key)
-        if not part:
-            continue
-        lines += [f"{label}, {part['code']}:", "", md_table(rows_of(part["rows"]), cols), ""]
-    return lines
+    return [
+        f"{prof['machine']}; {prof['date']}. {prof['method']}; {prof['code']}.",
+        "",
+        md_table(rows, cols),
+    ]
 
 
 def profile_pairs_section(doc: dict) -> list[str]:
@@ -324,6 +237,14 @@ def profile_pairs_section(doc: dict) -> list[str]:
     ]
     out = [f"{doc['machine']}; {doc['date']}. {doc.get('method', '')}", "", md_table(rows, cols)]
     return out + ["", doc["summary"]] if doc.get("summary") else out
+
+
+def profile_pipeline_section(doc: dict) -> list[str]:
+    """profile_pipeline.json: one experiment per A/B change, each run one row."""
+    lines = []
+    for exp in doc["experiments"].values():
+        lines += [f"### {exp['title']}", "", *profile_pairs_section(exp), ""]
+    return lines
 
 
 def serve_hop_section(doc: dict) -> list[str]:
@@ -382,59 +303,21 @@ def transport_section(tr: dict) -> list[str]:
     return lines
 
 
-def run_section(stem: str, title: str, body: list[str]) -> list[str]:
-    """A section of end-to-end runs: its table, then results/{stem}.png and {stem}_notes.md."""
-    while body and not body[-1]:
-        body = body[:-1]
-    out = [f"## {title}", "", *body, "", f"![{stem}](results/{stem}.png)", ""]
-    notes = notes_of(stem)
-    if notes:
-        out += [*notes[1:], ""]
-    return out
-
-
-def main() -> int:
+def render() -> str:
     out = [
         "# Benchmark results",
         "",
         "Regenerate with `python benchmarks/report.py`; the numbers come from "
-        "`benchmarks/results/*.json`, each written by the benchmark named in its section, on the machine it names.",
+        "`benchmarks/results/*.json`, each written by the benchmark named in its section, on the "
+        "machine it names. One section per benchmark, its current result; earlier and "
+        "superseded runs are in git history (`git log -- benchmarks/results`).",
         "",
     ]
     e2e = load("e2e.json")
     if e2e:
-        out += run_section("e2e", "End to end over HTTP (`bench_e2e.py`)", e2e_section(e2e))
-    for stem, title in (  # earlier runs and forms: their tables, without the goals
-        ("e2e_onehop", "How `ferry` became one deployment: the diagnostic run"),
-        (
-            "e2e_split",
-            "The previous session's run: `ferry` in the split form, 6 ingress and 4 inference replicas",
-        ),
-        ("e2e_diag", "How the split form got its replica counts: the diagnostic run"),
-        (
-            "e2e_2inf",
-            "An earlier run: the split form with 10 ingress and 2 inference replicas",
-        ),
-        ("e2e_earlier", "Earlier end to end: four deployments, JPEGs decoded on CPU threads"),
-    ):
-        doc = load(f"{stem}.json")
-        if doc:
-            out += run_section(stem, f"{title} (`{stem}.json`)", e2e_section(doc, goals=False))
-    fused = load("e2e_fused.json")
-    if fused:
-        out += [
-            "## Fused stages, end to end (`bench_e2e.py --systems ferry_fused,...`)",
-            "",
-            *fused_section(fused),
-            "",
-        ]
-    gd = load("e2e_gpu_decode.json")
-    if gd:
-        out += run_section(
-            "e2e_gpu_decode",
-            "JPEG decode on the GPU, end to end: the runs that led to `ferry` (`e2e_gpu_decode.json`)",
-            gpu_decode_section(gd),
-        )
+        out += ["## End to end over HTTP (`bench_e2e.py`)", "", *e2e_section(e2e), ""]
+        out += ["![e2e](results/e2e.png)", ""]
+        out += [*notes_of("e2e")[1:], ""]
     dec = load("decode.json")
     if dec:
         out += ["## Decode and resize, one process (`bench_decode.py`)", "", *decode_section(dec)]
@@ -442,23 +325,18 @@ def main() -> int:
     prof = load("profile_inference.json")
     if prof:
         out += [
-            "## The inference replica alone (`profile_inference.py`)",
+            "## The inference stage alone (`profile_inference.py`)",
             "",
             *profile_inference_section(prof),
+            "",
         ]
-    for name, title in (
-        ("profile_coalesce.json", "The ingress's in-flight bound"),
-        ("profile_dispatch_idle.json", "Ingress groups leave at once when idle"),
-        ("profile_fastpath.json", "POST classify past FastAPI"),
-        ("profile_throughput_mode.json", "Serve's throughput-optimized mode"),
-        ("profile_switch_interval.json", "A shorter GIL switch interval in the replicas"),
-        ("profile_one_process.json", "The whole pipeline in the ingress replica"),
-        ("profile_metrics_buffer.json", "Metrics handed to Ray from their own thread"),
-        ("profile_jpeg_header.json", "A JPEG's size read in Python on the event loop"),
-    ):
-        doc = load(name)
-        if doc:
-            out += [f"## {title} (`profile_pipeline.py`)", "", *profile_pairs_section(doc), ""]
+    pp = load("profile_pipeline.json")
+    if pp:
+        out += [
+            "## Where the CPU goes, A/B on two cores (`profile_pipeline.py`)",
+            "",
+            *profile_pipeline_section(pp),
+        ]
     hop = load("serve_hop.json")
     if hop:
         out += [
@@ -547,22 +425,33 @@ def main() -> int:
             ),
             "",
         ]
-    sc = load("serve_check.json")
-    if sc:
-        a, b = sc["clients_64_30s"], sc["clients_256_15s"]
+    lg = load("loadgen.json")
+    if lg:
         out += [
-            "## Serving check (issue 4)",
+            "## The load generators (`bench_loadgen.py`)",
             "",
-            f"{sc['config']}; {sc['image']}; {sc['load_generator']}.",
+            f"{lg['machine']}; {lg['date']}. {lg['method']}.",
             "",
-            f"* 64 clients, 30 s: {a['img_s']:,.0f} img/s, p50 {a['p50_ms']:.0f} ms, p99 {a['p99_ms']:.0f} ms, {a['errors']} errors.",
-            f"* 256 clients, 15 s: {b['img_s']:,.0f} img/s, p50 {b['p50_ms']:.0f} ms, p99 {b['p99_ms']:.0f} ms, {b['errors']} errors.",
-            f"* one client: {sc['one_client_response']['timings_ms']}",
+            md_table(
+                lg["rows"],
+                [
+                    ("generator", "generator"),
+                    ("req/s", "req_s"),
+                    ("CPU ms / request", "cpu_ms_per_request"),
+                ],
+            ),
+            "",
+            f"locust costs {lg['locust_cpu_per_request_vs_loadgen']:.2f}x loadgen's CPU per request.",
             "",
         ]
-    with open(os.path.join(HERE, "RESULTS.md"), "w") as f:
-        f.write("\n".join(out))
-    print(os.path.join(HERE, "RESULTS.md"))
+    return "\n".join(out)
+
+
+def main() -> int:
+    path = os.path.join(HERE, "RESULTS.md")
+    with open(path, "w") as f:
+        f.write(render())
+    print(path)
     return 0
 
 

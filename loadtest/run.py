@@ -60,17 +60,12 @@ def write_summary(
     return path
 
 
-def plot(rows: list[dict[str, Any]], path: str, title: str = "") -> str:
-    """Two panels against concurrency (log x): throughput, and p50 (dashed) / p99 (solid)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def draw(a: Any, b: Any, rows: list[dict[str, Any]], title: str = "") -> None:
+    """Throughput on axes ``a`` and p50 (dashed) / p99 (solid) on ``b``, against concurrency
+    (log x), one line per system."""
     systems = sorted(
         {r["system"] for r in rows}, key=lambda s: [r["system"] for r in rows].index(s)
     )
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
     for s in systems:
         rs = sorted((r for r in rows if r["system"] == s), key=lambda r: r["clients"])
         x = [r["clients"] for r in rs]
@@ -87,17 +82,43 @@ def plot(rows: list[dict[str, Any]], path: str, title: str = "") -> str:
             color=line.get_color(),
             label=f"{s} p50",
         )
-    a.set(xscale="log", xlabel="concurrent clients", ylabel="images / s", title="throughput")
+    prefix = f"{title}: " if title else ""
+    a.set(
+        xscale="log", xlabel="concurrent clients", ylabel="images / s", title=prefix + "throughput"
+    )
     b.set(
         xscale="log",
         yscale="log",
         xlabel="concurrent clients",
         ylabel="latency (ms)",
-        title="p50 (dashed), p99",
+        title=prefix + "p50 (dashed), p99",
     )
     a.grid(True, alpha=0.3)
     b.grid(True, alpha=0.3, which="both")
     a.legend(fontsize=8)
+
+
+def plot(
+    rows: list[dict[str, Any]], path: str, title: str = "", split_by: str | None = None
+) -> str:
+    """Two panels against concurrency: throughput, and p50 / p99; with ``split_by`` (a row
+    field, e.g. ``corpus``) one pair of panels per value of it, in one figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = (
+        {"": rows}
+        if split_by is None
+        else {
+            v: [r for r in rows if r.get(split_by) == v]
+            for v in dict.fromkeys(r.get(split_by) for r in rows)
+        }
+    )
+    fig, axes = plt.subplots(len(groups), 2, figsize=(12, 4.5 * len(groups)), squeeze=False)
+    for (label, part), (a, b) in zip(groups.items(), axes, strict=True):
+        draw(a, b, part, str(label) if split_by else "")
     if title:
         fig.suptitle(title)
     fig.tight_layout()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: every tests/gpu test this machine can run, a CPU + py-spy profile of a
 # pipeline under load, and bench_e2e.py for the systems in $SYSTEMS; everything under $OUT.
-#   TESTS=0 SPY=1 SPY_GIL=1 SYSTEMS=ferry_1inf,ferry,ferry_3inf PROFILE_CONFIG=... PROFILE_CLIENTS=256 bash scripts/gpu_diag.sh
+#   TESTS=0 SPY=1 SPY_GIL=1 SYSTEMS=ferry,ferry_split PROFILE_CONFIG=... PROFILE_CLIENTS=256 bash scripts/gpu_diag.sh
 set -u
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"

@@ -134,56 +134,6 @@ def test_gpu_preprocessing_needs_a_gpu_share_and_wires_inference_to_it():
     assert plain.init_args[1]._bound_deployment.name == "Preprocess"
 
 
-FERRY_SYSTEMS = {  # system -> (its ingress replicas, its inference replicas)
-    "ferry": (8, None),  # the whole pipeline in the ingress replicas
-    "ferry_onehop12": (12, None),
-    "ferry_split": (6, 4),
-    "ferry_1inf": (6, 1),
-    "ferry_2inf": (6, 2),
-    "ferry_3inf": (6, 3),
-    "ferry_5inf": (6, 5),
-    "ferry_8ing": (8, 4),
-    "ferry_10ing": (10, 4),
-    "ferry_switch1": (6, 4),
-    "ferry_8groups": (6, 4),
-    "ferry_naive": (8, None),
-    "ferry_4stage": (6, 1),
-    "ferry_fused": (9, 1),
-}
-
-
-@pytest.mark.parametrize("system", FERRY_SYSTEMS)
-def test_benchmark_serve_configs_validate(system):
-    """Each Ferry system of bench_e2e.py, as the file it hands `serve run` (overrides applied)."""
-    from ray.serve.schema import ServeDeploySchema
-
-    from benchmarks.bench_e2e import SYSTEMS, serve_config
-
-    path = serve_config(system, SYSTEMS[system])
-    try:
-        raw = _load(path)
-    finally:
-        os.unlink(path)
-    ServeDeploySchema.model_validate(raw)
-    cfg = PipelineConfig.model_validate(raw["applications"][0]["args"]["config"])
-    assert cfg.executor.backend == "cupy"
-    assert (cfg.executor.mode == "naive") == (system == "ferry_naive")
-    cpus = cfg.ingress_deployment.num_cpus * cfg.ingress_deployment.num_replicas
-    inf = cfg.inference_deployment
-    if cfg.fusion.inference_in_ingress:  # one deployment holds the GPU
-        inf = cfg.ingress_deployment
-        assert FERRY_SYSTEMS[system] == (inf.num_replicas, None)
-    else:
-        cpus += inf.num_cpus * inf.num_replicas
-        assert (cfg.ingress_deployment.num_replicas, inf.num_replicas) == FERRY_SYSTEMS[system]
-    assert inf.num_gpus * inf.num_replicas <= 1  # one H200
-    assert cfg.executor.pool_limit_fraction * inf.num_replicas <= 0.95  # the pools share one GPU
-    fu = cfg.fusion
-    if not (fu.preprocess_in_ingress or fu.preprocess_in_inference):
-        cpus += cfg.preprocess_deployment.num_cpus * cfg.preprocess_deployment.num_replicas
-    assert cpus <= 14  # leaves the 16-core GPU node room for HAProxy and the load generator
-
-
 def test_preprocess_in_inference_wires_one_hop_and_checks_the_gpu_share():
     from deployments.app import build
 

@@ -1,9 +1,11 @@
-"""Load shapes (tick sequences) and the summary/plot writer on a synthetic locust CSV."""
+"""Load shapes, the summary/plot writer on a synthetic locust CSV, busy cores, the corpora."""
 
 from __future__ import annotations
 
 import json
 import os
+
+import pytest
 
 from loadtest import run as runner
 from loadtest.shapes import Pulse, SlowClients, StepRamp
@@ -96,3 +98,36 @@ def test_plot_draws_a_level_that_answered_nothing(tmp_path):
     throughput, latency = seen[0]
     assert throughput == [[1, 512]]
     assert latency == [[1], [1]]
+
+
+def test_busy_cores_counts_a_spinning_thread():
+    import time
+
+    from loadtest.cores import busy_cores_since
+
+    mark, cores = busy_cores_since()
+    assert cores == 0.0
+    end = time.monotonic() + 0.4
+    while time.monotonic() < end:  # this process keeps one core busy
+        pass
+    _, cores = busy_cores_since(mark)
+    assert 0.6 <= cores <= (os.cpu_count() or 1) + 0.1
+
+
+def test_photos_corpus_is_distinct_real_photos_in_the_size_range():
+    import simplejpeg
+
+    from loadtest.corpus import corpus
+
+    c = corpus("photos")
+    assert c.name == "photos" and len(c.bodies) >= 16
+    assert len(set(c.bodies)) == len(c.bodies)  # distinct images
+    for body, (w, h) in zip(c.bodies, c.sizes, strict=True):
+        hh, ww, _, _ = simplejpeg.decode_jpeg_header(body)
+        assert (ww, hh) == (w, h)
+        assert 640 <= w <= 1920 and 480 <= h <= 1080
+    assert {s for s in c.sizes} >= {(640, 480), (1920, 1080)}
+    assert 50_000 < c.mean_bytes < 400_000 and "quality 85" in c.description
+    assert corpus("chelsea").sizes == ((451, 300),)
+    with pytest.raises(ValueError, match="unknown corpus"):
+        corpus("nope")

@@ -1,0 +1,130 @@
+"""bench_e2e's systems and overrides, and report.py: what the benchmarks hand `serve run`
+and write, checked without running them (no Ray cluster, no GPU)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import yaml
+
+from benchmarks import report
+from benchmarks.bench_e2e import SYSTEMS, apply_sets, parse_sets, row_name, serve_config
+from pipeline.config import PipelineConfig
+
+FERRY_SYSTEMS = {  # system -> (its ingress replicas, its inference replicas)
+    "ferry": (8, None),  # the whole pipeline in the ingress replicas
+    "ferry_split": (6, 4),
+    "ferry_4stage": (6, 1),
+    "ferry_naive": (8, None),
+}
+
+
+def _served(system: str, sets: dict | None = None) -> dict:
+    path = serve_config(system, SYSTEMS[system], sets)
+    try:
+        with open(path) as f:
+            return yaml.safe_load(f)
+    finally:
+        os.unlink(path)
+
+
+def test_the_systems_are_ferrys_placements_and_the_peers():
+    assert {s for s, v in SYSTEMS.items() if v["kind"] == "ferry"} == set(FERRY_SYSTEMS)
+    peers = {s for s, v in SYSTEMS.items() if v["kind"] == "peer"}
+    assert {"rayserve_expert_4", "rayserve_expert_8", "rayserve_expert_12"} <= peers
+    assert {"rayserve_batch_1rep", "rayserve_batch_haproxy_8rep"} <= peers
+
+
+@pytest.mark.parametrize("system", FERRY_SYSTEMS)
+def test_benchmark_serve_configs_validate(system):
+    """Each Ferry system of bench_e2e.py, as the file it hands `serve run`."""
+    from ray.serve.schema import ServeDeploySchema
+
+    raw = _served(system)
+    ServeDeploySchema.model_validate(raw)
+    cfg = PipelineConfig.model_validate(raw["applications"][0]["args"]["config"])
+    assert cfg.executor.backend == "cupy"
+    assert (cfg.executor.mode == "naive") == (system == "ferry_naive")
+    cpus = cfg.ingress_deployment.num_cpus * cfg.ingress_deployment.num_replicas
+    inf = cfg.inference_deployment
+    if cfg.fusion.inference_in_ingress:  # one deployment holds the GPU
+        inf = cfg.ingress_deployment
+        assert FERRY_SYSTEMS[system] == (inf.num_replicas, None)
+    else:
+        cpus += inf.num_cpus * inf.num_replicas
+        assert (cfg.ingress_deployment.num_replicas, inf.num_replicas) == FERRY_SYSTEMS[system]
+    assert inf.num_gpus * inf.num_replicas <= 1  # one H200
+    assert cfg.executor.pool_limit_fraction * inf.num_replicas <= 0.95  # the pools share one GPU
+    fu = cfg.fusion
+    if not (fu.preprocess_in_ingress or fu.preprocess_in_inference):
+        cpus += cfg.preprocess_deployment.num_cpus * cfg.preprocess_deployment.num_replicas
+    assert cpus <= 14  # leaves the 16-core GPU node room for HAProxy and the load generator
+
+
+def test_set_overrides_reach_the_served_config_and_name_the_rows():
+    sets = parse_sets(
+        ["executor.max_in_flight=4", "ingress_deployment.num_replicas=12", "batching.x.y=[1, 2]"]
+    )
+    assert sets == {
+        "executor.max_in_flight": 4,
+        "ingress_deployment.num_replicas": 12,
+        "batching.x.y": [1, 2],
+    }
+    cfg = _served("ferry", {"executor.max_in_flight": 4, "ingress_deployment.num_replicas": 12})
+    pipeline = cfg["applications"][0]["args"]["config"]
+    assert pipeline["executor"]["max_in_flight"] == 4
+    assert pipeline["ingress_deployment"]["num_replicas"] == 12
+    assert pipeline["executor"]["pool_limit_fraction"] == 0.113  # the rest as in the file
+    PipelineConfig.model_validate(pipeline)
+    assert row_name("ferry", SYSTEMS["ferry"], {"executor.max_in_flight": 4}) == (
+        "ferry[executor.max_in_flight=4]"
+    )
+    assert row_name("ferry", SYSTEMS["ferry"], {}) == "ferry"
+    assert row_name("rayserve_expert_8", SYSTEMS["rayserve_expert_8"], sets) == "rayserve_expert_8"
+    assert apply_sets({}, {"a.b.c": 1}) == {"a": {"b": {"c": 1}}}
+    with pytest.raises(ValueError, match="not a section"):
+        apply_sets({"a": 3}, {"a.b": 1})
+    for bad in ("executor.max_in_flight", "=3", ".x=1"):
+        with pytest.raises(ValueError, match="section.key=value"):
+            parse_sets([bad])
+
+
+def test_peer_configs_name_their_module_and_replicas():
+    from ray.serve.schema import ServeDeploySchema
+
+    raw = _served("rayserve_expert_12")
+    ServeDeploySchema.model_validate(raw)
+    (app,) = raw["applications"]
+    assert app["import_path"] == "benchmarks.peers.rayserve_expert:build_app"
+    assert app["args"] == {"replicas": 12}
+
+
+def test_report_regenerates_results_md_byte_for_byte():
+    with open(os.path.join(report.HERE, "RESULTS.md")) as f:
+        assert f.read() == report.render()
+
+
+def test_report_has_one_section_per_benchmark_and_rows_carry_their_corpus():
+    heads = [ln for ln in report.render().splitlines() if ln.startswith("## ")]
+    assert len(heads) == len(set(heads))
+    e2e = report.load("e2e.json")
+    assert all(r["corpus"] in e2e["corpora"] for r in e2e["rows"])
+    assert len(os.listdir(report.RES)) <= 20
+
+
+def test_expert_peer_loads_without_torch_and_sizes_its_batches():
+    import sys
+
+    from benchmarks.peers import rayserve_expert as expert
+
+    app = expert.build_app({"replicas": 8})._bound_deployment
+    assert app.num_replicas == 8 and app.ray_actor_options["num_gpus"] == 0.125
+    assert app.max_ongoing_requests >= expert.BUCKETS[-1]  # a full batch can form
+    assert [expert.bucket_of(n) for n in (1, 8, 9, 32, 33, 128)] == [8, 8, 32, 32, 128, 128]
+    with pytest.raises(ValueError):
+        expert.bucket_of(129)
+    assert expert.resized_size(300, 451) == (256, 384)  # torchvision's Resize(256)
+    assert expert.resized_size(1920, 1080) == (455, 256)
+    if "torch" not in sys.modules:  # nothing above needed it
+        assert "torchvision" not in sys.modules
