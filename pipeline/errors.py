@@ -98,6 +98,11 @@ class ModelNotFound(FerryError):
     http_status = 404
 
 
+class ModelRefused(InvalidInput):
+    """A model file Ferry cannot run (an op, attribute, opset or dtype it does not support),
+    refused when the model loads; the fields name the node, the op and what is supported."""
+
+
 __all__ = [
     "FerryError",
     "InvalidInput",
@@ -109,4 +114,5 @@ __all__ = [
     "DeviceError",
     "TransportError",
     "ModelNotFound",
+    "ModelRefused",
 ]

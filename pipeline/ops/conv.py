@@ -3,7 +3,8 @@
 Inputs: ``x`` [N, H, W, C], weights ``w`` [Kp, Cout] (Kp = KH*KW*C rounded up to 8; the
 rows are ordered (kh, kw, c) and the padding rows are zero), ``bias`` float32 [Cout], and
 an optional ``residual`` [N, OH, OW, Cout]. The epilogue fuses bias, residual and ReLU in
-one pass. Attributes: ``kernel`` (kh, kw), ``stride``, ``padding``, ``act``,
+one pass. Attributes: ``kernel`` (kh, kw), ``stride``, ``padding``, ``act`` (relu / none,
+or any activation of ``activation.py`` with its ``alpha`` / ``beta``),
 ``max_workspace_bytes``, and ``target`` ("cuda" or "host", which sizes the workspace).
 
 The im2col kernel handles padding and stride itself and writes straight into the
@@ -23,6 +24,7 @@ import numpy as np
 
 from ..errors import InvalidInput
 from . import _cuda
+from .activation import check_act, epilogue_cuda, epilogue_host
 from .base import (
     FLOAT_DTYPES,
     Op,
@@ -178,9 +180,7 @@ class Conv2d(Op):
                 stride=(sh, sw),
                 padding=(ph, pw),
             )
-        act = attrs.get("act", "none")
-        if act not in ("relu", "none"):
-            raise InvalidInput("conv2d: act must be 'relu' or 'none'", act=act)
+        check_act(self.name, attrs)  # relu / none, or any activation of activation.py
         target = attrs.get("target", "cuda")
         if target not in ("cuda", "host"):
             raise InvalidInput("conv2d: target must be 'cuda' or 'host'", target=target)
@@ -299,7 +299,11 @@ class Conv2d(Op):
                 )
                 np.copyto(dst, src)
                 np.matmul(cols[:r], w, out=out2[n0 * g.oh * g.ow : n0 * g.oh * g.ow + r])
-        bias_act_host(out, out, b, res, plan.attr("act", "none") == "relu")
+        act = plan.attr("act", "none")
+        if act in ("relu", "none"):
+            bias_act_host(out, out, b, res, act == "relu")
+        else:
+            epilogue_host(out, out, b, res, act, plan.attr("alpha", 0.0), plan.attr("beta", 0.0))
 
     # -- CUDA
     def _run_cuda(
@@ -354,7 +358,11 @@ class Conv2d(Op):
                 _cuda.gemm_rowmajor(
                     stream, cols_ptr, w_ptr, out_ptr + row0 * g.cout * item, rows, g.cout, g.kp, dt
                 )
-        bias_act_cuda(out, out, b, res, plan.attr("act", "none") == "relu")
+        act = plan.attr("act", "none")
+        if act in ("relu", "none"):
+            bias_act_cuda(out, out, b, res, act == "relu")
+        else:
+            epilogue_cuda(out, out, b, res, act, plan.attr("alpha", 0.0), plan.attr("beta", 0.0))
 
 
 CONV2D = Conv2d()

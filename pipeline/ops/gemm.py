@@ -1,7 +1,8 @@
 """GEMM through cuBLAS (``cublasGemmEx``, fp32 accumulation), with a fused bias/ReLU epilogue.
 
 A is [M, K], B is [K, N] (weights are stored pre-transposed at load time), both row-major;
-an optional float32 bias [N]. On the CPU, ``numpy.matmul`` into the output.
+an optional float32 bias [N]; ``act`` is relu / none or any activation of ``activation.py``.
+On the CPU, ``numpy.matmul`` into the output.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import numpy as np
 
 from ..errors import InvalidInput
 from . import _cuda
+from .activation import check_act, epilogue_cuda, epilogue_host
 from .base import FLOAT_DTYPES, Op, OpPlan, TensorSpec, check_dtype, check_positive, check_rank
 from .elementwise import bias_act_cuda, bias_act_host
 
@@ -38,9 +40,7 @@ class Gemm(Op):
             check_dtype(self.name, "bias", bias, ("float32",))
             if bias.shape != (n,):
                 raise InvalidInput("gemm: bias must be [N]", bias=bias.shape, n=n)
-        act = attrs.get("act", "none")
-        if act not in ("relu", "none"):
-            raise InvalidInput("gemm: act must be 'relu' or 'none'", act=act)
+        check_act(self.name, attrs)  # relu / none, or any activation of activation.py
         out = TensorSpec((m, n), a.dtype)
         return OpPlan(
             self.name,
@@ -58,9 +58,11 @@ class Gemm(Op):
         out = outputs[0]
         np.matmul(inputs[0], inputs[1], out=out)
         bias = inputs[2] if len(inputs) == 3 else None
-        relu = plan.attr("act", "none") == "relu"
-        if bias is not None or relu:
-            bias_act_host(out, out, bias, None, relu)
+        act = plan.attr("act", "none")
+        if act not in ("relu", "none"):
+            epilogue_host(out, out, bias, None, act, plan.attr("alpha", 0.0), plan.attr("beta", 0.0))
+        elif bias is not None or act == "relu":
+            bias_act_host(out, out, bias, None, act == "relu")
 
     def _run_cuda(
         self,
@@ -75,9 +77,11 @@ class Gemm(Op):
         n = plan.inputs[1].shape[1]
         _cuda.gemm_rowmajor(stream, _cuda.ptr(a), _cuda.ptr(b), _cuda.ptr(out), m, n, k, a.dtype)
         bias = inputs[2] if len(inputs) == 3 else None
-        relu = plan.attr("act", "none") == "relu"
-        if bias is not None or relu:
-            bias_act_cuda(out, out, bias, None, relu)
+        act = plan.attr("act", "none")
+        if act not in ("relu", "none"):
+            epilogue_cuda(out, out, bias, None, act, plan.attr("alpha", 0.0), plan.attr("beta", 0.0))
+        elif bias is not None or act == "relu":
+            bias_act_cuda(out, out, bias, None, act == "relu")
 
 
 GEMM = Gemm()

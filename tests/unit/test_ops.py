@@ -165,7 +165,7 @@ def test_conv2d_chunks_bound_the_workspace():
                 TensorSpec((72, 4), "float32"),
                 TensorSpec((4,), "float32"),
             ),
-            {"kernel": 3, "act": "gelu"},
+            {"kernel": 3, "act": "mish"},
             "act",
         ),
     ],

@@ -1,0 +1,293 @@
+"""ONNX files into Ferry's native graph of two-phase ops.
+
+    model = load_onnx("model.onnx")                 # read, check, fold, fuse; refuses here
+    g = model.graph()                               # input: the model's own tensor (v2)
+    g = model.graph(ImageFeed(mean, std))           # input: uint8 NHWC images, normalised inside
+
+Loading checks the opset, the single input's dtype (float32), every op and attribute, and
+plans the built graph once for the CPU and once for the GPU, so anything Ferry cannot run is
+refused now (``ModelRefused`` naming the node, the op and what is supported) and never when
+a request comes. The batch dimension (dynamic, or the file's fixed one) becomes Ferry's:
+every bucket plans the same graph. Everything else -- names, dtypes and shapes of the
+inputs and outputs -- comes from the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidInput
+from ..graph import COMPUTE_DTYPE, Graph
+from ..ops.image import NORMALIZE
+from ..ops.layout import TRANSPOSE
+from . import onnx_emit_nn, onnx_emit_tensor  # noqa: F401  (register their handlers)
+from .onnx_emit import HANDLERS, TO_NHWC, Emitter
+from .onnx_fold import Folder
+from .onnx_fuse import Fuser
+from .onnx_ir import BATCH, INode, Val, refuse
+
+OPSETS = (11, 23)  # default-domain opset versions accepted, inclusive
+FOLDED_OPS = (
+    "Constant",
+    "Identity",
+    "Dropout",
+    "Shape",
+    "Size",
+    "Gather",
+    "Range",
+    "ConstantOfShape",
+    "any op on constants",
+)
+PATTERNS = ("Relu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Erf", "Gelu")
+
+
+def supported_ops() -> tuple[str, ...]:
+    return tuple(sorted(set(HANDLERS) - {"Act", "ChannelShuffle"} | set(PATTERNS)))
+
+
+@dataclass(frozen=True)
+class OnnxTensor:
+    """A named input or output of the file: numpy dtype name, shape with -1 as the batch."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ImageFeed:
+    """Feed uint8 NHWC images; ``(x / 255 - mean) / std`` runs inside the graph."""
+
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+@dataclass
+class OnnxModel:
+    path: str
+    name: str
+    opset: int
+    inputs: tuple[OnnxTensor, ...]
+    outputs: tuple[OnnxTensor, ...]
+    static_batch: int | None  # the file's fixed batch size, None where it is dynamic
+    nodes: list[INode] = field(repr=False)
+    consts: dict[str, np.ndarray] = field(repr=False)
+
+    def graph(self, image: ImageFeed | None = None) -> Graph:
+        """Ferry's graph; with ``image``, its input is uint8 [N, H, W, C] images."""
+        inp = self.inputs[0]
+        item = inp.shape[1:]
+        g: Graph
+        if image is not None:
+            if len(item) != 4 - 1 or item[0] not in (1, 3):
+                raise InvalidInput("an image feed needs a [N, 1|3, H, W] input", input=inp.shape)
+            c, h, w = item
+            if len(image.mean) != c or len(image.std) != c:
+                raise InvalidInput(
+                    "mean/std need one value per channel",
+                    channels=c,
+                    mean=image.mean,
+                    std=image.std,
+                )
+            g = Graph(self.name, "image", (h, w, c), "uint8")
+            t = g.add(
+                NORMALIZE,
+                ["image"],
+                "normalize",
+                mean=tuple(image.mean),
+                std=tuple(image.std),
+                layout="nhwc",
+                dtype=COMPUTE_DTYPE,
+            )
+            first = Val(t, (BATCH, *item), True, (h, w, c))
+        else:
+            g = Graph(self.name, inp.name, item, inp.dtype)
+            perm = TO_NHWC if len(inp.shape) == 4 else tuple(range(len(inp.shape)))
+            t = g.add(TRANSPOSE, [inp.name], "input", perm=perm, dtype=COMPUTE_DTYPE)
+            nhwc = len(inp.shape) == 4
+            phys = (item[1], item[2], item[0]) if nhwc else item
+            first = Val(t, (BATCH, *item), nhwc, phys)
+        em = Emitter(g, self.consts)
+        em.static_batch, em.opset, em.float32_out = self.static_batch, self.opset, set()
+        em.vals[inp.name] = first
+        for node in self.nodes:
+            handler = HANDLERS.get(node.op)
+            if handler is None:
+                raise refuse(node, "this op is not supported", supported=supported_ops())
+            handler(em, node)
+        outs = []
+        for o in self.outputs:
+            v = em.plain(em.val(None, o.name)) if o.name in em.vals else None  # type: ignore[arg-type]
+            if v is None:
+                raise refuse(None, "a model output is not computed from the input", output=o.name)
+            outs.append(em.tensor(v, v.item))
+        if len(set(outs)) != len(outs) or g.input_name in outs:
+            raise refuse(
+                None,
+                "two outputs are one tensor, or an output is the input",
+                outputs=[o.name for o in self.outputs],
+            )
+        g.set_outputs(*outs)
+        return g
+
+    def op_kinds(self, image: ImageFeed | None = None) -> list[str]:
+        """The op names of the built graph, in order (views included)."""
+        return [n.op.name for n in self.graph(image).nodes]
+
+
+def _np_dtype(elem_type: int) -> str:
+    import onnx
+
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).name
+
+
+def _shape(vi: Any) -> tuple[Any, ...] | None:
+    t = vi.type.tensor_type
+    if not t.HasField("shape"):
+        return None
+    dims: list[Any] = []
+    for k, d in enumerate(t.shape.dim):
+        if k == 0:
+            dims.append(BATCH)
+        elif d.HasField("dim_value"):
+            dims.append(int(d.dim_value))
+        else:
+            dims.append(None)
+    return tuple(dims)
+
+
+def load_onnx(path: str, name: str | None = None) -> OnnxModel:
+    """Read, check, fold and fuse an ONNX file; refuse what Ferry cannot run."""
+    import onnx
+
+    if not os.path.isfile(path):
+        raise InvalidInput("ONNX file not found", path=path)
+    try:
+        model = onnx.load(path)
+        onnx.checker.check_model(model)
+    except Exception as exc:
+        raise refuse(
+            None, "not a valid ONNX model", path=path, error=f"{type(exc).__name__}: {exc}"
+        ) from None
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if not OPSETS[0] <= opset <= OPSETS[1]:
+        raise refuse(None, "unsupported opset", opset=opset, supported=f"{OPSETS[0]}..{OPSETS[1]}")
+    if model.functions:
+        from onnx import inliner
+
+        model = inliner.inline_local_functions(model)
+    with contextlib.suppress(Exception):  # shapes are inferred node by node too; a help
+        model = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    gr = model.graph
+    inits = {i.name for i in gr.initializer}
+    ins = [i for i in gr.input if i.name not in inits]
+    if len(ins) != 1:
+        raise refuse(
+            None, "a model with exactly one input is supported", inputs=[i.name for i in ins]
+        )
+    inp = ins[0]
+    dtype = _np_dtype(inp.type.tensor_type.elem_type)
+    if dtype != "float32":
+        raise refuse(
+            None,
+            "the model input must be float32",
+            input=inp.name,
+            dtype=dtype,
+            supported="float32",
+        )
+    dims = inp.type.tensor_type.shape.dim
+    if len(dims) < 2 or any(not d.HasField("dim_value") for d in list(dims)[1:]):
+        raise refuse(
+            None,
+            "the input needs a batch and fixed other dimensions",
+            input=inp.name,
+            shape=[d.dim_value or d.dim_param or "?" for d in dims],
+        )
+    static_batch = int(dims[0].dim_value) if dims[0].HasField("dim_value") else None
+    in_shape = (-1, *(int(d.dim_value) for d in list(dims)[1:]))
+
+    shapes: dict[str, tuple[Any, ...]] = {}
+    for vi in [*gr.input, *gr.value_info, *gr.output]:
+        s = _shape(vi)
+        if s is not None and vi.name not in inits:
+            shapes[vi.name] = s
+    folder = Folder(gr, shapes, opset)
+    nodes = folder.run()
+    out_names = [folder.resolve(o.name) for o in gr.output]
+    nodes = Fuser(nodes, folder.consts, shapes, set(out_names)).run()
+    nodes = _topo(nodes, inp.name, folder.consts)
+
+    outputs = []
+    for o, resolved in zip(gr.output, out_names, strict=True):
+        odt = _np_dtype(o.type.tensor_type.elem_type)
+        if odt not in ("float32", "float16"):
+            raise refuse(None, "model outputs must be float", output=o.name, dtype=odt)
+        s = shapes.get(o.name) or ()
+        outputs.append((o.name, resolved, tuple(-1 if d == BATCH else (d if d else 0) for d in s)))
+    m = OnnxModel(
+        path=path,
+        name=name or os.path.splitext(os.path.basename(path))[0],
+        opset=opset,
+        inputs=(OnnxTensor(inp.name, dtype, in_shape),),
+        outputs=tuple(OnnxTensor(r, "float32", s) for _o, r, s in outputs),
+        static_batch=static_batch,
+        nodes=nodes,
+        consts=folder.consts,
+    )
+    _validate(m)
+    # the file's own output names, with the shapes Ferry's plan gives
+    plan = m.graph().prepare(1, "float32", "host")
+    m.outputs = tuple(
+        OnnxTensor(o, "float32", (-1, *spec.shape[1:]))
+        for (o, _r, _s), spec in zip(outputs, plan.output_specs, strict=True)
+    )
+    return m
+
+
+def _validate(m: OnnxModel) -> None:
+    """Plan the built graph as the CPU and the GPU would, so no request finds a bad node."""
+    for image in (None,):
+        g = m.graph(image)
+        for dtype, target in (("float32", "host"), ("float16", "cuda")):
+            try:
+                g.prepare(2, dtype, target)
+            except InvalidInput as exc:
+                raise refuse(
+                    None,
+                    "the imported graph does not plan",
+                    error=str(exc),
+                    node=exc.fields.get("node"),
+                ) from None
+
+
+def _topo(nodes: list[INode], input_name: str, consts: dict[str, np.ndarray]) -> list[INode]:
+    """Nodes in an order where every input is made first (fusion moves residual reads)."""
+    producer = {o: k for k, n in enumerate(nodes) for o in n.outputs}
+    deps: list[set[int]] = []
+    for n in nodes:
+        reads = [*n.inputs, n.fused.get("residual", "")]
+        deps.append({producer[t] for t in reads if t and t in producer})
+    readers: dict[int, list[int]] = {k: [] for k in range(len(nodes))}
+    for k, d in enumerate(deps):
+        for j in d:
+            readers[j].append(k)
+    ready = [(nodes[k].index, k) for k, d in enumerate(deps) if not d]
+    heapq.heapify(ready)
+    out: list[INode] = []
+    left = [len(d) for d in deps]
+    while ready:
+        _, k = heapq.heappop(ready)
+        out.append(nodes[k])
+        for r in readers[k]:
+            left[r] -= 1
+            if left[r] == 0:
+                heapq.heappush(ready, (nodes[r].index, r))
+    if len(out) != len(nodes):
+        raise refuse(None, "the graph has a cycle")
+    return out
