@@ -194,3 +194,11 @@ def resnet50(sd: dict[str, np.ndarray], image_size: int = 224):
     return b.model(
         [tensor("x", ["batch", 3, image_size, image_size])], [tensor("logits", ["batch", 1000])]
     )
+
+
+def single_relu_lrn():
+    """Relu then LRN (which Ferry does not run): a model to refuse at load time."""
+    b = Builder()
+    b.node("LRN", [b.node("Relu", ["x"])], size=3)
+    b.nodes[-1].output[0] = "y"
+    return b.model([tensor("x", ["batch", 4, 3, 3])], [tensor("y", ["batch", 4, 3, 3])])

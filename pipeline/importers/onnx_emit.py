@@ -250,8 +250,10 @@ def _reshape(em: Emitter, n: INode) -> None:
     if target is None:
         raise refuse(n, "the target shape of Reshape must be known at import time")
     dims = list(target.reshape(-1))
-    if int(n.attrs.get("allowzero", 0)):
-        raise refuse(n, "Reshape with allowzero is not supported", supported="allowzero=0")
+    if int(n.attrs.get("allowzero", 0)) and any(
+        isinstance(d, int | np.integer) and int(d) == 0 for d in dims
+    ):
+        raise refuse(n, "Reshape to a 0 dimension (allowzero) is not supported", target=str(dims))
     first = dims[0]
     if not (
         first == Batch(1)

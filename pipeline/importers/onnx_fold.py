@@ -61,14 +61,16 @@ def attrs_of(node: Any) -> dict[str, Any]:
 class Folder:
     """Walks the ONNX nodes in order; keeps constants (numbers or symbolic shape arrays)."""
 
-    def __init__(self, graph: Any, activations: dict[str, tuple[Any, ...]], opset: int) -> None:
+    def __init__(self, graph: Any, opset: int) -> None:
         import onnx
 
         self.opset = opset
         self.consts: dict[str, np.ndarray] = {}
         for init in graph.initializer:
             self.consts[init.name] = onnx.numpy_helper.to_array(init)
-        self.shapes = dict(activations)  # ONNX shapes of runtime tensors we know (inputs)
+        self.shapes: dict[str, tuple[Any, ...]] = {}  # ONNX shapes of runtime tensors
+        # called with each runtime node, returns its outputs' shapes (ShapeOracle)
+        self.on_runtime: Any = None
         self.alias: dict[str, str] = {}
         self.nodes: list[INode] = []
         self._graph = graph
@@ -115,6 +117,13 @@ class Folder:
             return
         if op == "Shape" and node.inputs[0] not in self.consts:
             shape = self._runtime_shape(node)
+            if any(d is None for d in shape):
+                raise refuse(
+                    node,
+                    "the shape of this tensor is not known at import time",
+                    tensor=node.inputs[0],
+                    shape=[str(d) for d in shape],
+                )
             start = int(node.attrs.get("start", 0))
             end = node.attrs.get("end")
             dims = [Batch(1) if d == BATCH else int(d) for d in shape]
@@ -129,6 +138,8 @@ class Folder:
             self._fold(node)
             return
         self.nodes.append(node)
+        if self.on_runtime is not None:
+            self.shapes.update(self.on_runtime(node))
 
     def _runtime_shape(self, node: INode) -> tuple[Any, ...]:
         shape = self.shapes.get(node.inputs[0])
@@ -147,7 +158,14 @@ class Folder:
             outs = _fold_reference(node, ins, self.opset)
         for name, v in zip(node.outputs, outs, strict=False):
             if name:
-                self.consts[name] = np.asarray(v)
+                self.consts[name] = _demote(np.asarray(v))
+
+
+def _demote(a: np.ndarray) -> np.ndarray:
+    """A symbolic array without the batch in it is plain int64 again."""
+    if a.dtype == object and not any(isinstance(v, Batch) for v in a.reshape(-1)):
+        return a.astype(np.int64)
+    return a
 
 
 def _constant_value(node: INode) -> np.ndarray:

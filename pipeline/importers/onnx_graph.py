@@ -14,7 +14,6 @@ inputs and outputs -- comes from the file.
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import os
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from ..ops.layout import TRANSPOSE
 from . import onnx_emit_nn, onnx_emit_tensor  # noqa: F401  (register their handlers)
 from .onnx_emit import HANDLERS, TO_NHWC, Emitter
 from .onnx_fold import Folder
-from .onnx_fuse import Fuser
+from .onnx_fuse import ACT_OPS, Fuser
 from .onnx_ir import BATCH, INode, Val, refuse
 
 OPSETS = (11, 23)  # default-domain opset versions accepted, inclusive
@@ -81,46 +80,11 @@ class OnnxModel:
 
     def graph(self, image: ImageFeed | None = None) -> Graph:
         """Ferry's graph; with ``image``, its input is uint8 [N, H, W, C] images."""
-        inp = self.inputs[0]
-        item = inp.shape[1:]
-        g: Graph
-        if image is not None:
-            if len(item) != 4 - 1 or item[0] not in (1, 3):
-                raise InvalidInput("an image feed needs a [N, 1|3, H, W] input", input=inp.shape)
-            c, h, w = item
-            if len(image.mean) != c or len(image.std) != c:
-                raise InvalidInput(
-                    "mean/std need one value per channel",
-                    channels=c,
-                    mean=image.mean,
-                    std=image.std,
-                )
-            g = Graph(self.name, "image", (h, w, c), "uint8")
-            t = g.add(
-                NORMALIZE,
-                ["image"],
-                "normalize",
-                mean=tuple(image.mean),
-                std=tuple(image.std),
-                layout="nhwc",
-                dtype=COMPUTE_DTYPE,
-            )
-            first = Val(t, (BATCH, *item), True, (h, w, c))
-        else:
-            g = Graph(self.name, inp.name, item, inp.dtype)
-            perm = TO_NHWC if len(inp.shape) == 4 else tuple(range(len(inp.shape)))
-            t = g.add(TRANSPOSE, [inp.name], "input", perm=perm, dtype=COMPUTE_DTYPE)
-            nhwc = len(inp.shape) == 4
-            phys = (item[1], item[2], item[0]) if nhwc else item
-            first = Val(t, (BATCH, *item), nhwc, phys)
-        em = Emitter(g, self.consts)
-        em.static_batch, em.opset, em.float32_out = self.static_batch, self.opset, set()
-        em.vals[inp.name] = first
+        em = start_graph(self.name, self.inputs[0], self.consts, image)
+        em.static_batch, em.opset = self.static_batch, self.opset
+        g = em.g
         for node in self.nodes:
-            handler = HANDLERS.get(node.op)
-            if handler is None:
-                raise refuse(node, "this op is not supported", supported=supported_ops())
-            handler(em, node)
+            emit_node(em, node)
         outs = []
         for o in self.outputs:
             v = em.plain(em.val(None, o.name)) if o.name in em.vals else None  # type: ignore[arg-type]
@@ -141,25 +105,78 @@ class OnnxModel:
         return [n.op.name for n in self.graph(image).nodes]
 
 
+def start_graph(
+    name: str, inp: OnnxTensor, consts: dict[str, np.ndarray], image: ImageFeed | None = None
+) -> Emitter:
+    """A graph with the input's first op (a cast to NHWC, or normalisation of images)."""
+    item = inp.shape[1:]
+    if image is not None:
+        if len(item) != 3 or item[0] not in (1, 3):
+            raise InvalidInput("an image feed needs a [N, 1|3, H, W] input", input=inp.shape)
+        c, h, w = item
+        if len(image.mean) != c or len(image.std) != c:
+            raise InvalidInput(
+                "mean/std need one value per channel", channels=c, mean=image.mean, std=image.std
+            )
+        g = Graph(name, "image", (h, w, c), "uint8")
+        t = g.add(
+            NORMALIZE,
+            ["image"],
+            "normalize",
+            mean=tuple(image.mean),
+            std=tuple(image.std),
+            layout="nhwc",
+            dtype=COMPUTE_DTYPE,
+        )
+        first = Val(t, (BATCH, *item), True, (h, w, c))
+    else:
+        g = Graph(name, inp.name, item, inp.dtype)
+        nhwc = len(inp.shape) == 4
+        perm = TO_NHWC if nhwc else tuple(range(len(inp.shape)))
+        t = g.add(TRANSPOSE, [inp.name], "input", perm=perm, dtype=COMPUTE_DTYPE)
+        phys = (item[1], item[2], item[0]) if nhwc else item
+        first = Val(t, (BATCH, *item), nhwc, phys)
+    em = Emitter(g, consts)
+    em.vals[inp.name] = first
+    return em
+
+
+def emit_node(em: Emitter, node: INode) -> None:
+    handler = HANDLERS.get(node.op)
+    if handler is None:
+        raise refuse(node, "this op is not supported", supported=supported_ops())
+    handler(em, node)
+
+
+class ShapeOracle:
+    """The ONNX shapes of runtime tensors, as the emitters compute them, node by node while
+    the file is folded (a ``Shape`` of a computed tensor needs them; onnx's own inference
+    loses them behind a ``Slice`` whose bounds are computed)."""
+
+    def __init__(
+        self,
+        name: str,
+        inp: OnnxTensor,
+        consts: dict[str, np.ndarray],
+        static_batch: int | None,
+        opset: int,
+    ) -> None:
+        self.em = start_graph(name, inp, consts)
+        self.em.static_batch, self.em.opset = static_batch, opset
+
+    def __call__(self, node: INode) -> dict[str, tuple[Any, ...]]:
+        em = self.em
+        if node.op in ACT_OPS:  # elementwise: the input's shape
+            em.vals[node.outputs[0]] = em.val(node, node.inputs[0])
+        else:
+            emit_node(em, node)
+        return {o: em.vals[o].shape for o in node.outputs if o in em.vals}
+
+
 def _np_dtype(elem_type: int) -> str:
     import onnx
 
     return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).name
-
-
-def _shape(vi: Any) -> tuple[Any, ...] | None:
-    t = vi.type.tensor_type
-    if not t.HasField("shape"):
-        return None
-    dims: list[Any] = []
-    for k, d in enumerate(t.shape.dim):
-        if k == 0:
-            dims.append(BATCH)
-        elif d.HasField("dim_value"):
-            dims.append(int(d.dim_value))
-        else:
-            dims.append(None)
-    return tuple(dims)
 
 
 def load_onnx(path: str, name: str | None = None) -> OnnxModel:
@@ -182,8 +199,6 @@ def load_onnx(path: str, name: str | None = None) -> OnnxModel:
         from onnx import inliner
 
         model = inliner.inline_local_functions(model)
-    with contextlib.suppress(Exception):  # shapes are inferred node by node too; a help
-        model = onnx.shape_inference.infer_shapes(model, data_prop=True)
     gr = model.graph
     inits = {i.name for i in gr.initializer}
     ins = [i for i in gr.input if i.name not in inits]
@@ -212,13 +227,18 @@ def load_onnx(path: str, name: str | None = None) -> OnnxModel:
     static_batch = int(dims[0].dim_value) if dims[0].HasField("dim_value") else None
     in_shape = (-1, *(int(d.dim_value) for d in list(dims)[1:]))
 
-    shapes: dict[str, tuple[Any, ...]] = {}
-    for vi in [*gr.input, *gr.value_info, *gr.output]:
-        s = _shape(vi)
-        if s is not None and vi.name not in inits:
-            shapes[vi.name] = s
-    folder = Folder(gr, shapes, opset)
+    folder = Folder(gr, opset)
+    oracle = ShapeOracle(
+        model.graph.name or "onnx",
+        OnnxTensor(inp.name, dtype, in_shape),
+        folder.consts,
+        static_batch,
+        opset,
+    )
+    folder.shapes[inp.name] = (BATCH, *in_shape[1:])
+    folder.on_runtime = oracle
     nodes = folder.run()
+    shapes = folder.shapes
     out_names = [folder.resolve(o.name) for o in gr.output]
     nodes = Fuser(nodes, folder.consts, shapes, set(out_names)).run()
     nodes = _topo(nodes, inp.name, folder.consts)
@@ -228,14 +248,13 @@ def load_onnx(path: str, name: str | None = None) -> OnnxModel:
         odt = _np_dtype(o.type.tensor_type.elem_type)
         if odt not in ("float32", "float16"):
             raise refuse(None, "model outputs must be float", output=o.name, dtype=odt)
-        s = shapes.get(o.name) or ()
-        outputs.append((o.name, resolved, tuple(-1 if d == BATCH else (d if d else 0) for d in s)))
+        outputs.append((o.name, resolved))
     m = OnnxModel(
         path=path,
         name=name or os.path.splitext(os.path.basename(path))[0],
         opset=opset,
         inputs=(OnnxTensor(inp.name, dtype, in_shape),),
-        outputs=tuple(OnnxTensor(r, "float32", s) for _o, r, s in outputs),
+        outputs=tuple(OnnxTensor(r, "float32", ()) for _o, r in outputs),
         static_batch=static_batch,
         nodes=nodes,
         consts=folder.consts,
@@ -245,7 +264,7 @@ def load_onnx(path: str, name: str | None = None) -> OnnxModel:
     plan = m.graph().prepare(1, "float32", "host")
     m.outputs = tuple(
         OnnxTensor(o, "float32", (-1, *spec.shape[1:]))
-        for (o, _r, _s), spec in zip(outputs, plan.output_specs, strict=True)
+        for (o, _r), spec in zip(outputs, plan.output_specs, strict=True)
     )
     return m
 

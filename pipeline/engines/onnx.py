@@ -1,0 +1,119 @@
+"""The ``onnx`` engine: an ONNX file imported into Ferry's native graph (``pipeline.importers``).
+
+The file is read, checked, folded and fused once at load time (anything Ferry cannot run
+is refused then, naming the node and the op). Two graphs come out of it, sharing one set of
+weights: the ``tensors`` feed takes the model's own input (float32 NCHW, as a v2 request
+sends it, by the file's input name) and the ``image`` feed takes Ferry's uint8 NHWC images
+and normalises them on the device with the entry's mean/std -- so the first conv reads
+NHWC straight away, the way the hand-built ResNet-50 does. Both run on numpy or cupy with
+the executor's CUDA graphs, pool and admission control, like every native graph.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import InvalidInput
+from ..graph import BoundGraph, Graph
+from .base import Engine, EngineContext, EnginePlan, Feed, ImageInput, TensorInfo
+
+
+class OnnxEngine(Engine):
+    name = "onnx"
+
+    def __init__(self, model: str, imported: Any, image: ImageInput | None = None) -> None:
+        from ..importers.onnx_graph import ImageFeed
+
+        super().__init__(model)
+        self.imported = imported
+        self.graphs: dict[Feed, Graph] = {"tensors": imported.graph()}
+        if image is not None:
+            item = imported.inputs[0].shape[1:]
+            want = (image.channels, image.height, image.width)
+            if tuple(item) != want or image.layout != "nchw":
+                raise InvalidInput(
+                    "the entry's image input does not match the ONNX model's input",
+                    model=model,
+                    model_input=imported.inputs[0].shape,
+                    image=(*want, image.layout),
+                )
+            self.graphs["image"] = imported.graph(ImageFeed(tuple(image.mean), tuple(image.std)))
+        self.constants: dict[str, Any] = {}
+        self._weights_bytes = 0
+        self._plans: dict[tuple[int, Feed], EnginePlan] = {}
+
+    @property
+    def inputs(self) -> tuple[TensorInfo, ...]:
+        return tuple(TensorInfo(t.name, t.dtype, t.shape) for t in self.imported.inputs)
+
+    @property
+    def outputs(self) -> tuple[TensorInfo, ...]:
+        return tuple(TensorInfo(t.name, t.dtype, t.shape) for t in self.imported.outputs)
+
+    @property
+    def feeds(self) -> tuple[Feed, ...]:
+        return tuple(self.graphs)
+
+    @property
+    def weights_bytes(self) -> int:
+        return self._weights_bytes
+
+    def load(self, ctx: EngineContext) -> None:
+        self.ctx = ctx
+        host: dict[str, Any] = {}
+        for g in self.graphs.values():  # both feeds' graphs name their weights alike
+            for k, v in g.constant_arrays(ctx.dtype).items():
+                if k not in host:
+                    host[k] = v
+        if ctx.backend.is_cuda:
+            import cupy
+
+            with cupy.cuda.Device(ctx.backend.device_id):
+                self.constants = {k: cupy.asarray(v) for k, v in host.items()}
+        else:
+            self.constants = host
+        self._weights_bytes = sum(int(v.nbytes) for v in host.values())
+
+    def plan(self, bucket: int, feed: Feed = "image") -> EnginePlan:
+        feed = self.feed_for(feed)
+        key = (bucket, feed)
+        hit = self._plans.get(key)
+        if hit is not None:
+            return hit
+        ctx = self.ctx
+        dtype, target, ws = (
+            (ctx.dtype, ctx.target, ctx.max_workspace_bytes)
+            if ctx
+            else ("float32", "host", 256 << 20)
+        )
+        gp = self.graphs[feed].prepare(bucket, dtype, target, ws)
+        plan = EnginePlan(
+            engine=self.name,
+            model=self.model,
+            bucket=bucket,
+            feed=feed,
+            inputs=(gp.input_spec,),
+            outputs=gp.output_specs,
+            arena_bytes=gp.arena_bytes,
+            flops=gp.flops,
+            bytes_moved=gp.bytes_moved,
+            detail=gp,
+        )
+        self._plans[key] = plan
+        return plan
+
+    def bind(self, plan: EnginePlan, arena: Any) -> BoundGraph:
+        return plan.detail.bind(arena, self.constants)
+
+
+def build(entry: Any, image: ImageInput | None = None) -> Any:
+    """The engine's builder (``engines.ENGINES``): ``entry.source`` is the ``.onnx`` file."""
+    from ..importers.onnx_graph import load_onnx
+    from ..models.registry import LoadedModel
+
+    path = getattr(entry, "source", None)
+    if not path:
+        raise InvalidInput("the onnx engine needs a source file", model=entry.name)
+    imported = load_onnx(path, entry.name)
+    engine = OnnxEngine(entry.name, imported, image)
+    return LoadedModel(entry.name, None, None, False, path, engine=engine)

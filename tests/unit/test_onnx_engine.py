@@ -1,0 +1,80 @@
+"""The ``onnx`` engine behind the executor on the CPU: the model's own float32 tensors by the
+file's names (``tensors`` feed) and uint8 images normalised inside (``image`` feed), padded
+to buckets, every output by name, against onnx's ReferenceEvaluator."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+
+from onnx.reference import ReferenceEvaluator  # noqa: E402
+
+from pipeline.config import ExecutorConfig  # noqa: E402
+from pipeline.engines import builder  # noqa: E402
+from pipeline.engines.base import ImageInput  # noqa: E402
+from pipeline.errors import InvalidInput, ModelRefused  # noqa: E402
+from pipeline.executor import GpuExecutor  # noqa: E402
+from tests.onnx_models import single_relu_lrn, small_net  # noqa: E402
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    model = small_net()
+    path = str(tmp_path_factory.mktemp("onnx") / "small.onnx")
+    onnx.save(model, path)
+    entry = SimpleNamespace(name="small", source=path)
+    loaded = builder("onnx")(entry, ImageInput(16, 16, 3, MEAN, STD))
+    ex = GpuExecutor(ExecutorConfig(backend="numpy", buckets=(1, 4)))
+    ex.load(loaded)
+    ex.warmup()
+    yield ex, loaded, ReferenceEvaluator(model)
+    ex.close()
+
+
+def test_signature_comes_from_the_file(served):
+    _ex, loaded, _ref = served
+    eng = loaded.engine
+    assert [(t.name, t.dtype, t.shape) for t in eng.inputs] == [("x", "float32", (-1, 3, 16, 16))]
+    assert [(t.name, t.shape) for t in eng.outputs] == [("logits", (-1, 10)), ("prob", (-1, 10))]
+    assert set(eng.feeds) == {"tensors", "image"}
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_tensors_feed_matches_the_reference(served, n):
+    ex, _loaded, ref = served
+    x = np.random.default_rng(n).standard_normal((n, 3, 16, 16)).astype(np.float32)
+    got = ex.commit(ex.prepare("small", n, feed="tensors"), x).wait(30)
+    want = ref.run(None, {"x": x})
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
+
+
+def test_image_feed_normalises_inside(served):
+    ex, _loaded, ref = served
+    img = np.random.default_rng(7).integers(0, 256, (2, 16, 16, 3), dtype=np.uint8)
+    got = ex.commit(ex.prepare("small", 2, feed="image"), img).wait(30)
+    x = ((img / 255.0 - np.array(MEAN)) / np.array(STD)).transpose(0, 3, 1, 2).astype(np.float32)
+    for a, b in zip(got, ref.run(None, {"x": x}), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
+
+
+def test_an_image_input_that_does_not_fit_is_refused_at_load(tmp_path):
+    path = str(tmp_path / "small.onnx")
+    onnx.save(small_net(), path)
+    with pytest.raises(InvalidInput) as info:
+        builder("onnx")(SimpleNamespace(name="s", source=path), ImageInput(32, 32, 3, MEAN, STD))
+    assert info.value.fields["model_input"] == (-1, 3, 16, 16)
+
+
+def test_an_unsupported_op_is_refused_when_the_model_loads(tmp_path):
+    path = str(tmp_path / "lrn.onnx")
+    onnx.save(single_relu_lrn(), path)
+    with pytest.raises(ModelRefused) as info:
+        builder("onnx")(SimpleNamespace(name="lrn", source=path), None)
+    assert info.value.fields["op"] == "LRN"
