@@ -106,6 +106,28 @@ class OnnxEngine(Engine):
         return plan.detail.bind(arena, self.constants)
 
 
+def declared_input(entry: Any) -> dict[str, Any]:
+    """What the file declares of its image input (the repository's hook): channels, height
+    and width of a [N, C, H, W] float32 input, NCHW. Mean/std are not in an ONNX file."""
+    import onnx
+
+    path = getattr(entry, "source", None)
+    if not path:
+        return {}
+    model = onnx.load(path, load_external_data=False)
+    inits = {i.name for i in model.graph.initializer}
+    ins = [i for i in model.graph.input if i.name not in inits]
+    if len(ins) != 1:
+        return {}
+    dims = ins[0].type.tensor_type.shape.dim
+    if len(dims) != 4 or not all(d.HasField("dim_value") for d in list(dims)[1:]):
+        return {}
+    c, h, w = (int(d.dim_value) for d in list(dims)[1:])
+    if c not in (1, 3):
+        return {}
+    return {"channels": c, "height": h, "width": w, "layout": "nchw", "dtype": "float32"}
+
+
 def build(entry: Any, image: ImageInput | None = None) -> Any:
     """The engine's builder (``engines.ENGINES``): ``entry.source`` is the ``.onnx`` file."""
     from ..importers.onnx_graph import load_onnx
