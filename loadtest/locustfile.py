@@ -6,6 +6,7 @@ never import this into a process that imported ssl first (Ray does) -- gevent br
 
 Environment: FERRY_MODEL (resnet50), FERRY_CORPUS (loadtest/corpus, made by
 ``python -m loadtest.corpus``), FERRY_SHAPE (step | pulse | slow; unset: -u/-r/-t decide),
+FERRY_SHAPE_SECONDS (how long a shape runs; else -t/--run-time, else the shape's schedule),
 FERRY_SLOW_BPS (bytes per second of slow uploads, 20000).
 """
 
@@ -161,19 +162,36 @@ def _stats(env) -> dict:
     }
 
 
-_SHAPES = {"step": shapes.StepRamp, "pulse": shapes.Pulse, "slow": shapes.SlowClients}
+_SHAPES = ("step", "pulse", "slow")
 _CHOSEN = os.environ.get("FERRY_SHAPE", "")
+_SECONDS = os.environ.get("FERRY_SHAPE_SECONDS")
+
+
+def _run_limit(env) -> float | None:
+    """How long the shape may run: FERRY_SHAPE_SECONDS, else locust's --run-time (which
+    locust itself does not apply to a shape), else the shape's own schedule."""
+    if _SECONDS:
+        return float(_SECONDS)
+    rt = getattr(getattr(env, "parsed_options", None), "run_time", None)
+    return float(rt) if rt else None
+
 
 if _CHOSEN:
     if _CHOSEN not in _SHAPES:
         raise SystemExit(f"FERRY_SHAPE must be one of {sorted(_SHAPES)}, not {_CHOSEN!r}")
 
     class FerryShape(LoadTestShape):
-        logic = _SHAPES[_CHOSEN]()
+        logic = None
         classes = {"ClassifyUser": ClassifyUser, "V2User": V2User, "SlowUploadUser": SlowUploadUser}
 
         def tick(self):
-            out = self.logic.tick(self.get_run_time(), _stats(self.runner.environment))
+            env = self.runner.environment
+            limit = _run_limit(env)
+            if self.logic is None:
+                self.logic = shapes.make(_CHOSEN, limit)
+            if shapes.limited(self.get_run_time(), limit):
+                return None
+            out = self.logic.tick(self.get_run_time(), _stats(env))
             if out is None:
                 return None
             users, rate, weights = out

@@ -82,6 +82,9 @@ def draw(a: Any, b: Any, rows: list[dict[str, Any]], title: str = "") -> None:
             color=line.get_color(),
             label=f"{s} p50",
         )
+    from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
+
+    levels = sorted({r["clients"] for r in rows})
     prefix = f"{title}: " if title else ""
     a.set(
         xscale="log", xlabel="concurrent clients", ylabel="images / s", title=prefix + "throughput"
@@ -91,11 +94,17 @@ def draw(a: Any, b: Any, rows: list[dict[str, Any]], title: str = "") -> None:
         yscale="log",
         xlabel="concurrent clients",
         ylabel="latency (ms)",
-        title=prefix + "p50 (dashed), p99",
+        title=prefix + "p50 (dashed), p99 (solid)",
     )
+    for ax in (a, b):  # the measured levels are the ticks, written out (8, not 10^0.9)
+        ax.xaxis.set_major_locator(FixedLocator(levels))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+    a.set_ylim(bottom=0)  # throughput from 0: a small difference looks small
     a.grid(True, alpha=0.3)
     b.grid(True, alpha=0.3, which="both")
     a.legend(fontsize=8)
+    b.legend(fontsize=8)
 
 
 def plot(
@@ -200,37 +209,33 @@ def stop_app(proc: subprocess.Popen, timeout: float = 60) -> None:
 
 
 def run_level(
-    url: str, users: int, seconds: float, out_dir: str, user_class: str, model: str
+    url: str,
+    users: int,
+    seconds: float,
+    out_dir: str,
+    user_class: str,
+    model: str,
+    shape: str | None = None,
 ) -> dict[str, Any]:
-    prefix = os.path.join(out_dir, f"u{users}")
-    cmd = [
-        venv_bin("locust"),
-        "-f",
-        os.path.join(HERE, "locustfile.py"),
-        "--headless",
-        "-u",
-        str(users),
-        "-r",
-        str(users),
-        "-t",
-        f"{int(seconds)}s",
-        "--csv",
-        prefix,
-        "--only-summary",
-        "--host",
-        url,
-        "--stop-timeout",
-        "10",
-        "--loglevel",
-        "WARNING",
-        user_class,
-    ]
+    """One locust run: ``users`` clients of ``user_class`` for ``seconds``, or -- with
+    ``shape`` (step, pulse, slow) -- that load shape for ``seconds`` (its CSVs then include
+    the per-second history, ``{shape}_stats_history.csv``)."""
+    prefix = os.path.join(out_dir, shape or f"u{users}")
+    cmd = [venv_bin("locust"), "-f", os.path.join(HERE, "locustfile.py"), "--headless"]
+    if shape is None:
+        cmd += ["-u", str(users), "-r", str(users)]
+    cmd += ["-t", f"{int(seconds)}s", "--csv", prefix, "--only-summary", "--host", url]
+    cmd += ["--stop-timeout", "10", "--loglevel", "WARNING"]
+    cmd += ["--csv-full-history"] if shape else [user_class]
     env = {
         **os.environ,
         "FERRY_MODEL": model,
         "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
     }
     env.pop("FERRY_SHAPE", None)
+    if shape:
+        env["FERRY_SHAPE"] = shape
+        env["FERRY_SHAPE_SECONDS"] = str(seconds)
     t0 = time.time()
     with open(prefix + "_locust.log", "wb") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -263,6 +268,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", default=os.path.join(HERE, "results", "run"))
     ap.add_argument("--plot-only", nargs="*", help="merge these summary.json files into one plot")
+    ap.add_argument(
+        "--shape",
+        choices=["step", "pulse", "slow"],
+        help="run this load shape for --seconds instead of the --users levels (CSVs, summary)",
+    )
     args = ap.parse_args(argv)
     if args.plot_only:
         rows = [r for p in args.plot_only for r in json.load(open(p))["rows"]]
@@ -281,7 +291,13 @@ def main(argv: list[str] | None = None) -> int:
             if not wait_ready(url, 300, proc):
                 raise SystemExit(f"the app did not become ready; see {args.out}/serve.log")
         rows = []
-        for n in (int(u) for u in args.users.split(",")):
+        if args.shape:
+            r = run_level(url, 0, args.seconds, args.out, "", args.model, args.shape)
+            rows.append({"system": args.system, "shape": args.shape, **r})
+            print(
+                f"  {args.shape}: {r['img_s']:.1f} img/s, errors {r['errors']}; CSVs in {args.out}"
+            )
+        for n in () if args.shape else (int(u) for u in args.users.split(",")):
             r = {
                 "system": args.system,
                 "clients": n,
@@ -301,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out,
         {"url": url, "seconds": args.seconds, "model": args.model, "user_class": args.user_class},
     )
-    print(plot(rows, os.path.join(args.out, "summary.png"), f"{args.system}: {args.model}"))
+    if not args.shape:  # a shape's time course is in its _stats_history.csv
+        print(plot(rows, os.path.join(args.out, "summary.png"), f"{args.system}: {args.model}"))
     return 0
 
 

@@ -74,3 +74,25 @@ class SlowClients:
             float(self.users),
             {"SlowUploadUser": self.slow_share, "ClassifyUser": 1 - self.slow_share},
         )
+
+
+def make(name: str, seconds: float | None = None) -> StepRamp | Pulse | SlowClients:
+    """The shape ``name`` (step, pulse, slow) for a run of ``seconds`` (``None``: the
+    shape's own schedule). A pulse keeps its rhythm within the run: a period of at most half
+    of it (so at least one burst comes), a third of each period the burst."""
+    if name == "step":
+        return StepRamp()
+    if name == "pulse":
+        if seconds is None:
+            return Pulse()
+        period = min(180.0, seconds / 2)
+        return Pulse(period_s=period, burst_s=period / 3, duration_s=seconds)
+    if name == "slow":
+        return SlowClients() if seconds is None else SlowClients(duration_s=seconds)
+    raise ValueError(f"no load shape {name!r}: step, pulse or slow")
+
+
+def limited(run_time: float, limit_s: float | None) -> bool:
+    """Whether a run limited to ``limit_s`` seconds (``--run-time``, FERRY_SHAPE_SECONDS)
+    is over."""
+    return limit_s is not None and run_time >= limit_s

@@ -57,3 +57,68 @@ def test_runner_reports_throughput_and_no_errors(app, tmp_path):
     for row in summary["rows"]:
         assert row["img_s"] > 0 and row["errors"] == 0 and row["requests"] > 0
     assert (out / "summary.png").stat().st_size > 5000
+
+
+def test_a_shape_honours_the_run_time_and_writes_csvs(app, tmp_path):
+    import time
+
+    corpus = tmp_path / "corpus"
+    subprocess.run(
+        [sys.executable, "-m", "loadtest.corpus", "--out", str(corpus)],
+        cwd=ROOT,
+        check=True,
+        timeout=120,
+    )
+    env = {**os.environ, "FERRY_CORPUS": str(corpus), "FERRY_MODEL": "digits"}
+    env.pop("FERRY_SHAPE_SECONDS", None)
+    # locust itself, as the README runs it: the shape stops at -t (its own schedule: 600 s)
+    t0 = time.monotonic()
+    locust = os.path.join(os.path.dirname(sys.executable), "locust")
+    run_ok(
+        [
+            locust,
+            "-f",
+            "loadtest/locustfile.py",
+            "--headless",
+            "--host",
+            app,
+            "-t",
+            "4s",
+            "--csv",
+            str(tmp_path / "direct"),
+            "--only-summary",
+            "--loglevel",
+            "WARNING",
+        ],
+        {**env, "FERRY_SHAPE": "slow", "FERRY_SLOW_BPS": "200000"},
+        120,
+    )
+    assert time.monotonic() - t0 < 60
+    assert (tmp_path / "direct_stats.csv").stat().st_size > 0
+    # the runner: --shape for --seconds, CSVs with the per-second history, a summary
+    out = tmp_path / "shape"
+    t0 = time.monotonic()
+    run_ok(
+        [
+            sys.executable,
+            "-m",
+            "loadtest.run",
+            "--url",
+            app,
+            "--shape",
+            "pulse",
+            "--seconds",
+            "5",
+            "--model",
+            "digits",
+            "--out",
+            str(out),
+        ],
+        env,
+        120,
+    )
+    assert time.monotonic() - t0 < 60
+    (row,) = json.load(open(out / "summary.json"))["rows"]
+    assert row["shape"] == "pulse" and row["requests"] > 0
+    assert (out / "pulse_stats.csv").stat().st_size > 0
+    assert len((out / "pulse_stats_history.csv").read_text().splitlines()) > 2

@@ -131,3 +131,47 @@ def test_photos_corpus_is_distinct_real_photos_in_the_size_range():
     assert corpus("chelsea").sizes == ((451, 300),)
     with pytest.raises(ValueError, match="unknown corpus"):
         corpus("nope")
+
+
+def test_shapes_fit_the_run_they_are_given():
+    from loadtest import shapes
+
+    p = shapes.make("pulse", 60)
+    levels = {p.tick(t, {})[0] for t in range(0, 60)}
+    assert levels == {p.users, round(p.users * p.factor)}  # a burst comes within 60 s
+    assert p.tick(60, {}) is None
+    assert shapes.make("slow", 5).tick(5, {}) is None
+    assert shapes.make("pulse", None).duration_s == 600  # no limit: the shape's own schedule
+    assert shapes.limited(10.0, 10.0) and not shapes.limited(9.9, 10.0)
+    assert not shapes.limited(1e9, None)
+
+
+def test_plot_ticks_are_the_levels_throughput_from_zero_and_both_legends(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    rows = [
+        {"system": "s", "clients": c, "img_s": 500.0 + c, "p50_ms": 5.0 + c, "p99_ms": 9.0 + c}
+        for c in (1, 8, 64)
+    ]
+    seen = {}
+    real = plt.Figure.savefig
+
+    def keep(fig, *a, **k):
+        fig.canvas.draw()
+        a0, a1 = fig.axes
+        seen["ticks"] = [[t.get_text() for t in ax.get_xticklabels()] for ax in (a0, a1)]
+        seen["ylim"] = a0.get_ylim()
+        seen["legends"] = [[t.get_text() for t in ax.get_legend().get_texts()] for ax in (a0, a1)]
+        return real(fig, *a, **k)
+
+    plt.Figure.savefig = keep
+    try:
+        runner.plot(rows, str(tmp_path / "p.png"))
+    finally:
+        plt.Figure.savefig = real
+    assert seen["ticks"] == [["1", "8", "64"], ["1", "8", "64"]]
+    assert seen["ylim"][0] == 0
+    assert seen["legends"] == [["s"], ["s p99", "s p50"]]
