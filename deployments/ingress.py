@@ -44,15 +44,20 @@ from pipeline.errors import (
 from pipeline.imaging import check_media, image_size
 from pipeline.models.registry import model_info
 
-from . import v2
+from . import docs, v2
 from .messages import PostSpec, RequestMeta, Rows
 from .observe import RequestMetrics
 from .preprocess import PreprocessCore
 
 logger = logging.getLogger(__name__)
 app = FastAPI(
-    title="Ferry", description="GPU inference at high concurrency on Ray Serve", version="0.1.0"
+    title="Ferry",
+    description="GPU inference at high concurrency on Ray Serve",
+    version="0.1.0",
+    docs_url=None,  # docs.install: Swagger UI from local files, not a CDN
+    redoc_url=None,
 )
+docs.install(app)
 PUBLIC_PATHS = ("/v2/health/",)
 
 

@@ -270,3 +270,21 @@ def test_serves_logging_config_applies_json_lines_carry_the_request_id(scraped, 
     access = [r for r in found if r["message"].startswith("POST /v2/models/{model}/infer 200")]
     assert len(access) == 1 and access[0]["deployment"].endswith("Ingress")  # access log on
     assert access[0]["application"] == APP
+
+
+def test_docs_work_offline_from_local_swagger_ui_files(app):
+    with httpx.Client(base_url=BASE, timeout=30) as c:
+        page = c.get("/docs")
+        assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+        assert "http" not in re.sub(r"https?://(swagger\.io|127\.0\.0\.1)[^\"']*", "", page.text)
+        srcs = re.findall(r"""(?:src|href)=['"]([^'"]+)['"]""", page.text)
+        assert {"docs/swagger-ui-bundle.js", "docs/swagger-ui.css"} <= set(srcs)
+        for src in srcs:
+            r = c.get("/" + src)
+            assert r.status_code == 200 and len(r.content) > 100, src
+        js = c.get("/docs/swagger-ui-bundle.js")
+        assert "javascript" in js.headers["content-type"] and len(js.content) > 500_000
+        assert b"SwaggerUIBundle" in js.content
+        assert c.get("/openapi.json").json()["openapi"].startswith("3.1")  # Swagger UI 5 reads it
+        assert c.get("/docs/..%2Fpyproject.toml").status_code == 404
+        assert c.get("/redoc").status_code == 404  # the CDN page is off
