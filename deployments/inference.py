@@ -28,6 +28,21 @@ from pipeline.threads import thread_pool
 from .messages import PostSpec, RequestMeta, Rows
 
 logger = logging.getLogger(__name__)
+TENSORS = "#tensors"  # the scheduler key of a model's v2 tensors: batched apart from images
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """(model, feed) of a scheduler key."""
+    if key.endswith(TENSORS):
+        return key[: -len(TENSORS)], "tensors"
+    return key, "image"
+
+
+def _concat(parts: list[Any]) -> Any:
+    """The outputs of a batch run in parts (a model whose max_batch is below the batch's)."""
+    if isinstance(parts[0], tuple):
+        return tuple(np.concatenate(c) for c in zip(*parts, strict=True))
+    return np.concatenate(parts)
 
 
 class InferenceCore:
@@ -38,7 +53,7 @@ class InferenceCore:
         self.preprocess_gpu = preprocess_gpu  # a handle (or core) to PreprocessGPU, or None
         self.executor = GpuExecutor(config.executor)
         for m in config.models:
-            self.executor.load_model(m.name, m.arch, m.weights, m.seed)
+            self.executor.load_entry(m)  # fails the replica's start with the model's reason
         self.random = {name: lm.random_weights for name, lm in self.executor.models.items()}
         self.warmup_s: dict[str, float] = {}
         if config.warmup:
@@ -155,33 +170,47 @@ class InferenceCore:
         return images
 
     def _on_batch(self, batch: Batch) -> None:
-        metrics.observe_batch(batch.key, len(batch))
-        metrics.set_queue_depth(batch.key, self.scheduler.queue.depth(batch.key))
+        model = split_key(batch.key)[0]  # a model's v2 tensors count as the model
+        metrics.observe_batch(model, len(batch))
+        metrics.set_queue_depth(model, self.scheduler.queue.depth(batch.key))
 
-    def _submit(self, model: str, rows: list[np.ndarray]) -> Any:
-        p = self.executor.prepare(model, len(rows))
+    def _submit(self, key: str, rows: list[np.ndarray]) -> Any:
+        model, feed = split_key(key)
+        p = self.executor.prepare(model, len(rows), feed=feed)
         return self.executor.commit(
-            p, rows, label=f"{model}[{len(rows)}]"
+            p, rows, label=f"{key}[{len(rows)}]"
         )  # rows go straight to pinned memory
 
     async def _run_batch(self, batch: Batch) -> list[Any]:
         t0 = time.monotonic()
         loop = asyncio.get_running_loop()
         rows = [p.item for p in batch.items]
-        result = await loop.run_in_executor(self.submit_pool, self._submit, batch.key, rows)
-        logits = await result
+        top = self.executor.buckets(split_key(batch.key)[0])[-1]  # the model's max_batch
+        parts = [
+            await loop.run_in_executor(self.submit_pool, self._submit, batch.key, rows[i : i + top])
+            for i in range(0, len(rows), top)
+        ]
+        done = [await r for r in parts]
+        logits = done[0] if len(done) == 1 else _concat(done)
         t1 = time.monotonic()
         gpu_ms = (t1 - t0) * 1e3
-        metrics.observe_stage("gpu", batch.key, gpu_ms, len(batch))
+        metrics.observe_stage("gpu", split_key(batch.key)[0], gpu_ms, len(batch))
         if t1 - self._pool_reported > 1.0:  # gauges once a second, not per batch
             self._pool_reported = t1
             metrics.set_pool(self.executor.pool.stats().as_dict())
         out = []
+        multi = isinstance(logits, tuple)  # a model of several outputs: a tuple per row
         for i, p in enumerate(batch.items):
-            out.append((logits[i], (t0 - p.enqueued) * 1e3, gpu_ms, len(batch)))
+            row = tuple(o[i] for o in logits) if multi else logits[i]
+            out.append((row, (t0 - p.enqueued) * 1e3, gpu_ms, len(batch)))
         return out
 
-    async def run(self, model: str, images: Rows, meta: list[RequestMeta]) -> Rows:
+    async def run(
+        self, model: str, images: Rows, meta: list[RequestMeta], feed: str = "image"
+    ) -> Rows:
+        """``feed``: ``image`` (uint8 pixels) or ``tensors`` (the model's own input tensor,
+        from a v2 request)."""
+        key = model if feed == "image" else f"{model}{TENSORS}"
         if model not in self.random:
             raise ModelNotFound("no such model", model=model, served=sorted(self.random))
         n = 0 if images.data is None else len(images.data)
@@ -198,7 +227,7 @@ class InferenceCore:
             try:
                 futs.append(
                     self.scheduler.submit_nowait(
-                        images.data[i], model, m.priority, deadline, m.request_id
+                        images.data[i], key, m.priority, deadline, m.request_id
                     )
                 )
             except FerryError as exc:  # QueueFull: this request, not the whole call
@@ -227,7 +256,13 @@ class InferenceCore:
             bsz.append(r[3])
         # a request whose rows partly failed is dropped whole
         keep = [j for j, o in enumerate(owner) if o not in errors]
-        data = np.stack([rows[j] for j in keep]).astype(np.float32) if keep else None
+        data, more = None, ()
+        if keep and isinstance(rows[keep[0]], tuple):  # outputs after the first ride in .more
+            cols = list(zip(*(rows[j] for j in keep), strict=True))
+            data = np.stack(cols[0]).astype(np.float32)
+            more = tuple(np.stack(c) for c in cols[1:])
+        elif keep:
+            data = np.stack([rows[j] for j in keep]).astype(np.float32)
         metrics.observe_items("queue", model, queue_ms)  # each item's own wait
         return Rows(
             images.n_requests,
@@ -241,19 +276,31 @@ class InferenceCore:
                 "batch_size": [float(bsz[j]) for j in keep],
             },
             random_weights=self.random[model],
+            more=more,
         )
 
     async def answer(
-        self, model: str, images: Rows, meta: list[RequestMeta], specs: list[PostSpec] | None
+        self,
+        model: str,
+        images: Rows,
+        meta: list[RequestMeta],
+        specs: list[PostSpec] | None,
+        feed: str = "image",
     ) -> Rows | list[Any]:
         """``run``, then -- when postprocessing is fused in here and the caller sent its
         specs -- the answers themselves (softmax and top-k in a worker thread)."""
-        logits = await self.run(model, images, meta)
+        logits = await self.run(model, images, meta, feed)
         if specs is None:
             return logits
         if self.post is None:
             raise FerryError("postprocessing is not fused into this inference replica")
         return await asyncio.to_thread(self.post.run, model, logits, specs)
+
+    def signatures(self) -> dict[str, Any]:
+        """Every model's own input and output tensors, from its loaded engine."""
+        from .v2 import Signature
+
+        return {name: Signature.of(m.engine) for name, m in self.executor.models.items()}
 
     def status(self) -> dict[str, Any]:
         s = self.executor.stats()
@@ -288,9 +335,10 @@ class Inference:
         images: Rows,
         meta: list[RequestMeta],
         specs: list[PostSpec] | None = None,
+        feed: str = "image",
     ) -> Rows | list[Any]:
         arrived = time.time() * 1e3
-        return _stamp_hops(await self.core.answer(model, images, meta, specs), arrived)
+        return _stamp_hops(await self.core.answer(model, images, meta, specs, feed), arrived)
 
     async def encoded(
         self,
@@ -305,6 +353,9 @@ class Inference:
 
     async def status(self) -> dict[str, Any]:
         return self.core.status()
+
+    async def signatures(self) -> dict[str, Any]:
+        return self.core.signatures()
 
     def check_health(self) -> None:
         if not self.core.ready:
@@ -331,6 +382,7 @@ class LocalInference:
         replica = Inference.func_or_class(config)
         self.encoded = _LocalMethod(replica.encoded)
         self.status = _LocalMethod(replica.status)
+        self.signatures = _LocalMethod(replica.signatures)
         self._call = _LocalMethod(replica.__call__)
 
     def remote(self, *args: Any, **kwargs: Any) -> asyncio.Task:

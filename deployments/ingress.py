@@ -42,7 +42,7 @@ from pipeline.errors import (
     QueueFull,
 )
 from pipeline.imaging import check_media, image_size
-from pipeline.models.registry import model_info
+from pipeline.models.repository import model_card, random_weights
 
 from . import docs, v2
 from .messages import PostSpec, RequestMeta, Rows
@@ -303,7 +303,8 @@ class Ingress:
         if self.cfg.fusion.preprocess_in_ingress:  # decode in this replica's threads
             self.pre_core = PreprocessCore(self.cfg)
         self.models = {m.name: m for m in self.cfg.models}
-        self.info = {m.name: model_info(m.arch) for m in self.cfg.models}
+        self.cards = {m.name: model_card(m) for m in self.cfg.models}
+        self._signatures: dict[str, v2.Signature] = {}
         ic = self.cfg.ingress
         self._coalescers: dict[tuple[str, str], Coalescer] = {}
         self._window_s = ic.coalesce_window_ms / 1e3
@@ -364,7 +365,7 @@ class Ingress:
         rows = Rows(len(items), np.concatenate(arrays), owner)
         specs = [it[2] for it in items]
         fused = specs if self.post is None else None
-        inf = self.inf.remote(model, rows, [it[1] for it in items], fused)
+        inf = self.inf.remote(model, rows, [it[1] for it in items], fused, feed="tensors")
         return await self._answers(inf if fused else self.post.remote(model, inf, specs), t_send)
 
     @staticmethod
@@ -407,10 +408,10 @@ class Ingress:
             except ValueError:
                 raise InvalidInput("bad request parameters", top_k=top_k) from None
         k = self.cfg.ingress.default_top_k if top_k is None else top_k
-        if not 1 <= k <= min(64, self.info[model].num_classes):
-            raise InvalidInput(
-                "top_k out of range", top_k=k, max=min(64, self.info[model].num_classes)
-            )
+        labels = self.cards[model].labels
+        kmax = min(64, len(labels)) if labels else 64  # (and at most the model's classes)
+        if not 1 <= k <= kmax:
+            raise InvalidInput("top_k out of range", top_k=k, max=kmax)
         body = await read_body(request, self.cfg.ingress.max_body_bytes)
         ct = request.headers.get("content-type")
         if ct and ct.lower().startswith("multipart/form-data"):
@@ -437,19 +438,22 @@ class Ingress:
     async def list_models(self) -> dict[str, Any]:
         out = []
         for name, m in self.models.items():
-            info = self.info[name]
+            card = self.cards[name]
+            img = card.image
             out.append(
                 {
                     "name": name,
-                    "arch": m.arch,
+                    "engine": m.engine,
+                    "source": m.source,
                     "input": {
-                        "height": info.input_size[0],
-                        "width": info.input_size[1],
-                        "channels": info.channels,
-                        "fit": info.fit,
+                        "height": img.height,
+                        "width": img.width,
+                        "channels": img.channels,
+                        "fit": card.target().fit,
                     },
-                    "classes": info.num_classes,
-                    "random_weights": m.weights is None and info.default_weights is None,
+                    "resize": img.resize,
+                    "classes": len(card.labels) if card.labels else None,
+                    "random_weights": random_weights(m),
                 }
             )
         return {"models": out}
@@ -478,9 +482,16 @@ class Ingress:
         ok = await self._ready()
         return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
+    async def _signature(self, model: str) -> v2.Signature:
+        """The model's own tensors, from the engine the inference stage loaded (asked once)."""
+        self._model(model)
+        if model not in self._signatures:
+            self._signatures.update(await self.inf.signatures.remote())
+        return self._signatures[model]
+
     @app.get("/v2/models/{model}")
     async def model_metadata(self, model: str) -> dict[str, Any]:
-        return v2.model_metadata(self._model(model), self.info[model])
+        return v2.model_metadata(model, await self._signature(model), self.cards[model].engine)
 
     @app.get("/v2/models/{model}/ready")
     async def model_ready(self, model: str) -> Response:
@@ -492,7 +503,7 @@ class Ingress:
     async def infer(self, model: str, request: Request) -> Response:
         t0 = time.perf_counter()
         rid = request_id_of(request)
-        self._model(model)
+        sig = await self._signature(model)
         body = await read_body(request, self.cfg.ingress.max_body_bytes)
         hl = request.headers.get(v2.HEADER_LEN)
         if hl is not None and not hl.isdigit():
@@ -500,13 +511,13 @@ class Ingress:
         req = v2.parse_infer(
             body,
             int(hl) if hl is not None else None,
-            self.info[model],
-            self.cfg.executor.buckets[-1],
+            sig,
+            self.cfg.executor.buckets[-1],  # (rows past a model's max_batch run in parts)
         )
         meta = RequestMeta(
             rid, deadline_of(request, self.cfg.batching.default_deadline_ms), priority_of(request)
         )
-        spec = PostSpec("v2", outputs=req.outputs)
+        spec = PostSpec("v2", outputs=req.outputs, names=tuple(o.name for o in sig.outputs))
         result = await self._await(
             self._coalescer(model, "v2").submit((req.images, meta, spec)), rid
         )

@@ -29,6 +29,7 @@ class Rows:
     )  # per row (queue, gpu, batch)
     random_weights: bool = False
     envelope: Any = None  # GPU preprocessing: the batch is on its way over a transport
+    more: tuple[np.ndarray, ...] = ()  # a model's outputs after the first, row for row
 
     def rows_by_request(self) -> dict[int, list[int]]:
         """Each request's row indices, in one pass over ``owner``."""
@@ -53,4 +54,5 @@ class PostSpec:
 
     kind: str  # "classify" or "v2"
     top_k: int = 5
-    outputs: tuple[str, ...] = ("probabilities",)
+    outputs: tuple[str, ...] = ("probabilities",)  # requested (v2)
+    names: tuple[str, ...] = ("logits",)  # the model's own outputs, in order (v2)

@@ -10,7 +10,7 @@ from ray import serve
 
 from pipeline import metrics
 from pipeline.config import PipelineConfig
-from pipeline.models.registry import labels, model_info
+from pipeline.models.repository import model_card
 from pipeline.ops import SOFTMAX, TOPK
 from pipeline.ops.base import eager
 
@@ -19,22 +19,22 @@ from .messages import PostSpec, Rows
 
 class PostprocessCore:
     def __init__(self, config: PipelineConfig) -> None:
-        self.arch = {m.name: m.arch for m in config.models}
+        self.cards = {m.name: model_card(m) for m in config.models}
 
     def run(
         self, model: str, logits: Rows, specs: list[PostSpec]
     ) -> list[dict[str, Any] | BaseException]:
         t0 = time.perf_counter()
-        arch = self.arch[model]
-        names = labels(arch)
+        card = self.cards[model]
         probs = vals = idx = None
+        classes = 0 if logits.data is None else int(logits.data.shape[-1])
         if logits.data is not None:
             (probs,) = eager(SOFTMAX, logits.data)
             # one top-k over every row, as deep as the deepest request asks (the order is a
             # stable sort, so a shallower request's top-k is a prefix of it)
             kmax = max((s.top_k for s in specs if s.kind == "classify"), default=0)
             if kmax:
-                kmax = min(kmax, model_info(arch).num_classes)
+                kmax = min(kmax, classes)
                 vals, idx = eager(TOPK, probs, k=kmax)
                 vals, idx = vals.tolist(), idx.tolist()
         rows_of = logits.rows_by_request()
@@ -45,19 +45,21 @@ class PostprocessCore:
                 continue
             rows = rows_of.get(r, [])
             if spec.kind == "classify":
-                k = min(spec.top_k, model_info(arch).num_classes)
+                k = min(spec.top_k, classes)
                 row = rows[0]
                 top = [
-                    {"label": names[i], "class": i, "score": v}
+                    {"label": card.label(i), "class": i, "score": v}
                     for v, i in zip(vals[row][:k], idx[row][:k], strict=True)
                 ]
                 out.append({"top_k": top, **self._timings(logits, rows)})
             else:
                 tensors = {}
-                if "probabilities" in spec.outputs:
-                    tensors["probabilities"] = probs[rows]
-                if "logits" in spec.outputs:
-                    tensors["logits"] = logits.data[rows]
+                own = dict(zip(spec.names, (logits.data, *logits.more), strict=False))
+                for name in spec.outputs:
+                    if name == "probabilities" and name not in own:  # softmax of the first
+                        tensors[name] = probs[rows]
+                    else:
+                        tensors[name] = own[name][rows]
                 out.append({"outputs": tensors, **self._timings(logits, rows)})
         ms = (time.perf_counter() - t0) * 1e3
         metrics.observe_stage("postprocess", model, ms, len(out))

@@ -19,7 +19,7 @@ from pipeline import metrics
 from pipeline.config import PipelineConfig
 from pipeline.errors import FerryError, InvalidInput, ModelNotFound
 from pipeline.imaging import decode, decode_unfitted
-from pipeline.models.registry import model_info
+from pipeline.models.repository import model_card
 from pipeline.threads import thread_pool
 
 from .messages import Rows
@@ -34,7 +34,7 @@ class PreprocessCore:
         """``fitted=False`` (GPU preprocessing) leaves the resize to the caller: images come
         out decoded at the smallest size ``fit`` could resize from."""
         self.config = config
-        self.targets = {m.name: model_info(m.arch).target() for m in config.models}
+        self.targets = {m.name: model_card(m).target() for m in config.models}
         self.max_pixels = config.ingress.max_pixels
         self.pool = thread_pool(config.preprocess.threads, "ferry-decode")
         self._decode = decode if fitted else decode_unfitted

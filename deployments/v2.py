@@ -1,6 +1,11 @@
 """The Open Inference Protocol (KServe v2) over HTTP: JSON tensors and the binary tensor
 data extension (``Inference-Header-Content-Length``). Pure functions, no Ray, no web
 framework. Client bytes become numpy arrays with ``np.frombuffer``: nothing is unpickled.
+
+A request carries the model's *own* input tensor, by its name, datatype and shape, as
+Triton's do (FP32 NCHW for a torchvision model, UINT8 NHWC for the built-ins), and gets
+back every output by its own name -- plus ``probabilities``, the softmax of a classifier's
+first output. The specs come from the loaded engine (``Signature``).
 """
 
 from __future__ import annotations
@@ -11,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.engines.base import TensorInfo
 from pipeline.errors import InvalidInput
-from pipeline.models.registry import ModelInfo
 
 HEADER_LEN = "inference-header-content-length"
 
@@ -31,14 +36,35 @@ DTYPES: dict[str, np.dtype] = {
     "FP64": np.dtype("<f8"),
 }
 NAMES = {v.name: k for k, v in DTYPES.items()}
-ACCEPTED_INPUT = ("UINT8", "FP16", "FP32", "FP64")
-OUTPUTS = ("probabilities", "logits")
+PIXELS_AS = ("FP16", "FP32", "FP64")  # also taken for a UINT8 input, values in [0, 255]
+PROBABILITIES = "probabilities"
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A model's own tensors, as its engine declares them (batch dimension -1)."""
+
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        """Every output a request may ask for: the model's own, and ``probabilities`` for a
+        classifier ([N, classes] first output) that has no output of that name."""
+        own = tuple(o.name for o in self.outputs)
+        if len(self.outputs[0].shape) == 2 and PROBABILITIES not in own:
+            return (*own, PROBABILITIES)
+        return own
+
+    @classmethod
+    def of(cls, engine: Any) -> Signature:
+        return cls(tuple(engine.inputs), tuple(engine.outputs))
 
 
 @dataclass
 class InferRequest:
     id: str | None
-    images: np.ndarray  # uint8 [N, H, W, C], validated against the model
+    images: np.ndarray  # the model's own input tensor [N, ...], validated against it
     outputs: tuple[str, ...]
     binary_outputs: frozenset[str]
 
@@ -50,9 +76,9 @@ def _shape(v: Any) -> tuple[int, ...]:
 
 
 def parse_infer(
-    body: bytes, header_length: int | None, info: ModelInfo, max_batch: int
+    body: bytes, header_length: int | None, sig: Signature, max_batch: int
 ) -> InferRequest:
-    """Decode a v2 infer request and check it against the model's input."""
+    """Decode a v2 infer request and check it against the model's own input tensor."""
     if header_length is not None:
         if header_length < 0 or header_length > len(body):
             raise InvalidInput(
@@ -72,16 +98,24 @@ def parse_infer(
         or not isinstance(req.get("inputs"), list)
         or len(req["inputs"]) != 1
     ):
-        raise InvalidInput("a request needs exactly one input tensor (the images)")
+        raise InvalidInput(
+            "a request needs exactly one input tensor", inputs=[i.name for i in sig.inputs]
+        )
     t = req["inputs"][0]
     if not isinstance(t, dict):
         raise InvalidInput("an input must be an object")
+    own = sig.inputs[0]  # (a model of one input takes it under any name, as Ferry always did)
+    if len(sig.inputs) > 1 and t.get("name") != own.name:
+        raise InvalidInput("unknown input", input=str(t.get("name"))[:64], expected=own.name)
     shape = _shape(t.get("shape"))
     dt_name = t.get("datatype")
     if dt_name not in DTYPES:
         raise InvalidInput("unknown or unsupported datatype", datatype=dt_name)
-    if dt_name not in ACCEPTED_INPUT:
-        raise InvalidInput("images must be UINT8, FP16, FP32 or FP64", datatype=dt_name)
+    own_dt = NAMES[np.dtype(own.dtype).name]
+    if dt_name != own_dt and not (own_dt == "UINT8" and dt_name in PIXELS_AS):
+        raise InvalidInput(
+            "datatype does not match the model's input", datatype=dt_name, expected=own_dt
+        )
     dt = DTYPES[dt_name]
     count = int(np.prod(shape, dtype=np.int64)) if shape else 1
     params = t.get("parameters") or {}
@@ -117,17 +151,14 @@ def parse_infer(
                 "number of elements does not match the shape", elements=int(arr.size), shape=shape
             )
         arr = arr.reshape(shape)
-    h, w = info.input_size
-    want = (h, w, info.channels)
-    if len(shape) != 4 or tuple(shape[1:]) != want:
+    want = tuple(own.shape[1:])
+    if len(shape) != len(own.shape) or tuple(shape[1:]) != want:
         raise InvalidInput(
-            "input shape must be [batch, height, width, channels]",
-            shape=shape,
-            expected=[-1, *want],
+            "input shape does not match the model's input", shape=shape, expected=[-1, *want]
         )
     if not 1 <= shape[0] <= max_batch:
         raise InvalidInput("batch size out of range", batch=shape[0], max_batch=max_batch)
-    if arr.dtype != np.uint8:
+    if own_dt == "UINT8" and arr.dtype != np.uint8:
         f = arr.astype(np.float64)
         if not np.isfinite(f).all():
             raise InvalidInput("input contains NaN or infinity")
@@ -136,23 +167,23 @@ def parse_infer(
                 "pixel values must lie in [0, 255]", min=float(f.min()), max=float(f.max())
             )
         arr = np.rint(f).astype(np.uint8)
-    outputs, binary_out = _requested(req.get("outputs"))
+    outputs, binary_out = _requested(req.get("outputs"), sig.output_names)
     rid = req.get("id")
     return InferRequest(
         str(rid) if rid is not None else None, np.ascontiguousarray(arr), outputs, binary_out
     )
 
 
-def _requested(spec: Any) -> tuple[tuple[str, ...], frozenset[str]]:
-    if spec is None:
-        return ("probabilities",), frozenset()
+def _requested(spec: Any, known: tuple[str, ...]) -> tuple[tuple[str, ...], frozenset[str]]:
+    if spec is None:  # every output
+        return known, frozenset()
     if not isinstance(spec, list) or not spec:
         raise InvalidInput("outputs must be a non-empty list")
     names, binary = [], set()
     for o in spec:
         name = o.get("name") if isinstance(o, dict) else None
-        if name not in OUTPUTS:
-            raise InvalidInput("unknown output", output=name, known=list(OUTPUTS))
+        if name not in known:
+            raise InvalidInput("unknown output", output=str(name)[:64], known=list(known))
         names.append(name)
         if (o.get("parameters") or {}).get("binary_data"):
             binary.add(name)
@@ -192,14 +223,20 @@ def encode_infer(
     }
 
 
-def model_metadata(name: str, info: ModelInfo) -> dict[str, Any]:
-    h, w = info.input_size
+def _tensor(t: TensorInfo) -> dict[str, Any]:
+    return {"name": t.name, "datatype": NAMES[np.dtype(t.dtype).name], "shape": list(t.shape)}
+
+
+def model_metadata(name: str, sig: Signature, platform: str = "ferry") -> dict[str, Any]:
+    """The model's real specs: its own inputs and outputs (and ``probabilities``)."""
+    outs = [_tensor(o) for o in sig.outputs]
+    if PROBABILITIES in sig.output_names and all(o.name != PROBABILITIES for o in sig.outputs):
+        first = sig.outputs[0]
+        outs.append({"name": PROBABILITIES, "datatype": "FP32", "shape": list(first.shape)})
     return {
         "name": name,
         "versions": ["1"],
-        "platform": "ferry",
-        "inputs": [{"name": "image", "datatype": "UINT8", "shape": [-1, h, w, info.channels]}],
-        "outputs": [
-            {"name": n, "datatype": "FP32", "shape": [-1, info.num_classes]} for n in OUTPUTS
-        ],
+        "platform": platform,
+        "inputs": [_tensor(i) for i in sig.inputs],
+        "outputs": outs,
     }

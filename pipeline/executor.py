@@ -53,6 +53,7 @@ class _Model:
     loaded: LoadedModel
     engine: Engine
     weights_bytes: int
+    buckets: tuple[int, ...]  # the executor's, up to the model's max_batch
 
 
 class PreparedBatch:
@@ -165,8 +166,9 @@ class GpuExecutor:
         )
 
     # ------------------------------------------------------------------ models
-    def load(self, loaded: LoadedModel) -> None:
-        """Put a model's weights on the device and size the staging ring for it."""
+    def load(self, loaded: LoadedModel, max_batch: int | None = None) -> None:
+        """Put a model's weights on the device and size the staging ring for it; it is run
+        at the executor's buckets up to ``max_batch``."""
         engine = loaded.engine
         engine.load(
             EngineContext(
@@ -181,8 +183,16 @@ class GpuExecutor:
                 inputs=[t.name for t in inputs],
             )
         wbytes = engine.weights_bytes
+        buckets = tuple(b for b in self.config.buckets if max_batch is None or b <= max_batch)
+        if not buckets:
+            raise InvalidInput(
+                "max_batch is below the smallest bucket",
+                model=loaded.name,
+                max_batch=max_batch,
+                buckets=self.config.buckets,
+            )
         with self._lock:
-            self._models[loaded.name] = _Model(loaded, engine, wbytes)
+            self._models[loaded.name] = _Model(loaded, engine, wbytes, buckets)
             self._size_ring()
         logger.info(
             "loaded %s (%s engine, %s): %.1f MB of weights",
@@ -199,6 +209,14 @@ class GpuExecutor:
         self.load(loaded)
         return loaded
 
+    def load_entry(self, entry: Any) -> LoadedModel:
+        """Load a repository entry (``ModelConfig``) with its engine, checked at startup."""
+        from .models.repository import load_entry
+
+        loaded = load_entry(entry)
+        self.load(loaded, entry.max_batch)
+        return loaded
+
     @property
     def models(self) -> dict[str, LoadedModel]:
         return {k: m.loaded for k, m in self._models.items()}
@@ -210,9 +228,8 @@ class GpuExecutor:
         return m
 
     def _size_ring(self) -> None:
-        top = self.config.buckets[-1]
         need = max(
-            self._slot_bytes(self.plan(name, top, feed))
+            self._slot_bytes(self.plan(name, m.buckets[-1], feed))
             for name, m in self._models.items()
             for feed in m.engine.feeds
         )
@@ -232,12 +249,17 @@ class GpuExecutor:
         )
 
     # ------------------------------------------------------------------ planning
-    def bucket_for(self, n: int) -> int:
-        for b in self.config.buckets:
+    def buckets(self, model: str | None = None) -> tuple[int, ...]:
+        """The buckets ``model`` runs at (the executor's, up to its ``max_batch``)."""
+        return self.config.buckets if model is None else self._model(model).buckets
+
+    def bucket_for(self, n: int, model: str | None = None) -> int:
+        buckets = self.buckets(model)
+        for b in buckets:
             if b >= n:
                 return b
         raise InvalidInput(
-            "batch larger than the largest bucket", batch_size=n, max_bucket=self.config.buckets[-1]
+            "batch larger than the largest bucket", batch_size=n, max_bucket=buckets[-1]
         )
 
     def plan(self, model: str, bucket: int, feed: Feed = "image") -> EnginePlan:
@@ -256,7 +278,7 @@ class GpuExecutor:
             raise RuntimeError("executor is closed")
         if not isinstance(batch_size, int | np.integer) or batch_size < 1:
             raise InvalidInput("batch_size must be a positive integer", batch_size=batch_size)
-        bucket = self.bucket_for(int(batch_size))
+        bucket = self.bucket_for(int(batch_size), model)
         plan = self.plan(model, bucket, feed)
         if self.naive:
             return PreparedBatch(model, int(batch_size), bucket, plan, None, None, True)
@@ -517,7 +539,7 @@ class GpuExecutor:
         self, model: str, batch: np.ndarray, timeout: float | None = None, feed: Feed = "image"
     ) -> np.ndarray:
         """Run a whole host batch (split into the largest bucket) and wait for the rows."""
-        top = self.config.buckets[-1]
+        top = self.buckets(model)[-1]
         results = []
         for i in range(0, len(batch), top):
             chunk = np.ascontiguousarray(batch[i : i + top])
@@ -536,7 +558,7 @@ class GpuExecutor:
             t0 = time.perf_counter()
             for feed in self._model(name).engine.feeds:
                 item = self.plan(name, 1, feed).input_spec
-                for bucket in self.config.buckets:
+                for bucket in self._model(name).buckets:
                     for _round in range(2 if gpu else 1):
                         prepared = [self.prepare(name, bucket, feed=feed) for _ in range(depth)]
                         zeros = np.zeros((bucket, *item.shape[1:]), dtype=item.np_dtype)
@@ -544,7 +566,7 @@ class GpuExecutor:
                             r.wait()
             times[name] = time.perf_counter() - t0
             logger.info(
-                "warmed up %s: %d buckets in %.2f s", name, len(self.config.buckets), times[name]
+                "warmed up %s: %d buckets in %.2f s", name, len(self.buckets(name)), times[name]
             )
         self.warmed_up = True
         return times

@@ -111,7 +111,7 @@ class Target:
     height: int
     width: int
     channels: int  # 1 or 3
-    fit: Literal["stretch", "center_crop"] = "stretch"
+    fit: Literal["stretch", "center_crop", "letterbox"] = "stretch"  # letterbox: inside, padded
     crop_fraction: float = 0.875  # center_crop: resize to size / fraction, then crop the centre
 
 
@@ -147,6 +147,9 @@ def checked_header(data: bytes, content_type: str | None, max_pixels: int) -> tu
 def resize_to(h: int, w: int, t: Target) -> tuple[int, int]:
     if t.fit == "stretch":
         return t.height, t.width
+    if t.fit == "letterbox":
+        s = min(t.height / h, t.width / w)
+        return max(1, min(t.height, round(h * s))), max(1, min(t.width, round(w * s)))
     s = max(t.height / (h * t.crop_fraction), t.width / (w * t.crop_fraction))
     return max(1, round(h * s)), max(1, round(w * s))
 
@@ -195,6 +198,11 @@ def fit(img: np.ndarray, t: Target) -> np.ndarray:
         img = np.asarray(pil.resize((rw, rh), Image.BILINEAR))
         if img.ndim == 2:
             img = img[..., None]
+    if t.fit == "letterbox":
+        out = np.zeros((t.height, t.width, img.shape[2]), np.uint8)
+        top, left = (t.height - rh) // 2, (t.width - rw) // 2
+        out[top : top + rh, left : left + rw] = img
+        return out
     if t.fit == "center_crop":
         top = (rh - t.height) // 2
         left = (rw - t.width) // 2

@@ -18,7 +18,7 @@ from .base import Engine, EngineContext, EnginePlan, Feed, ImageInput, TensorInf
 
 ENGINES: dict[str, str] = {
     "native": "pipeline.models.registry:build_native",
-    "torch": "pipeline.engines.torch:build",
+    "torch": "pipeline.engines.torch_engine:build",
     "onnx": "pipeline.engines.onnx:build",  # the onnx importer's adapter (branch onnx)
 }
 
