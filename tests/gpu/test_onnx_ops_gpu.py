@@ -35,6 +35,7 @@ def run_cupy(graph, x: np.ndarray, dtype: str, replay: bool) -> list[np.ndarray]
         stream.synchronize()
         for o in bound.outputs:
             o.fill(0)
+        cupy.cuda.Device().synchronize()
         g = bound.capture(stream)
         g.launch(stream.raw)
     else:
