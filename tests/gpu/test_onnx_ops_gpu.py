@@ -29,6 +29,7 @@ def run_cupy(graph, x: np.ndarray, dtype: str, replay: bool) -> list[np.ndarray]
     consts = {k: cupy.asarray(v) for k, v in graph.constant_arrays(dtype).items()}
     bound = plan.bind(arena, consts)
     bound.input[...] = cupy.asarray(x)
+    cupy.cuda.Device().synchronize()  # copies on the null stream; Ferry's streams do not wait on it
     stream = Stream("test", backend)
     if replay:  # one eager run first (kernels compile outside the capture), as the executor does
         bound.run(stream)
