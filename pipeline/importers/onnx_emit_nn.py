@@ -133,14 +133,23 @@ def _gemm_node(
 
 @handles("Gemm")
 def _gemm(em: Emitter, n: INode) -> None:
-    a = em.plain(em.val(n, n.inputs[0]))
-    if a.rank != 2:
-        raise refuse(n, "Gemm takes a 2-D input", shape=a.shape)
+    a = em.val(n, n.inputs[0])
     if int(n.attrs.get("transA", 0)):
         raise refuse(n, "Gemm with transA is not supported", supported="transA=0")
     b = em.const(n, n.inputs[1]).astype(np.float32)
     if int(n.attrs.get("transB", 0)):
         b = b.T
+    if n.fused.get("flatten"):  # a Flatten folded in: read the 4-D map as it is stored
+        c, h, w = a.item
+        if a.nhwc and h * w > 1:  # rows in NCHW order -> NHWC order: no transpose at run time
+            b = b.reshape(c, h, w, -1).transpose(1, 2, 0, 3).reshape(c * h * w, -1)
+            a = Val(a.tensor, (BATCH, c * h * w), False, a.phys)
+        else:
+            a = em.plain(a)
+            a = Val(a.tensor, (BATCH, c * h * w), False, a.phys)
+    a = em.plain(a)
+    if a.rank != 2:
+        raise refuse(n, "Gemm takes a 2-D input", shape=a.shape)
     b = b * float(n.attrs.get("alpha", 1.0))
     k, nout = b.shape
     bias = None

@@ -83,6 +83,7 @@ class Fuser:
             self.epilogues,
             self.matmul_bias,
             self.channel_shuffle,
+            self.flatten_into_gemm,
         ):
             self._index()
             p()
@@ -280,6 +281,24 @@ class Fuser:
             p.fused.update(act=act.fused["act"], alpha=act.fused["alpha"], beta=act.fused["beta"])
             p.outputs = list(act.outputs)
             self._drop(act)
+            self._index()
+
+    def flatten_into_gemm(self) -> None:
+        """Flatten (axis 1) read only by a Gemm with constant weights: the Gemm reads the
+        4-D map itself, so its weight rows can follow Ferry's NHWC order (no transpose)."""
+        for fl in list(self.nodes):
+            if fl.op != "Flatten" or int(fl.attrs.get("axis", 1)) != 1:
+                continue
+            gemm = self._only_reader(fl.outputs[0])
+            if gemm is None or gemm.op != "Gemm" or gemm.inputs[0] != fl.outputs[0]:
+                continue
+            if self._const(gemm.inputs[1]) is None or int(gemm.attrs.get("transA", 0)):
+                continue
+            if len(self.shapes.get(fl.inputs[0], ())) != 4:
+                continue
+            gemm.inputs[0] = fl.inputs[0]
+            gemm.fused["flatten"] = True
+            self._drop(fl)
             self._index()
 
     def matmul_bias(self) -> None:

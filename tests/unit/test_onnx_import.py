@@ -279,6 +279,15 @@ def test_global_average_pool_flatten_gemm(tmp_path):
     assert m.op_kinds() == ["transpose", "global_avg_pool", "gemm"]  # flatten is free
 
 
+def test_flatten_of_a_map_folds_into_the_gemm_weights(tmp_path):
+    def body(b, x):  # VGG's classifier: flatten a 3x3 map, Linear
+        f = b.node("Flatten", [b.node("Relu", [x])], axis=1)
+        return b.node("Gemm", [f, b.weights(5, 4 * 3 * 3), b.weights(5)], transB=1)
+
+    m = check(tmp_path, single(body, (4, 3, 3), ["batch", 5]), x_of(4, 3, 3))
+    assert m.op_kinds() == ["transpose", "activation", "reshape", "gemm"]  # a view, no transpose
+
+
 # ------------------------------------------------------------------ shapes, layout
 def test_reshape_from_dynamic_shape_arithmetic(tmp_path):
     def body(b, x):  # x.view(x.size(0), -1), as the TorchScript exporter writes it
