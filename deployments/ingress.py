@@ -26,11 +26,9 @@ import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from ray import serve
 
-from pipeline import metrics
 from pipeline.batching import Coalescer
 from pipeline.config import PipelineConfig, Settings
 from pipeline.errors import (
@@ -39,15 +37,16 @@ from pipeline.errors import (
     InvalidInput,
     ModelNotFound,
     PayloadTooLarge,
-    QueueFull,
 )
-from pipeline.imaging import check_media, image_size
+from pipeline.imaging import plan_decode
 from pipeline.models.repository import model_card, random_weights
 
-from . import docs, v2
+from . import docs, http_errors, v2
+from .http_errors import error_response, request_id_of, unwrap
 from .messages import PostSpec, RequestMeta, Rows
 from .observe import RequestMetrics
 from .preprocess import PreprocessCore
+from .validate import finite_float, header_int
 
 logger = logging.getLogger(__name__)
 app = FastAPI(
@@ -59,44 +58,6 @@ app = FastAPI(
 )
 docs.install(app)
 PUBLIC_PATHS = ("/v2/health/",)
-
-
-def request_id_of(request: Request) -> str:
-    """The request's id: Serve's proxy passes the client's X-Request-ID (or one it made up)
-    to the replica and puts the same id on the response, so logs, body and header agree."""
-    rid = getattr(request.state, "request_id", None)
-    if rid is None:
-        given = request.headers.get("x-request-id", "")[:128]
-        rid = given if given.isprintable() and given else uuid.uuid4().hex
-        request.state.request_id = rid
-    return rid
-
-
-def error_response(exc: BaseException, request_id: str) -> JSONResponse:
-    if isinstance(exc, FerryError):
-        status = exc.http_status
-        body: dict[str, Any] = {
-            "error": exc.message or type(exc).__name__,
-            "type": type(exc).__name__,
-            "request_id": request_id,
-        }
-        if exc.fields:
-            body["detail"] = {
-                k: v if isinstance(v, int | float | str | bool | type(None)) else str(v)
-                for k, v in exc.fields.items()
-            }
-    else:
-        status = 500
-        body = {"error": "internal error", "request_id": request_id}
-        logger.error("request %s failed: %s", request_id, exc, exc_info=exc)
-    headers = {}
-    if status == 503:
-        headers["retry-after"] = str(
-            max(1, round(float(getattr(exc, "fields", {}).get("retry_after_s", 1))))
-        )
-    if status in (413, 503, 504):
-        metrics.count_rejected({413: "too_large", 503: "overloaded", 504: "deadline"}[status])
-    return JSONResponse(body, status_code=status, headers=headers)
 
 
 class BearerAuth:
@@ -178,36 +139,15 @@ class ClassifyFastPath:
 
 
 app.add_middleware(ClassifyFastPath)
-app.add_middleware(BearerAuth)  # added last: the outermost of the two
-app.add_middleware(RequestMetrics)  # outside auth: every answer is counted, 401s too
-
-
-@app.exception_handler(FerryError)
-async def _ferry_error(request: Request, exc: FerryError) -> JSONResponse:
-    return error_response(exc, request_id_of(request))
-
-
-@app.exception_handler(RequestValidationError)
-async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    return error_response(
-        InvalidInput("bad request parameters", errors=str(exc.errors())), request_id_of(request)
-    )
-
-
-def unwrap(exc: BaseException) -> BaseException:
-    """The FerryError inside a Ray task error; Serve's back-pressure refusal as QueueFull."""
-    cause = getattr(exc, "cause", None)
-    if isinstance(cause, BaseException):
-        exc = cause
-    if type(exc).__name__ == "BackPressureError":
-        return QueueFull("a pipeline stage is at its queue limit", retry_after_s=1.0)
-    return exc
+app.add_middleware(BearerAuth)
+http_errors.install(app)  # JsonErrors: outside auth and the fast path
+app.add_middleware(RequestMetrics)  # outermost: every answer is counted, JSON 500s and 401s too
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge("request body too large", bytes=int(declared), limit_bytes=limit)
+    declared = header_int(request.headers.get("content-length"), "Content-Length")
+    if declared is not None and declared > limit:
+        raise PayloadTooLarge("request body too large", bytes=declared, limit_bytes=limit)
     chunks, total = [], 0
     async for chunk in request.stream():
         total += len(chunk)
@@ -218,17 +158,26 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 def multipart_image(body: bytes, content_type: str) -> tuple[bytes, str | None]:
-    """The first file part of a multipart/form-data body (stdlib parser, no extra package)."""
-    msg = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
-        b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body
-    )
-    if not msg.is_multipart():
-        raise InvalidInput("malformed multipart body")
-    for part in msg.iter_parts():
-        if part.get_filename() is not None or part.get_param(
-            "name", header="content-disposition"
-        ) in ("file", "image"):
-            return part.get_payload(decode=True) or b"", part.get_content_type()
+    """The first file part of a multipart/form-data body (stdlib parser, no extra package);
+    400 for whatever the parser cannot make sense of."""
+    try:
+        msg = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
+            b"Content-Type: " + content_type.encode("latin-1", "replace") + b"\r\n\r\n" + body
+        )
+        if not msg.is_multipart():
+            raise InvalidInput("malformed multipart body")
+        for part in msg.iter_parts():
+            if part.get_filename() is not None or part.get_param(
+                "name", header="content-disposition"
+            ) in ("file", "image"):
+                payload = part.get_payload(decode=True) or b""
+                if not isinstance(payload, bytes):
+                    raise InvalidInput("malformed multipart file part")
+                return payload, part.get_content_type()
+    except FerryError:
+        raise
+    except Exception as exc:  # the stdlib parser's own failures on malformed input
+        raise InvalidInput("malformed multipart body", detail=f"{type(exc).__name__}") from None
     raise InvalidInput("multipart body has no file part (name it 'file' or 'image')")
 
 
@@ -236,12 +185,7 @@ def deadline_of(request: Request, default_ms: float | None) -> float | None:
     raw = request.headers.get("x-deadline-ms") or request.query_params.get("deadline_ms")
     if raw is None:
         return None if default_ms is None else time.time() + default_ms / 1e3
-    try:
-        ms = float(raw)
-    except ValueError:
-        raise InvalidInput("X-Deadline-Ms must be a number of milliseconds", value=raw) from None
-    if not 0 < ms <= 3_600_000:
-        raise InvalidInput("X-Deadline-Ms out of range (0, 3600000]", value=ms)
+    ms = finite_float(raw, "X-Deadline-Ms", 0.0, 3_600_000.0)
     return time.time() + ms / 1e3
 
 
@@ -305,6 +249,7 @@ class Ingress:
         self.models = {m.name: m for m in self.cfg.models}
         self.cards = {m.name: model_card(m) for m in self.cfg.models}
         self._signatures: dict[str, v2.Signature] = {}
+        self.targets = {name: card.target() for name, card in self.cards.items()}
         ic = self.cfg.ingress
         self._coalescers: dict[tuple[str, str], Coalescer] = {}
         self._window_s = ic.coalesce_window_ms / 1e3
@@ -416,15 +361,9 @@ class Ingress:
         ct = request.headers.get("content-type")
         if ct and ct.lower().startswith("multipart/form-data"):
             body, ct = multipart_image(body, ct)
-        kind = check_media(body, ct)  # 400 / 415 before anything is decoded
-        h, w = image_size(body, kind)
-        if h * w > self.cfg.ingress.max_pixels:
-            raise PayloadTooLarge(
-                "image has too many pixels",
-                height=h,
-                width=w,
-                max_pixels=self.cfg.ingress.max_pixels,
-            )
+        ic = self.cfg.ingress
+        # 400 / 413 / 415 before anything is decoded: media type, pixels, the resize plan
+        plan_decode(body, ct, self.targets[model], ic.max_pixels, ic.max_image_work_bytes)
         meta = RequestMeta(
             rid, deadline_of(request, self.cfg.batching.default_deadline_ms), priority_of(request)
         )
@@ -505,12 +444,10 @@ class Ingress:
         rid = request_id_of(request)
         sig = await self._signature(model)
         body = await read_body(request, self.cfg.ingress.max_body_bytes)
-        hl = request.headers.get(v2.HEADER_LEN)
-        if hl is not None and not hl.isdigit():
-            raise InvalidInput("Inference-Header-Content-Length must be an integer", value=hl)
+        hl = header_int(request.headers.get(v2.HEADER_LEN), "Inference-Header-Content-Length")
         req = v2.parse_infer(
             body,
-            int(hl) if hl is not None else None,
+            hl,
             sig,
             self.cfg.executor.buckets[-1],  # (rows past a model's max_batch run in parts)
         )

@@ -18,7 +18,7 @@ from ray import serve
 from pipeline import metrics
 from pipeline.config import PipelineConfig
 from pipeline.errors import FerryError, InvalidInput, ModelNotFound
-from pipeline.imaging import decode, decode_unfitted
+from pipeline.imaging import bound_decoder_scratch, decode, decode_unfitted
 from pipeline.models.repository import model_card
 from pipeline.threads import thread_pool
 
@@ -36,6 +36,8 @@ class PreprocessCore:
         self.config = config
         self.targets = {m.name: model_card(m).target() for m in config.models}
         self.max_pixels = config.ingress.max_pixels
+        self.max_work_bytes = config.ingress.max_image_work_bytes
+        bound_decoder_scratch()  # freed decoder buffers go back to the system
         self.pool = thread_pool(config.preprocess.threads, "ferry-decode")
         self._decode = decode if fitted else decode_unfitted
 
@@ -43,7 +45,7 @@ class PreprocessCore:
         target = self.targets.get(model)
         if target is None:
             raise ModelNotFound("no such model", model=model)
-        return self._decode(data, content_type, target, self.max_pixels)
+        return self._decode(data, content_type, target, self.max_pixels, self.max_work_bytes)
 
     async def decode_many(
         self, model: str, items: list[tuple[bytes, str | None]]

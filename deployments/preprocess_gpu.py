@@ -13,9 +13,10 @@ else -- and for PNG, and for any JPEG the GPU decoder refuses -- on CPU threads:
 at the smallest DCT scale still at least the size the model's fit resizes to, Pillow for
 PNG, with the same checks and errors as the CPU stage. CPU-decoded images of one call are
 packed into a pinned staging buffer and copied to the device in one asynchronous copy.
-Every image is then resized (the runtime's ``resize_bilinear`` kernel with Pillow's
-antialiasing filter, so it agrees with the CPU stage) and centre-cropped into one uint8
-batch at the model's input size, all on the stage's stream. Normalization stays fused
+Every image is then fitted by its resize plan (``pipeline.resize_plan``: only the output
+window is computed, with Pillow's antialiasing filter, so it agrees with the CPU stage, and
+the whole resized image is never allocated, whatever the aspect ratio) into one uint8 batch
+at the model's input size, one kernel launch per upload, all on the stage's stream. Normalization stays fused
 into the model's first kernel on the inference GPU: uint8 is half the bytes of float16 on
 the wire.
 """
@@ -35,7 +36,7 @@ from ray import serve
 from pipeline import metrics
 from pipeline.config import PipelineConfig
 from pipeline.errors import FerryError, InvalidInput, ModelNotFound
-from pipeline.imaging import Target, checked_header, resize_to, sniff
+from pipeline.imaging import Target, plan_decode, plan_resize, sniff
 from pipeline.threads import thread_pool
 
 from .messages import Rows
@@ -51,7 +52,6 @@ class PreprocessGpuCore:
     def __init__(self, config: PipelineConfig, device: int = 0, local: bool = False) -> None:
         from pipeline.device import Stream, select_backend
         from pipeline.memory import PinnedRing
-        from pipeline.ops.image import ResizeBilinear
 
         self.config = config
         self.local = local
@@ -66,7 +66,6 @@ class PreprocessGpuCore:
         self.timeout_s = t.timeout_s
         self.ring = PinnedRing(self.backend, t.staging_slot_bytes, t.staging_slots)
         self.stream = Stream("preprocess", self.backend)
-        self.resize = ResizeBilinear()
         self.endpoint: Any = None
         self.os_tx: Any = None
         if not local:
@@ -148,7 +147,7 @@ class PreprocessGpuCore:
         (decoder call, launch, event) is paid once for many calls. The rows that come back
         are views of the round's device batch, complete on the device."""
         t0 = time.perf_counter()
-        jpegs, others, errors = self._split(items)
+        jpegs, others, errors = self._split(model, items)
         found: dict[int, Any] = {}
         if others:  # PNG and the like: CPU threads, then uploaded in the round
             await self._decode_cpu(model, items, others, found, errors)
@@ -232,7 +231,7 @@ class PreprocessGpuCore:
         decode -- on CPU threads. Images come back in request order: host arrays for the CPU
         ones, nvImageCodec images (on this device, in this stage's stream) for the rest."""
         if self.decoder is not None:
-            jpegs, on_cpu, errors = self._split(items)
+            jpegs, on_cpu, errors = self._split(model, items)
             on_gpu = [i for i, _ in jpegs]
         else:
             on_gpu, on_cpu, errors = [], list(range(len(items))), {}
@@ -259,10 +258,12 @@ class PreprocessGpuCore:
         return [found[i] for i in owner], owner, errors
 
     def _split(
-        self, items: list[tuple[bytes, str | None]]
+        self, model: str, items: list[tuple[bytes, str | None]]
     ) -> tuple[list[tuple[int, bytes]], list[int], dict[int, FerryError]]:
-        """JPEGs for the GPU decoder (checked from their headers: media type, pixel count),
-        the indices of everything else (for the CPU path), and the JPEGs that failed."""
+        """JPEGs for the GPU decoder (checked and planned from their headers: media type,
+        pixel count, the resize plan's bounds), the indices of everything else (for the CPU
+        path), and the JPEGs that failed."""
+        target = self.targets[model]
         errors: dict[int, FerryError] = {}
         jpegs: list[tuple[int, bytes]] = []
         others: list[int] = []
@@ -271,7 +272,7 @@ class PreprocessGpuCore:
                 others.append(i)
                 continue
             try:
-                checked_header(data, ct, self.max_pixels)
+                plan_decode(data, ct, target, self.max_pixels, self.cpu.max_work_bytes)
             except FerryError as exc:
                 errors[i] = exc
                 continue
@@ -315,7 +316,9 @@ class PreprocessGpuCore:
                     i += 1
                     continue
                 if imgs[i].nbytes > self.ring.slot_bytes:  # rare: a huge PNG; pageable copy
-                    self._fit(cupy.asarray(imgs[i]), out[i], t)
+                    big = cupy.asarray(imgs[i])
+                    self._fit_many([(i, big)], out, t)
+                    self._held.append((self.stream.record(), big))
                     i += 1
                     continue
                 self._reap()  # a slot back from an upload that finished
@@ -334,12 +337,15 @@ class PreprocessGpuCore:
                 dev = cupy.empty(off, dtype=cupy.uint8)
                 self.stream.copy_h2d(dev, slot.view(0, (off,), np.uint8))
                 self._inflight.append((self.stream.record(), slot))
-                for j, o, shape in placed:
-                    size = int(np.prod(shape))
-                    self._fit(dev[o : o + size].reshape(shape), out[j], t)
+                # the slot's images fitted in one launch, read in place from the upload
+                self._fit_many(
+                    [(j, dev[o : o + int(np.prod(sh))].reshape(sh)) for j, o, sh in placed],
+                    out,
+                    t,
+                )
+            while self._held and self._held[0][0].done():
+                self._held.popleft()
             if held:  # nvImageCodec's images live until the resize has read them
-                while self._held and self._held[0][0].done():
-                    self._held.popleft()
                 self._held.append((self.stream.record(), held))
         return out
 
@@ -365,10 +371,9 @@ class PreprocessGpuCore:
             if v.strides[1:] != (c, 1):  # the kernel takes a row pitch, not pixel strides
                 v = cupy.ascontiguousarray(v)
                 keep.append(v)
-            rh, rw = resize_to(h, w, t)
-            top, left = (rh - t.height) // 2, (rw - t.width) // 2
-            geo[k] = (h, w, v.strides[0], rh, rw, top, left, j)
-            scale[k] = (h / rh, w / rw)
+            p = plan_resize(h, w, t)  # only the output window is computed: no intermediate
+            geo[k] = (h, w, v.strides[0], p.resized_h, p.resized_w, p.top, p.left, j)
+            scale[k] = p.scale
             ptrs[k] = v.data.ptr
         parts = (ptrs, geo, scale)
         offs, size = [], 0
@@ -396,29 +401,6 @@ class PreprocessGpuCore:
         out = self.batch(model, imgs)
         with self.stream:  # the send starts when this stream reaches it
             return self._sender(to).send(out, {"model": model})
-
-    def _fit(self, src: Any, dst: Any, t: Target) -> None:
-        """Resize one device image [h, w, c] into ``dst`` [H, W, C] as ``imaging.fit`` does."""
-        import cupy
-
-        from pipeline.ops.base import TensorSpec
-
-        h, w, c = src.shape
-        if not src.flags.c_contiguous:  # nvImageCodec pads rows; the kernels want them dense
-            src = cupy.ascontiguousarray(src)
-        rh, rw = resize_to(h, w, t)
-        if (h, w) == (rh, rw):
-            tmp = src[None]
-        else:
-            plan = self.resize.prepare(
-                TensorSpec((1, h, w, c), "uint8"), size=(rh, rw), antialias=True
-            )
-            tmp = dst[None] if t.fit == "stretch" else cupy.empty((1, rh, rw, c), cupy.uint8)
-            self.resize.commit(plan, [src[None]], [tmp], None, self.stream)
-            if t.fit == "stretch":
-                return
-        top, left = (rh - t.height) // 2, (rw - t.width) // 2
-        dst[...] = tmp[0, top : top + t.height, left : left + t.width]
 
     def _reap(self) -> None:
         while self._inflight and self._inflight[0][0].done():

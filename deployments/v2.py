@@ -19,6 +19,8 @@ import numpy as np
 from pipeline.engines.base import TensorInfo
 from pipeline.errors import InvalidInput
 
+from .validate import element_count, json_loads, object_list, optional_str, params_of, shape_of
+
 HEADER_LEN = "inference-header-content-length"
 
 DTYPES: dict[str, np.dtype] = {
@@ -69,12 +71,6 @@ class InferRequest:
     binary_outputs: frozenset[str]
 
 
-def _shape(v: Any) -> tuple[int, ...]:
-    if not isinstance(v, list) or not all(isinstance(d, int) and d >= 0 for d in v):
-        raise InvalidInput("a tensor's shape must be a list of non-negative integers", shape=v)
-    return tuple(v)
-
-
 def parse_infer(
     body: bytes, header_length: int | None, sig: Signature, max_batch: int
 ) -> InferRequest:
@@ -89,10 +85,7 @@ def parse_infer(
         head, binary = body[:header_length], memoryview(body)[header_length:]
     else:
         head, binary = body, memoryview(b"")
-    try:
-        req = json.loads(head)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidInput("request is not valid JSON", detail=str(exc)) from None
+    req = json_loads(head)
     if (
         not isinstance(req, dict)
         or not isinstance(req.get("inputs"), list)
@@ -101,15 +94,13 @@ def parse_infer(
         raise InvalidInput(
             "a request needs exactly one input tensor", inputs=[i.name for i in sig.inputs]
         )
-    t = req["inputs"][0]
-    if not isinstance(t, dict):
-        raise InvalidInput("an input must be an object")
+    t = object_list(req["inputs"], "inputs", 1, 1)[0]
     own = sig.inputs[0]  # (a model of one input takes it under any name, as Ferry always did)
     if len(sig.inputs) > 1 and t.get("name") != own.name:
         raise InvalidInput("unknown input", input=str(t.get("name"))[:64], expected=own.name)
-    shape = _shape(t.get("shape"))
+    shape = shape_of(t.get("shape"), "input")
     dt_name = t.get("datatype")
-    if dt_name not in DTYPES:
+    if not isinstance(dt_name, str) or dt_name not in DTYPES:
         raise InvalidInput("unknown or unsupported datatype", datatype=dt_name)
     own_dt = NAMES[np.dtype(own.dtype).name]
     if dt_name != own_dt and not (own_dt == "UINT8" and dt_name in PIXELS_AS):
@@ -117,11 +108,11 @@ def parse_infer(
             "datatype does not match the model's input", datatype=dt_name, expected=own_dt
         )
     dt = DTYPES[dt_name]
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-    params = t.get("parameters") or {}
+    count = element_count(shape)
+    params = params_of(t, "inputs[0]")
     if "binary_data_size" in params:
         size = params["binary_data_size"]
-        if not isinstance(size, int) or size != len(binary):
+        if type(size) is not int or size != len(binary):
             raise InvalidInput(
                 "binary_data_size does not match the binary part of the body",
                 binary_data_size=size,
@@ -140,11 +131,13 @@ def parse_infer(
         data = t.get("data")
         if data is None:
             raise InvalidInput("input has neither data nor binary_data_size")
+        if not isinstance(data, list):
+            raise InvalidInput("input data must be a list", got=type(data).__name__)
         try:
             arr = np.asarray(data, dtype=dt)
-        except (TypeError, ValueError, OverflowError) as exc:
+        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
             raise InvalidInput(
-                "input data does not fit its datatype", datatype=dt_name, detail=str(exc)
+                "input data does not fit its datatype", datatype=dt_name, detail=str(exc)[:200]
             ) from None
         if arr.size != count:
             raise InvalidInput(
@@ -168,24 +161,20 @@ def parse_infer(
             )
         arr = np.rint(f).astype(np.uint8)
     outputs, binary_out = _requested(req.get("outputs"), sig.output_names)
-    rid = req.get("id")
-    return InferRequest(
-        str(rid) if rid is not None else None, np.ascontiguousarray(arr), outputs, binary_out
-    )
+    rid = optional_str(req.get("id"), "id")
+    return InferRequest(rid, np.ascontiguousarray(arr), outputs, binary_out)
 
 
 def _requested(spec: Any, known: tuple[str, ...]) -> tuple[tuple[str, ...], frozenset[str]]:
     if spec is None:  # every output
         return known, frozenset()
-    if not isinstance(spec, list) or not spec:
-        raise InvalidInput("outputs must be a non-empty list")
     names, binary = [], set()
-    for o in spec:
-        name = o.get("name") if isinstance(o, dict) else None
-        if name not in known:
+    for i, o in enumerate(object_list(spec, "outputs", 1, max(1, len(known)) * 4)):
+        name = o.get("name")
+        if not isinstance(name, str) or name not in known:
             raise InvalidInput("unknown output", output=str(name)[:64], known=list(known))
         names.append(name)
-        if (o.get("parameters") or {}).get("binary_data"):
+        if params_of(o, f"outputs[{i}]").get("binary_data"):
             binary.add(name)
     return tuple(names), frozenset(binary)
 

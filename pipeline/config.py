@@ -300,6 +300,10 @@ class IngressConfig(_Strict):
     """Bodies over this get 413."""
     max_pixels: int = Field(40_000_000, ge=1, le=1 << 31)
     """Images whose header declares more pixels get 413 before any decoding."""
+    max_image_work_bytes: int = Field(512 << 20, ge=1 << 20, le=1 << 36)
+    """What decoding and resizing one image may hold at its peak, planned from its header
+    (decoded pixels, the decoder's buffers, the resize's intermediate and output): an image
+    whose plan needs more gets 413 before any decoding."""
     default_top_k: int = Field(5, ge=1, le=64)
     """``top_k`` when the request gives none."""
     request_timeout_s: float = Field(60.0, gt=0.0, le=3600.0)

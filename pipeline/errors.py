@@ -8,7 +8,39 @@ HTTP status.
 
 from __future__ import annotations
 
+import math
+import reprlib
 from typing import Any
+
+# Fields often carry what the client sent (a shape, a header): shown cut short, and never
+# by a ``repr`` that recurses through a 100,000-deep list or prints a 5,000-digit integer.
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel = 3
+_SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxdict = 8
+_SHORT.maxstring = _SHORT.maxother = 160
+_SHORT.maxlong = 40
+
+
+def short_repr(v: Any) -> str:
+    """``repr`` cut short: bounded in length and depth whatever ``v`` is."""
+    try:
+        return _SHORT.repr(v)
+    except Exception:  # a repr that itself fails
+        return f"<{type(v).__name__}>"
+
+
+def json_safe(v: Any) -> Any:
+    """A field value as JSON can carry it: finite numbers, booleans, None and short strings
+    as they are; everything else (NaN, infinity, lists, objects) as a short repr."""
+    if v is None or isinstance(v, bool):
+        return v
+    if isinstance(v, int):
+        return v if abs(v) < 1 << 63 else short_repr(v)
+    if isinstance(v, float):
+        return v if math.isfinite(v) else repr(v)
+    if isinstance(v, str):
+        return v if len(v) <= 160 else v[:160] + "..."
+    return short_repr(v)
 
 
 class FerryError(Exception):
@@ -27,7 +59,7 @@ class FerryError(Exception):
     def __str__(self) -> str:
         if not self.fields:
             return self.message
-        detail = ", ".join(f"{k}={v!r}" for k, v in self.fields.items())
+        detail = ", ".join(f"{k}={short_repr(v)}" for k, v in self.fields.items())
         return f"{self.message} ({detail})" if self.message else detail
 
     def __eq__(self, other: object) -> bool:  # handy in tests of the pickle round trip
@@ -38,6 +70,10 @@ class FerryError(Exception):
         )
 
     __hash__ = Exception.__hash__
+
+    def public_detail(self) -> dict[str, Any]:
+        """The fields as a JSON-safe object (what an error response carries)."""
+        return {str(k)[:64]: json_safe(v) for k, v in self.fields.items()}
 
 
 def _rebuild(cls: type[FerryError], message: str, fields: dict[str, Any]) -> FerryError:
@@ -104,6 +140,8 @@ class ModelRefused(InvalidInput):
 
 
 __all__ = [
+    "json_safe",
+    "short_repr",
     "FerryError",
     "InvalidInput",
     "UnsupportedMediaType",

@@ -197,13 +197,15 @@ def test_serve_app_on_one_gpu_decodes_in_the_inference_replica():
     assert acc >= cpu_acc - 0.01 and acc >= 0.9, (acc, cpu_acc)
 
 
-def test_one_launch_fit_equals_fitting_each_image(nvimgcodec):
-    """The batched resize-and-crop kernel gives what resizing each image on its own and
-    cropping it gives (to a level on rounding boundaries), for centre-crop (ResNet-50:
-    down, up and no resize) and stretch (digits, grey)."""
+def test_one_launch_fit_equals_pillow_on_the_same_pixels(nvimgcodec):
+    """The batched resize-and-crop kernel (which computes only the output window of each
+    image's resize plan) gives what Pillow's fit of the same decoded pixels gives, to a
+    level on rounding boundaries (Pillow rounds to uint8 between its two passes), for
+    centre-crop (ResNet-50: down, up and no resize) and stretch (digits, grey)."""
     import cupy
 
     from deployments.preprocess_gpu import PreprocessGpuCore, device_view
+    from pipeline.imaging import fit
 
     core = PreprocessGpuCore(_config(), 0, local=True)
     photos = list(_photos().values())
@@ -216,20 +218,14 @@ def test_one_launch_fit_equals_fitting_each_image(nvimgcodec):
         t = core.targets[model]
         imgs = core._decode_gpu(blobs, t.channels)
         got = core.batch(model, imgs)
-        each = cupy.empty_like(got)
-        with core.stream:
-            for i, img in enumerate(imgs):
-                v = device_view(img)
-                core._fit(v if v.ndim == 3 else v[..., None], each[i], t)
         core.stream.synchronize()
-        assert got.shape == (len(blobs), t.height, t.width, t.channels)
-        diff = cupy.abs(got.astype(cupy.int16) - each.astype(cupy.int16))
+        host = [cupy.asnumpy(device_view(img)) for img in imgs]
+        want = np.stack([fit(h if h.ndim == 3 else h[..., None], t) for h in host])
+        assert got.shape == want.shape == (len(blobs), t.height, t.width, t.channels)
+        diff = np.abs(got.get().astype(np.int16) - want.astype(np.int16))
         print(
-            f"{model}: one launch vs each image: max |diff| {int(diff.max())}, "
-            f"share of values that differ {float((diff > 0).mean()):.5f}"
+            f"{model}: one launch vs Pillow: max |diff| {int(diff.max())}, mean {diff.mean():.4f}"
         )
-        # the same arithmetic in two kernels; nvcc may contract it into FMAs differently,
-        # which moves a value sitting on a rounding boundary by one level
-        assert int(diff.max()) <= 1 and float((diff > 0).mean()) < 1e-3, model
+        assert diff.mean() < 0.5 and np.percentile(diff, 99.9) <= 2, model
         del imgs
     core.close()

@@ -69,3 +69,38 @@ def test_gpu_batch_of_digits_stretch_and_more_images_than_slots():
     assert diff.mean() < 0.5 and diff.max() <= 2, (diff.mean(), diff.max())
     assert core.ring.available() >= 0
     core.close()
+
+
+def test_gpu_fit_of_extreme_strips_is_bounded_and_matches_cpu():
+    """A 60000x1 strip (CPU-decoded, uploaded through the ring or the pageable path) is
+    fitted by its plan's output window: the device pool grows by about the output, not by
+    the 15,360,000 x 256 resize the old path allocated, and the pixels match the CPU."""
+    import cupy
+
+    core = _core()
+    target = model_info("resnet50").target()
+    rng = np.random.default_rng(0)
+    blobs = []
+    # 3 x 150,000 decodes to 1.35 MB: over a 1 MB slot, so it takes the pageable path
+    for shape in ((1, 60000), (60000, 1), (3, 150_000), (1, 200_000)):
+        img = rng.integers(0, 255, (*shape, 3), dtype=np.uint8)
+        blobs += [(encode_png(img), "image/png"), (encode_jpeg(img), "image/jpeg")]
+    imgs = [core.cpu.decode_one("resnet50", b, ct) for b, ct in blobs[:6]]
+    pool = cupy.get_default_memory_pool()
+    cupy.cuda.runtime.deviceSynchronize()
+    before = pool.total_bytes()
+    out = core.batch("resnet50", imgs)
+    core.stream.synchronize()
+    grew = pool.total_bytes() - before
+    assert grew < 64 << 20, grew
+    for i, (b, ct) in enumerate(blobs[:6]):
+        want = decode(b, ct, target, 1 << 30)
+        diff = np.abs(out[i].get().astype(np.int16) - want.astype(np.int16))
+        assert diff.mean() < 0.5 and np.percentile(diff, 99.9) <= 2, (i, diff.mean())
+    # a 1 x 200,000 strip's centre crop is past the plan's exact geometry: a 400 on both paths
+    from pipeline.errors import InvalidInput
+
+    for b, ct in blobs[6:]:
+        with pytest.raises(InvalidInput, match="aspect ratio"):
+            core.cpu.decode_one("resnet50", b, ct)
+    core.close()

@@ -1,0 +1,162 @@
+"""Ferry's error answers over HTTP: every error, whoever raises it -- Ferry, FastAPI's
+router (404, 405), its request validation (422, answered as 400), or a bug (500) -- is JSON
+``{"error", "type", "request_id", "detail"}`` with the right status. Building the answer
+never fails, whatever the error's fields hold.
+"""
+
+import logging
+import uuid
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from pipeline import metrics
+from pipeline.errors import FerryError, InvalidInput, QueueFull
+
+logger = logging.getLogger("deployments.ingress")
+
+
+def request_id_of(request: Request) -> str:
+    """The request's id: Serve's proxy passes the client's X-Request-ID (or one it made up)
+    to the replica and puts the same id on the response, so logs, body and header agree."""
+    rid = getattr(request.state, "request_id", None)
+    if rid is None:
+        given = request.headers.get("x-request-id", "")[:128]
+        rid = given if given.isprintable() and given else uuid.uuid4().hex
+        request.state.request_id = rid
+    return rid
+
+
+def error_response(exc: BaseException, request_id: str) -> JSONResponse:
+    """Ferry's error answer: JSON ``{"error", "type", "request_id", "detail"}`` with the
+    status of the error's class; anything that is not a ``FerryError`` is a 500 (a bug),
+    logged with the request id the body carries. Building it never fails: field values are
+    made JSON-safe (NaN, deep lists, huge integers) first."""
+    try:
+        return _error_response(exc, request_id)
+    except Exception:  # the last resort: a fixed body
+        logger.exception("building the error response of %s failed", request_id)
+        return JSONResponse({"error": "internal error", "request_id": request_id}, 500)
+
+
+def _error_response(exc: BaseException, request_id: str) -> JSONResponse:
+    if isinstance(exc, FerryError):
+        status = exc.http_status
+        body: dict[str, Any] = {
+            "error": exc.message or type(exc).__name__,
+            "type": type(exc).__name__,
+            "request_id": request_id,
+        }
+        if exc.fields:
+            body["detail"] = exc.public_detail()
+    else:
+        status = 500
+        body = {"error": "internal error", "request_id": request_id}
+        logger.error("request %s failed: %s", request_id, exc, exc_info=exc)
+    headers = {}
+    if status == 503:
+        try:
+            retry = float(getattr(exc, "fields", {}).get("retry_after_s", 1))
+        except (TypeError, ValueError):
+            retry = 1.0
+        headers["retry-after"] = str(max(1, round(retry)) if retry == retry else 1)
+    if status in (413, 503, 504):
+        metrics.count_rejected({413: "too_large", 503: "overloaded", 504: "deadline"}[status])
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _scope_request_id(scope: dict) -> str:
+    state = scope.get("state") or {}
+    rid = state.get("request_id") if isinstance(state, dict) else None
+    if rid:
+        return rid
+    for k, v in scope.get("headers") or []:
+        if k == b"x-request-id":
+            given = v.decode("latin-1")[:128]
+            if given and given.isprintable():
+                return given
+    return uuid.uuid4().hex
+
+
+class JsonErrors:
+    """Pure ASGI, outermost: whatever escapes the app (a bug: a 500) is answered with
+    Ferry's error JSON carrying the request id, if no answer has started yet."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: dict) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            if started:
+                raise
+            await error_response(exc, _scope_request_id(scope))(scope, receive, send)
+
+
+def install(app: FastAPI) -> None:
+    """Ferry's handlers on ``app`` and ``JsonErrors`` as its outermost middleware (call it
+    after the app's other middleware is added)."""
+    app.add_exception_handler(FerryError, _ferry_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_middleware(JsonErrors)
+
+
+async def _ferry_error(request: Request, exc: FerryError) -> JSONResponse:
+    return error_response(exc, request_id_of(request))
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    # FastAPI's 422 is Ferry's 400: the fields it names, cut short
+    errors = [
+        {"loc": ".".join(str(p) for p in e.get("loc", ()))[:80], "msg": str(e.get("msg"))[:120]}
+        for e in exc.errors()[:8]
+    ]
+    return error_response(
+        InvalidInput("bad request parameters", errors=errors), request_id_of(request)
+    )
+
+
+class HttpError(FerryError):
+    """The router's own refusals (no such route: 404, wrong method: 405), as Ferry errors."""
+
+    def __init__(self, message: str = "", status: int = 400, **fields: Any) -> None:
+        super().__init__(message, status=status, **fields)
+        self.http_status = status
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    status = exc.status_code if 400 <= exc.status_code <= 599 else 500
+    msg = {404: "no such route", 405: "method not allowed"}.get(status, str(exc.detail)[:200])
+    resp = error_response(
+        HttpError(msg, status, method=request.method, path=request.url.path[:200]),
+        request_id_of(request),
+    )
+    if exc.headers:  # 405's Allow
+        resp.headers.update(exc.headers)
+    return resp
+
+
+def unwrap(exc: BaseException) -> BaseException:
+    """The FerryError inside a Ray task error; Serve's back-pressure refusal as QueueFull."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException):
+        exc = cause
+    if type(exc).__name__ == "BackPressureError":
+        return QueueFull("a pipeline stage is at its queue limit", retry_after_s=1.0)
+    return exc
