@@ -133,7 +133,10 @@ def test_a_gif_labelled_jpeg_is_415(app):
     assert _ferry_json(r, 415)["detail"]["body"] == "gif"
 
 
-header_values = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=12)
+# what an HTTP client can send as a header value (no edge whitespace: h11 refuses it)
+header_values = st.text(
+    alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=12
+).map(lambda v: v.strip() or "0")
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
