@@ -1,0 +1,138 @@
+"""The ``ferry`` command: ``python -m pipeline``'s commands plus those that need Serve.
+
+    ferry classify IMAGE ...          # as python -m pipeline classify
+    ferry models                      # as python -m pipeline models
+    ferry config check FILE [FILE...] [--gpus N]   # Serve's and Ferry's validation, in one go
+
+``config check`` takes a Serve config file (``serve run`` / ``serve deploy``; checked with
+``ray.serve.schema.ServeDeploySchema``, as ``serve deploy`` does, then every application
+that imports ``deployments.app:build_app`` is checked with Ferry's ``PipelineConfig`` and
+built, placement included, without starting Ray) or a bare pipeline config (YAML or JSON:
+the fields of ``PipelineConfig``). It prints one line per check and exits 1 on the first
+file that fails. It lives here, not in ``pipeline/``, because ``pipeline/`` never imports
+``ray.serve``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+FERRY_APP = "deployments.app:build_app"
+
+
+def _load(path: str) -> Any:
+    with open(path) as f:
+        text = f.read()
+    if path.endswith(".json"):
+        return json.loads(text)
+    import yaml
+
+    return yaml.safe_load(text)
+
+
+def _errors(exc: Exception) -> str:
+    """A pydantic error as 'loc: message' lines; anything else as its text."""
+    errs = getattr(exc, "errors", None)
+    if callable(errs):
+        try:
+            return "\n".join(
+                "  " + ".".join(str(p) for p in e.get("loc", ())) + ": " + e.get("msg", "")
+                for e in errs()
+            )
+        except Exception:
+            pass
+    return f"  {exc}"
+
+
+def _check_pipeline(args: dict[str, Any] | None, where: str, base_dir: str, gpus: int) -> str:
+    """Validate, place (``gpus: auto`` as ``gpus`` GPUs) and build one application's
+    pipeline config; a summary line."""
+    from deployments.app import build, load_config
+    from pipeline import placement
+
+    args = dict(args or {})
+    cfg = args.get("config")
+    if isinstance(cfg, str) and not os.path.isabs(cfg):  # as `serve run` from the file's dir
+        args["config"] = os.path.join(base_dir, cfg)
+    config = placement.resolve(load_config(args), gpus)
+    build(config)  # the deployments and their options, as `serve run` makes them
+    models = ", ".join(m.name for m in config.models)
+    return (
+        f"ok: {where}: Ferry's pipeline config (models {models}; backend "
+        f"{config.executor.backend}; placed for {gpus} GPU(s) where it says gpus: auto)"
+    )
+
+
+def check_file(path: str, gpus: int = 1) -> list[str]:
+    """The lines of a passing check; raises ValueError with the reasons when it fails."""
+    raw = _load(path)
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: not a mapping")
+    base = os.path.dirname(os.path.abspath(path))
+    lines = []
+    if "applications" not in raw:  # a bare pipeline config
+        try:
+            lines.append(_check_pipeline({"config": raw}, path, base, gpus))
+        except Exception as exc:
+            raise ValueError(f"{path}: Ferry's pipeline config:\n{_errors(exc)}") from None
+        return lines
+    from ray.serve.schema import ServeDeploySchema
+
+    try:
+        ServeDeploySchema.model_validate(raw)
+    except Exception as exc:
+        raise ValueError(f"{path}: Serve's schema (serve deploy):\n{_errors(exc)}") from None
+    lines.append(f"ok: {path}: Serve's schema ({len(raw['applications'])} application(s))")
+    for app in raw["applications"]:
+        where = f"{path}: application {app.get('name', '?')!r}"
+        if app.get("import_path") != FERRY_APP:
+            lines.append(f"skipped: {where}: imports {app.get('import_path')!r}, not Ferry")
+            continue
+        try:
+            lines.append(_check_pipeline(app.get("args"), where, base, gpus))
+        except Exception as exc:
+            raise ValueError(f"{where}: Ferry's pipeline config:\n{_errors(exc)}") from None
+    return lines
+
+
+def _config(args: argparse.Namespace) -> int:
+    for path in args.files:
+        try:
+            for line in check_file(path, args.gpus):
+                print(line)
+        except (OSError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] != ["config"]:
+        from pipeline.__main__ import main as pipeline_main
+
+        if argv[:1] in ([], ["-h"], ["--help"]):
+            print(__doc__)
+        return pipeline_main(argv)
+    ap = argparse.ArgumentParser(
+        prog="ferry config",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("check", help="validate config files with Serve's and Ferry's schemas")
+    c.add_argument("files", nargs="+")
+    c.add_argument(
+        "--gpus", type=int, default=1, help="the cluster's GPUs, for configs saying gpus: auto"
+    )
+    c.set_defaults(fn=_config)
+    args = ap.parse_args(argv[1:])
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""`ferry config check`: Serve's schema and Ferry's pipeline config, in one command."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import yaml
+
+from deployments import cli
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.parametrize(
+    "name", ["serve_config.yaml", "serve_config.gpu.yaml", "serve_config.gpu2.yaml"]
+)
+def test_shipped_configs_pass_both_checks(name, capsys):
+    assert cli.main(["config", "check", os.path.join(ROOT, name)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("ok: ") and "Serve's schema" in out[0]
+    assert out[1].startswith("ok: ") and "Ferry's pipeline config" in out[1]
+
+
+def _write(tmp_path, name, data) -> str:
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(data))
+    return str(p)
+
+
+def test_a_serve_schema_error_is_reported_as_serves(tmp_path, capsys):
+    raw = yaml.safe_load(open(os.path.join(ROOT, "serve_config.yaml")))
+    raw["http_options"]["port"] = "eighty"
+    rc = cli.main(["config", "check", _write(tmp_path, "s.yaml", raw)])
+    err = capsys.readouterr().err
+    assert rc == 1 and "Serve's schema" in err and "http_options.port" in err
+
+
+def test_a_pipeline_error_is_reported_as_ferrys_with_its_field(tmp_path, capsys):
+    raw = yaml.safe_load(open(os.path.join(ROOT, "serve_config.yaml")))
+    raw["applications"][0]["args"]["config"]["batching"]["max_wait_ms"] = -1
+    rc = cli.main(["config", "check", _write(tmp_path, "f.yaml", raw)])
+    err = capsys.readouterr().err
+    assert rc == 1 and "Ferry's pipeline config" in err and "batching.max_wait_ms" in err
+
+
+def test_a_bare_pipeline_config_and_a_config_path_relative_to_the_file(tmp_path, capsys):
+    pipeline = {"models": [{"name": "digits", "arch": "digits"}], "executor": {"backend": "numpy"}}
+    bare = _write(tmp_path, "pipeline.yaml", pipeline)
+    assert cli.main(["config", "check", bare]) == 0
+    serve_cfg = {
+        "applications": [
+            {
+                "name": "a",
+                "import_path": "deployments.app:build_app",
+                "args": {"config": "pipeline.yaml"},
+            },
+            {"name": "b", "import_path": "other.module:app", "route_prefix": "/b"},
+        ]
+    }
+    assert cli.main(["config", "check", _write(tmp_path, "serve.yaml", serve_cfg)]) == 0
+    out = capsys.readouterr().out
+    assert "application 'a'" in out and "skipped:" in out and "other.module:app" in out
