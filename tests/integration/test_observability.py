@@ -116,6 +116,7 @@ def traffic() -> dict[str, int]:
 def scraped(app):
     n = traffic()
     deadline = time.time() + 90
+    previous = None
     while True:  # Ray exports on its own period: wait until this app's numbers are in
         series = scrape()
         ok = (
@@ -140,9 +141,16 @@ def scraped(app):
             and total(series, "ray_ferry_batch_items_total", application=APP)
             >= n["v1"] + n["v2_items"]
         )
-        if ok or time.time() > deadline:
+        # every replica exports on its own clock: done when this app's series hold still
+        ours = sorted(
+            (k, tuple(sorted(lab.items())), v)
+            for k, lab, v in series
+            if k.startswith("ray_ferry_") and lab.get("application") == APP
+        )
+        if (ok and ours == previous) or time.time() > deadline:
             return series, n
-        time.sleep(2)
+        previous = ours if ok else None
+        time.sleep(5 if ok else 2)  # longer than a flush (0.5 s) plus Ray's export step
 
 
 def test_requests_are_counted_by_model_route_and_code_with_serves_labels(scraped):
