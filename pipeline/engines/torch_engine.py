@@ -180,6 +180,13 @@ class _TorchCharge:
                 raise
         return want
 
+    @classmethod
+    def release(cls, pool: Any) -> None:
+        with cls._lock:
+            held = cls._held.pop(id(pool), None)
+        if held is not None:
+            held.release()
+
 
 # ----------------------------------------------------------------------------- the engine
 
@@ -348,6 +355,10 @@ class TorchEngine(Engine):
 
     def bind(self, plan: EnginePlan, arena: Any) -> TorchBound:
         return TorchBound(self, plan, arena)
+
+    def close(self) -> None:
+        if self.ctx is not None and self.device is not None and self.device.type == "cuda":
+            _TorchCharge.release(self.ctx.pool)
 
 
 class TorchBound:
