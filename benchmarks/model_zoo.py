@@ -51,6 +51,7 @@ def make(name: str, seed: int = 0, device: str = "cpu") -> Any:
             m.train()
             for _ in range(2):
                 m(torch.randn(8, 3, 224, 224, generator=g).to(device))
+
         def u(c: int, lo: float, hi: float) -> Any:
             return (torch.rand(c, generator=g) * (hi - lo) + lo).to(device)
 

@@ -444,7 +444,36 @@ def render() -> str:
             f"locust costs {lg['locust_cpu_per_request_vs_loadgen']:.2f}x loadgen's CPU per request.",
             "",
         ]
+    models = load("models.json")
+    if models:
+        out += ["## Your own models: torch engine and peers (`bench_models.py`)", ""]
+        out += [*models_section(models), ""]
     return "\n".join(out)
+
+
+def models_section(doc: dict) -> list[str]:
+    """img/s per model and batch, one column per system, and ferry_torch / torch_compile."""
+    systems = ["ferry_torch", "torch_compile", "torch_eager", "ferry_native", "ferry_onnx"]
+    cells: dict[tuple, dict] = {}
+    for r in doc["rows"]:
+        cells.setdefault((r["model"], r["batch"]), {})[r["system"]] = r
+    present = [s for s in systems if any(s in c for c in cells.values())]
+    rows = []
+    for (model, batch), c in cells.items():
+        row = {"model": model, "batch": batch}
+        for s in present:
+            r = c.get(s)
+            row[s] = "" if r is None else f"{r['img_s']:,.0f} ({r['top1_agree']:.2f})"
+        ft, tc = c.get("ferry_torch"), c.get("torch_compile")
+        row["ratio"] = f"{ft['img_s'] / tc['img_s']:.2f}x" if ft and tc else ""
+        rows.append(row)
+    cols = [("model", "model"), ("batch", "batch"), *((s, s) for s in present)]
+    return [
+        f"{doc['machine']}; {doc['date']}. {doc['setup']}. Cells: img/s (top-1 agreement with "
+        "torch fp32).",
+        "",
+        md_table(rows, [*cols, ("ferry_torch / torch_compile", "ratio")]),
+    ]
 
 
 def main() -> int:
