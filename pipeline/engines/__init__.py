@@ -3,9 +3,11 @@
 ``ENGINES`` maps an engine's name to ``"module:builder"``; the module is imported only when
 a model of that engine is loaded (torch and onnx are optional extras), and the builder is
 called as ``builder(entry, image)`` with the repository entry (``ModelConfig``) and the
-resolved ``ImageInput`` (or ``None``) and returns an ``Engine``. An engine whose module is
-not there yet (``onnx`` until its adapter lands, at ``pipeline/engines/onnx.py`` defining
-``build``) fails at load time with a message saying so.
+resolved ``ImageInput`` and returns a ``LoadedModel`` whose ``engine`` is an ``Engine``
+(``base.py``). A module may also define ``declared_input(entry)``: what the model file
+declares of its input (size, channels, layout, dtype), read by the repository to fill in
+what the entry leaves out. An engine whose module is missing fails at load time with "the
+<name> engine is not available yet"; one whose package is missing names the extra.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from .base import Engine, EngineContext, EnginePlan, Feed, ImageInput, TensorInf
 ENGINES: dict[str, str] = {
     "native": "pipeline.models.registry:build_native",
     "torch": "pipeline.engines.torch_engine:build",
-    "onnx": "pipeline.engines.onnx:build",  # the onnx importer's adapter (branch onnx)
+    "onnx": "pipeline.engines.onnx:build",
 }
 
 

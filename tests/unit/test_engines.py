@@ -47,16 +47,24 @@ def test_executor_runs_the_native_engine_through_the_interface():
     ex.close()
 
 
-def test_engine_registry_names_what_is_missing():
+def test_engine_registry_names_what_is_missing(monkeypatch, tmp_path):
     assert {"native", "torch", "onnx"} <= set(ENGINES)
     with pytest.raises(InvalidInput) as info:
         builder("tensorrt")
     assert info.value.fields["engine"] == "tensorrt"
-    try:
-        import pipeline.engines.onnx  # noqa: F401  (the onnx adapter, once it lands)
-    except ModuleNotFoundError:
-        with pytest.raises(InvalidInput, match="the onnx engine is not available yet"):
-            builder("onnx")
+    # an engine registered before its file exists says so at load time
+    monkeypatch.setitem(ENGINES, "future", "pipeline.engines.future:build")
+    with pytest.raises(InvalidInput, match="the future engine is not available yet"):
+        builder("future")
+    # an engine whose package is missing names it
+    d = tmp_path / "engines_extra"
+    d.mkdir()
+    (d / "needy_engine.py").write_text("import no_such_package_xyz\n")
+    monkeypatch.syspath_prepend(str(d))
+    monkeypatch.setitem(ENGINES, "needy", "needy_engine:build")
+    with pytest.raises(InvalidInput, match="needs a package") as info:
+        builder("needy")
+    assert info.value.fields["missing"] == "no_such_package_xyz"
     assert callable(builder("native"))
 
 
