@@ -538,14 +538,18 @@ class GpuExecutor:
     def infer(
         self, model: str, batch: np.ndarray, timeout: float | None = None, feed: Feed = "image"
     ) -> np.ndarray:
-        """Run a whole host batch (split into the largest bucket) and wait for the rows."""
+        """Run a whole host batch (split into the largest bucket) and wait for the rows
+        (a tuple of them, one per output, for a model with several outputs)."""
         top = self.buckets(model)[-1]
         results = []
         for i in range(0, len(batch), top):
             chunk = np.ascontiguousarray(batch[i : i + top])
             p = self.prepare(model, len(chunk), feed=feed)
             results.append(self.commit(p, chunk))
-        return np.concatenate([r.wait(timeout) for r in results])
+        parts = [r.wait(timeout) for r in results]
+        if isinstance(parts[0], tuple):
+            return tuple(np.concatenate(rows) for rows in zip(*parts, strict=True))  # type: ignore[return-value]
+        return np.concatenate(parts)
 
     def warmup(self, models: list[str] | None = None) -> dict[str, float]:
         """Plan every bucket and run it -- twice on the GPU, so its CUDA graphs are captured

@@ -78,3 +78,50 @@ def test_an_unsupported_op_is_refused_when_the_model_loads(tmp_path):
     with pytest.raises(ModelRefused) as info:
         builder("onnx")(SimpleNamespace(name="lrn", source=path), None)
     assert info.value.fields["op"] == "LRN"
+
+
+def test_infer_of_a_model_with_two_outputs_gives_both(served):
+    ex, _loaded, ref = served
+    x = np.random.default_rng(9).standard_normal((6, 3, 16, 16)).astype(np.float32)  # 4 + 2
+    logits, prob = ex.infer("small", x, feed="tensors")
+    want = ref.run(None, {"x": x})
+    np.testing.assert_allclose(logits, want[0], rtol=1e-3, atol=1e-5)
+    np.testing.assert_allclose(prob, want[1], rtol=1e-3, atol=1e-5)
+
+
+def test_classify_cli_on_an_onnx_file(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    import skimage.data
+
+    from pipeline.imaging import encode_jpeg
+
+    path, img = tmp_path / "small.onnx", tmp_path / "cat.jpg"
+    onnx.save(small_net(), str(path))
+    img.write_bytes(encode_jpeg(skimage.data.chelsea()))
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "classify",
+            str(img),
+            "--model-file",
+            str(path),
+            "--engine",
+            "onnx",
+            "--top-k",
+            "3",
+            "--json",
+            "--backend",
+            "numpy",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    top = json.loads(out.stdout)["top_k"]
+    assert len(top) == 3 and top[0]["score"] >= top[1]["score"] >= top[2]["score"]
