@@ -89,3 +89,79 @@ def test_concat_and_slice_block_copies():
     outer, inner = _axis_split(y.shape, 1)
     _copy_block(y.reshape(-1), s.reshape(-1), outer, 1, inner, 3, 2, 1, 0)
     np.testing.assert_array_equal(s, y[:, 2:3])
+
+
+def _conv_like_the_kernels(x: np.ndarray, w: np.ndarray, plan) -> np.ndarray:
+    """dwconv_nhwc, or im2col_grouped + one strided GEMM per group, as _run_cuda launches them."""
+    g = plan.detail
+    flat = x.reshape(-1)
+    out = np.zeros(g.m * g.cout, np.float64)
+    if g.depthwise:
+        wf = w.reshape(-1)
+        for i in range(out.size):
+            c, t = i % g.c, i // g.c
+            ow, t = t % g.ow, t // g.ow
+            oh, n = t % g.oh, t // g.oh
+            acc = 0.0
+            for kh in range(g.kh):
+                ih = oh * g.sh - g.pt + kh * g.dh
+                if not 0 <= ih < g.h:
+                    continue
+                for kw in range(g.kw):
+                    iw = ow * g.sw - g.pl + kw * g.dw
+                    if 0 <= iw < g.w:
+                        acc += (
+                            flat[((n * g.h + ih) * g.w + iw) * g.c + c]
+                            * wf[(kh * g.kw + kw) * g.c + c]
+                        )
+            out[i] = acc
+        return out.reshape(g.n, g.oh, g.ow, g.cout)
+    cg, cog = g.c // g.groups, g.cout // g.groups
+    k_all, kg = g.kh * g.kw * g.c, g.kh * g.kw * cg
+    cols = np.zeros(g.m * k_all)
+    for i in range(cols.size):
+        r, k = i // k_all, i % k_all
+        c_, t = k % cg, k // cg
+        kw, t = t % g.kw, t // g.kw
+        kh, gi = t % g.kh, t // g.kh
+        ow, t2 = r % g.ow, r // g.ow
+        oh, n = t2 % g.oh, t2 // g.oh
+        ih, iw = oh * g.sh - g.pt + kh * g.dh, ow * g.sw - g.pl + kw * g.dw
+        if 0 <= ih < g.h and 0 <= iw < g.w:
+            cols[i] = flat[((n * g.h + ih) * g.w + iw) * g.c + gi * cg + c_]
+    wf = w.reshape(-1)
+    for gi in range(
+        g.groups
+    ):  # C[m, n] at c_off, ldc = cout; A at gi*kg, lda = k_all; B at gi*kg*cog
+        for r in range(g.m):
+            for o in range(cog):
+                out[r * g.cout + gi * cog + o] = sum(
+                    cols[r * k_all + gi * kg + k] * wf[gi * kg * cog + k * cog + o]
+                    for k in range(kg)
+                )
+    return out.reshape(g.n, g.oh, g.ow, g.cout)
+
+
+@pytest.mark.parametrize(
+    "c,cout,k,stride,dil,pads,groups",
+    [
+        (4, 4, 3, 2, 1, (1, 0, 2, 1), 4),
+        (3, 3, 3, 1, 2, (2, 2, 2, 2), 3),
+        (4, 6, 3, 1, 1, (1, 1, 1, 1), 2),
+        (4, 4, 2, 2, 1, (0, 1, 1, 0), 1),
+    ],
+)
+def test_grouped_conv_kernels(c, cout, k, stride, dil, pads, groups):
+    from pipeline.ops.conv_grouped import CONV2D_GROUPED, grouped_weights
+
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 5, 6, c)).astype(np.float32)
+    w_oihw = rng.standard_normal((cout, c // groups, k, k)).astype(np.float32)
+    w = grouped_weights(w_oihw, groups)
+    specs = (TensorSpec.of(x), TensorSpec.of(w), TensorSpec((cout,), "float32"))
+    attrs = dict(kernel=(k, k), stride=stride, dilation=dil, pads=pads, groups=groups)
+    cuda_plan = CONV2D_GROUPED.prepare(*specs, target="cuda", **attrs)
+    from pipeline.ops.base import eager
+
+    want = eager(CONV2D_GROUPED, x, w, np.zeros(cout, np.float32), target="host", **attrs)[0]
+    np.testing.assert_allclose(_conv_like_the_kernels(x, w, cuda_plan), want, rtol=1e-5, atol=1e-5)
