@@ -448,7 +448,36 @@ def render() -> str:
     if models:
         out += ["## Your own models: torch engine and peers (`bench_models.py`)", ""]
         out += [*models_section(models), ""]
+    rel = load("reliability.json")
+    if rel:
+        out += ["## Reliability (`reliability.py`)", "", *reliability_section(rel), ""]
     return "\n".join(out)
+
+
+def reliability_section(rel: dict) -> list[str]:
+    """reliability.json: one pathological image's cost; 1,000 stalled uploads."""
+    sc, slow = rel["strip_cost"], rel["slow_clients"]
+    cols = [
+        ("image", "image"),
+        ("decode ms", "decode_ms"),
+        ("peak RSS growth MB", "peak_rss_growth_mb"),
+    ]
+    st = ", ".join(f"{v} x {k}" for k, v in slow["statuses"].items())
+    return [
+        f"{rel['machine']}; {rel['date']}.",
+        "",
+        f"Bounded decode: {sc['method']}.",
+        "",
+        md_table(sc["rows"], cols),
+        "",
+        f"Slow clients: {slow['method']}. The stalled uploads got {st}, all "
+        f"{slow['closed']} connections closed by the server, the refusals' p99 "
+        f"{slow['refused_503_p99_s']} s; the worst health answer took "
+        f"{slow['probe_worst_s']['health']} s and the worst classify "
+        f"{slow['probe_worst_s']['classify']} s ({slow['probes']['health']} of each, all 200).",
+        "",
+        f"Not measured yet: {rel['not_measured']}.",
+    ]
 
 
 def models_section(doc: dict) -> list[str]:

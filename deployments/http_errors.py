@@ -63,8 +63,12 @@ def _error_response(exc: BaseException, request_id: str) -> JSONResponse:
         except (TypeError, ValueError):
             retry = 1.0
         headers["retry-after"] = str(max(1, round(retry)) if retry == retry else 1)
-    if status in (413, 503, 504):
-        metrics.count_rejected({413: "too_large", 503: "overloaded", 504: "deadline"}[status])
+    if getattr(exc, "closes_connection", False):
+        headers["connection"] = "close"
+    if status in (408, 413, 503, 504):
+        metrics.count_rejected(
+            {408: "slow_client", 413: "too_large", 503: "overloaded", 504: "deadline"}[status]
+        )
     return JSONResponse(body, status_code=status, headers=headers)
 
 

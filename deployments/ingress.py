@@ -36,7 +36,6 @@ from pipeline.errors import (
     FerryError,
     InvalidInput,
     ModelNotFound,
-    PayloadTooLarge,
 )
 from pipeline.imaging import plan_decode
 from pipeline.models.repository import model_card, random_weights
@@ -46,6 +45,7 @@ from .http_errors import error_response, request_id_of, unwrap
 from .messages import PostSpec, RequestMeta, Rows
 from .observe import RequestMetrics
 from .preprocess import PreprocessCore
+from .uploads import UploadGate
 from .validate import finite_float, header_int
 
 logger = logging.getLogger(__name__)
@@ -142,19 +142,6 @@ app.add_middleware(ClassifyFastPath)
 app.add_middleware(BearerAuth)
 http_errors.install(app)  # JsonErrors: outside auth and the fast path
 app.add_middleware(RequestMetrics)  # outermost: every answer is counted, JSON 500s and 401s too
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    declared = header_int(request.headers.get("content-length"), "Content-Length")
-    if declared is not None and declared > limit:
-        raise PayloadTooLarge("request body too large", bytes=declared, limit_bytes=limit)
-    chunks, total = [], 0
-    async for chunk in request.stream():
-        total += len(chunk)
-        if total > limit:
-            raise PayloadTooLarge("request body too large", bytes=total, limit_bytes=limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def multipart_image(body: bytes, content_type: str) -> tuple[bytes, str | None]:
@@ -254,6 +241,15 @@ class Ingress:
         self._coalescers: dict[tuple[str, str], Coalescer] = {}
         self._window_s = ic.coalesce_window_ms / 1e3
         self._ready_at = 0.0
+        self.uploads = UploadGate(
+            min(
+                ic.max_concurrent_uploads,
+                max(1, self.cfg.ingress_deployment.max_ongoing_requests * 3 // 4),
+            ),
+            ic.body_idle_timeout_s,
+            ic.body_timeout_s,
+            ic.upload_grace_s,
+        )
         import deployments.ingress as this
 
         this.ACTIVE = self  # for ClassifyFastPath
@@ -357,7 +353,7 @@ class Ingress:
         kmax = min(64, len(labels)) if labels else 64  # (and at most the model's classes)
         if not 1 <= k <= kmax:
             raise InvalidInput("top_k out of range", top_k=k, max=kmax)
-        body = await read_body(request, self.cfg.ingress.max_body_bytes)
+        body = await self.uploads.read(request, self.cfg.ingress.max_body_bytes)
         ct = request.headers.get("content-type")
         if ct and ct.lower().startswith("multipart/form-data"):
             body, ct = multipart_image(body, ct)
@@ -443,7 +439,7 @@ class Ingress:
         t0 = time.perf_counter()
         rid = request_id_of(request)
         sig = await self._signature(model)
-        body = await read_body(request, self.cfg.ingress.max_body_bytes)
+        body = await self.uploads.read(request, self.cfg.ingress.max_body_bytes)
         hl = header_int(request.headers.get(v2.HEADER_LEN), "Inference-Header-Content-Length")
         req = v2.parse_infer(
             body,

@@ -308,6 +308,19 @@ class IngressConfig(_Strict):
     """``top_k`` when the request gives none."""
     request_timeout_s: float = Field(60.0, gt=0.0, le=3600.0)
     """A request that has no answer after this gets 504."""
+    upload_grace_s: float = Field(1.0, gt=0.0, le=60.0)
+    """A request body complete this soon after the request reaches the replica (nearly
+    every body) is read without an upload slot; one still arriving needs a slot."""
+    max_concurrent_uploads: int = Field(128, ge=1, le=100_000)
+    """Slow request bodies (past ``upload_grace_s``) one ingress replica reads at once; a
+    request beyond that gets 503 with ``Retry-After`` at once. Capped at three quarters of
+    ``ingress_deployment.max_ongoing_requests``, so stalled uploads never take every slot
+    (health and requests whose bodies come keep the rest)."""
+    body_idle_timeout_s: float = Field(5.0, gt=0.0, le=600.0)
+    """A request body that makes no progress for this long gets 408 and the connection
+    closes."""
+    body_timeout_s: float = Field(30.0, gt=0.0, le=3600.0)
+    """A request body not complete this long after its first read gets 408."""
 
 
 class PreprocessConfig(_Strict):

@@ -47,6 +47,7 @@ class FerryError(Exception):
     """Root of every error Ferry raises on purpose."""
 
     http_status: int = 500
+    closes_connection: bool = False  # the answer ends the connection (a body left unread)
 
     def __init__(self, message: str = "", **fields: Any) -> None:
         super().__init__(message)
@@ -110,6 +111,20 @@ class QueueFull(FerryError):
     http_status = 503
 
 
+class UploadsFull(QueueFull):
+    """A replica is reading as many request bodies as it may: retry after
+    ``retry_after_s`` (the body was not read, so the connection closes)."""
+
+    closes_connection = True
+
+
+class RequestTimeout(InvalidInput):
+    """The client stopped sending its request body (HTTP 408; the connection closes)."""
+
+    http_status = 408
+    closes_connection = True
+
+
 class DeadlineExceeded(FerryError):
     """The request's deadline passed before it reached the GPU."""
 
@@ -148,6 +163,8 @@ __all__ = [
     "PayloadTooLarge",
     "ResourceExhausted",
     "QueueFull",
+    "UploadsFull",
+    "RequestTimeout",
     "DeadlineExceeded",
     "DeviceError",
     "TransportError",

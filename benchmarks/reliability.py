@@ -1,0 +1,99 @@
+"""Reliability figures (issue 17) into results/reliability.json: what one pathological image
+costs, and what 1,000 stalled uploads do to health and classify on the CPU default.
+
+    python benchmarks/reliability.py      # starts a local Ray cluster (about a minute)
+
+Not run: the fault-injection, chaos, overload-pulse and soak parts of the issue (not built
+yet). Each figure comes from the same code the tests assert on: tests/unit/
+test_bounded_decode.py's measuring subprocess and tests/integration/test_slow_clients.py.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+
+
+def strip_cost() -> list[dict]:
+    from pipeline.imaging import encode_jpeg, encode_png
+    from tests.unit.test_bounded_decode import _MEASURE
+
+    rows = []
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory() as d:
+        for shape in ((1, 60000), (60000, 1), (1, 10000)):
+            img = rng.integers(0, 255, (*shape, 3), dtype=np.uint8)
+            for name, enc in (("png", encode_png), ("jpeg", encode_jpeg)):
+                path = os.path.join(d, f"s.{name}")
+                with open(path, "wb") as f:
+                    f.write(enc(img))
+                r = subprocess.run(
+                    [sys.executable, "-c", _MEASURE, path],
+                    capture_output=True,
+                    text=True,
+                    cwd=ROOT,
+                    check=True,
+                )
+                got = json.loads(r.stdout.strip().splitlines()[-1])
+                rows.append(
+                    {
+                        "image": f"{shape[1]}x{shape[0]} {name}",
+                        "decode_ms": round(got["seconds"] * 1e3, 2),
+                        "peak_rss_growth_mb": round(got["peak_growth_kb"] / 1024, 1),
+                    }
+                )
+    return rows
+
+
+def slow_clients() -> dict:
+    out = os.path.join(tempfile.mkdtemp(), "slow.json")
+    env = {**os.environ, "FERRY_SLOW_CLIENT_JSON": out}
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "tests/integration/test_slow_clients.py"],
+        cwd=ROOT,
+        env=env,
+        check=True,
+    )
+    with open(out) as f:
+        return json.load(f)
+
+
+def main() -> int:
+    doc = {
+        "machine": f"{platform.node()}: {os.cpu_count()} cores, no GPU",
+        "date": datetime.date.today().isoformat(),
+        "strip_cost": {
+            "method": "a fresh process decodes the image to ResNet-50's input (224x224 centre "
+            "crop); its peak RSS after the decode minus before (imports already done)",
+            "rows": strip_cost(),
+        },
+        "slow_clients": {
+            "method": "CPU test app (serve_config.yaml's ingress max_ongoing_requests 2048), "
+            "ingress.max_concurrent_uploads 64, body_idle_timeout_s 3, upload_grace_s 1: 1,000 "
+            "connections declare a 1,000-byte body and send 10 bytes (waves of 100 over 2 s) "
+            "while one client alternates GET /v2/health/ready and a digits classify",
+            **slow_clients(),
+        },
+        "not_measured": "fault injection, chaos (replica kills), overload pulse, soak: not "
+        "built yet",
+    }
+    path = os.path.join(HERE, "results", "reliability.json")
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

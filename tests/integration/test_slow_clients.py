@@ -1,0 +1,124 @@
+"""Slow clients cannot block anyone: 1,000 connections that declare a 1,000-byte body and
+send 10 bytes, held open against a real Serve app over real sockets, while health and
+classify keep answering within 2 s; every stalled upload is answered (503 + Retry-After at
+once past the per-replica bound, 408 when its body stops) and its connection closed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from pipeline.imaging import encode_png
+from tests.integration.helpers import BASE, PORT, cpu_config, deploy, undeploy
+
+pytestmark = pytest.mark.integration
+STALLED = 1000
+IDLE_S = 3.0
+HEAD = (
+    b"POST /v1/models/digits/classify HTTP/1.1\r\nHost: t\r\nContent-Type: image/png\r\n"
+    b"Content-Length: 1000\r\n\r\n\x89PNG\r\n\x1a\n\x00\x00"
+)
+
+
+@pytest.fixture(scope="module")
+def app(ray_cluster):
+    deploy(
+        cpu_config(
+            ingress={"body_idle_timeout_s": IDLE_S, "max_concurrent_uploads": 64},
+            ingress_deployment={"max_ongoing_requests": 2048},
+        ),
+        name="slow",
+    )
+    yield BASE
+    undeploy("slow")
+
+
+async def _stall() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    r, w = await asyncio.open_connection("127.0.0.1", PORT)
+    w.write(HEAD)
+    await w.drain()
+    return r, w
+
+
+async def _outcome(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> tuple[int, float, bool]:
+    """(status, seconds until the answer, whether the server closed the connection)."""
+    t0 = time.perf_counter()
+    try:
+        line = await asyncio.wait_for(r.readline(), IDLE_S + 30)
+        took = time.perf_counter() - t0
+        status = int(line.split()[1]) if line else 0
+        rest = await asyncio.wait_for(r.read(), 10)  # until EOF: the server closes
+        closed = True
+        if status == 503:
+            assert b"retry-after" in rest.lower(), rest[:300]
+    except (asyncio.TimeoutError, ConnectionError):
+        return -1, time.perf_counter() - t0, False
+    finally:
+        w.close()
+    return status, took, closed
+
+
+async def _probe(c: httpx.AsyncClient, png: bytes, stop: asyncio.Event, out: dict) -> None:
+    while not stop.is_set():
+        t0 = time.perf_counter()
+        h = await c.get("/v2/health/ready")
+        out["health"].append((h.status_code, time.perf_counter() - t0))
+        t0 = time.perf_counter()
+        r = await c.post(
+            "/v1/models/digits/classify", content=png, headers={"content-type": "image/png"}
+        )
+        out["classify"].append((r.status_code, time.perf_counter() - t0))
+        await asyncio.sleep(0.1)
+
+
+def test_1000_stalled_uploads_do_not_delay_health_or_classify(app):
+    png = encode_png(np.zeros((8, 8, 1), np.uint8))
+
+    async def main():
+        out: dict = {"health": [], "classify": []}
+        stop = asyncio.Event()
+        async with httpx.AsyncClient(base_url=app, timeout=30) as c:
+            probe = asyncio.create_task(_probe(c, png, stop, out))
+            t0 = time.perf_counter()
+            conns = []
+            for _wave in range(0, STALLED, 100):  # waves of 100, 1,000 in about 2 s
+                conns += await asyncio.gather(*(_stall() for _ in range(100)))
+                await asyncio.sleep(0.2)
+            opened_s = time.perf_counter() - t0
+            outcomes = await asyncio.gather(*(_outcome(r, w) for r, w in conns))
+            stop.set()
+            await probe
+        return out, outcomes, opened_s
+
+    out, outcomes, opened_s = asyncio.run(main())
+    statuses = [s for s, _, _ in outcomes]
+    counts = {s: statuses.count(s) for s in set(statuses)}
+    worst = {k: max(t for _, t in v) for k, v in out.items()}
+    refused = [t for s, t, _ in outcomes if s == 503]
+    summary = {
+        "stalled_uploads": STALLED,
+        "opened_s": round(opened_s, 2),
+        "statuses": {str(k): v for k, v in sorted(counts.items())},
+        "closed": sum(c for *_, c in outcomes),
+        "refused_503_p99_s": round(float(np.percentile(refused, 99)), 3) if refused else None,
+        "probe_worst_s": {k: round(v, 3) for k, v in worst.items()},
+        "probes": {k: len(v) for k, v in out.items()},
+    }
+    print(json.dumps(summary))
+    if os.environ.get("FERRY_SLOW_CLIENT_JSON"):
+        with open(os.environ["FERRY_SLOW_CLIENT_JSON"], "w") as f:
+            json.dump(summary, f)
+    assert set(counts) <= {408, 503}, counts  # every one answered, none hangs
+    assert counts.get(408, 0) >= 1 and counts.get(503, 0) >= 1, counts
+    assert all(c for *_, c in outcomes)  # and its connection closed
+    bad = {k: [(s, round(t, 3)) for s, t in v if s != 200] for k, v in out.items()}
+    assert not bad["health"] and not bad["classify"], bad
+    assert len(out["health"]) >= 3 and worst["health"] < 2.0 and worst["classify"] < 2.0, worst
+    r = httpx.get(app + "/v2/health/ready")
+    assert r.status_code == 200
