@@ -40,7 +40,7 @@ from pipeline.errors import (
 from pipeline.imaging import plan_decode
 from pipeline.models.repository import model_card, random_weights
 
-from . import docs, http_errors, v2
+from . import docs, http_errors, triton, v2
 from .http_errors import error_response, request_id_of, unwrap
 from .messages import PostSpec, RequestMeta, Rows
 from .observe import RequestMetrics
@@ -366,7 +366,8 @@ class Ingress:
         result = await self._await(
             self._coalescer(model, "classify").submit((body, ct, k, meta)), rid
         )
-        _finish_timings(result, t0)  # (observe.RequestMetrics counts it and its total)
+        total = _finish_timings(result, t0)  # (observe.RequestMetrics counts it and its total)
+        triton.STATS.record(model, True, total, result["timings_ms"], 1)
         return JSONResponse({"request_id": rid, "model": model, **result})
 
     @app.get("/v1/models")
@@ -396,7 +397,7 @@ class Ingress:
     # ------------------------------------------------------------------ v2 (Open Inference Protocol)
     @app.get("/v2")
     async def server_metadata(self) -> dict[str, Any]:
-        return {"name": "ferry", "version": "0.1.0", "extensions": ["binary_tensor_data"]}
+        return {"name": "ferry", "version": "0.1.0", "extensions": list(triton.EXTENSIONS)}
 
     @app.get("/v2/health/live")
     async def live(self) -> dict[str, Any]:
@@ -424,6 +425,10 @@ class Ingress:
             self._signatures.update(await self.inf.signatures.remote())
         return self._signatures[model]
 
+    @app.get("/v2/models/stats")  # (before /v2/models/{model}, which would take it)
+    async def all_model_stats(self) -> dict[str, Any]:
+        return triton.STATS.model_stats(list(self.models))
+
     @app.get("/v2/models/{model}")
     async def model_metadata(self, model: str) -> dict[str, Any]:
         return v2.model_metadata(model, await self._signature(model), self.cards[model].engine)
@@ -445,23 +450,76 @@ class Ingress:
             body,
             hl,
             sig,
-            self.cfg.executor.buckets[-1],  # (rows past a model's max_batch run in parts)
+            self.cfg.batching.max_queue,  # rows form GPU batches of up to the largest bucket
         )
+        opts = triton.request_options(body if hl is None else body[:hl], time.time())
         meta = RequestMeta(
-            rid, deadline_of(request, self.cfg.batching.default_deadline_ms), priority_of(request)
+            rid,
+            opts.deadline or deadline_of(request, self.cfg.batching.default_deadline_ms),
+            opts.priority_high or priority_of(request),
         )
         spec = PostSpec("v2", outputs=req.outputs, names=tuple(o.name for o in sig.outputs))
         result = await self._await(
             self._coalescer(model, "v2").submit((req.images, meta, spec)), rid
         )
-        _finish_timings(result, t0)
+        total = _finish_timings(result, t0)
+        triton.STATS.record(model, True, total, result["timings_ms"], len(req.images))
         extra = {
             "request_id": rid,
             "random_weights": result["random_weights"],
             "batch_size": result["batch_size"],
             "timings_ms": result["timings_ms"],
         }
-        payload, headers = v2.encode_infer(
-            model, req.id, result["outputs"], req.binary_outputs, extra
-        )
+        outputs = dict(result["outputs"])
+        for name, k in opts.classification.items():  # Triton's classification extension
+            outputs[name] = triton.classify(outputs[name], k, self.cards[model].label)
+        payload, headers = triton.encode(model, req.id, outputs, req.binary_outputs, extra)
         return Response(payload, headers=headers)
+
+    # ------------------------------------------------------------------ Triton's extensions
+    # (deployments/triton.py; every model route also under /versions/{version}, version "1")
+    @app.get("/v2/models/{model}/config")
+    async def model_config(self, model: str) -> dict[str, Any]:
+        meta = await self.model_metadata(model)
+        b = self.cfg.batching
+        return triton.model_config(
+            model,
+            meta,
+            self.cards[model].engine,
+            b.max_queue,
+            self.cfg.executor.buckets,
+            b.max_wait_ms,
+        )
+
+    @app.get("/v2/models/{model}/stats")
+    async def model_stats(self, model: str) -> dict[str, Any]:
+        return triton.STATS.model_stats([self._model(model)])
+
+    @app.post("/v2/repository/index")
+    async def repository_index(self) -> list[dict[str, str]]:
+        return triton.repository_index(list(self.models))
+
+    @app.get("/v2/models/{model}/versions/{version}")
+    async def version_metadata(self, model: str, version: str) -> dict[str, Any]:
+        triton.check_version(model, version)
+        return await self.model_metadata(model)
+
+    @app.get("/v2/models/{model}/versions/{version}/ready")
+    async def version_ready(self, model: str, version: str) -> Response:
+        triton.check_version(model, version)
+        return await self.model_ready(model)
+
+    @app.get("/v2/models/{model}/versions/{version}/config")
+    async def version_config(self, model: str, version: str) -> dict[str, Any]:
+        triton.check_version(model, version)
+        return await self.model_config(model)
+
+    @app.get("/v2/models/{model}/versions/{version}/stats")
+    async def version_stats(self, model: str, version: str) -> dict[str, Any]:
+        triton.check_version(model, version)
+        return await self.model_stats(model)
+
+    @app.post("/v2/models/{model}/versions/{version}/infer")
+    async def version_infer(self, model: str, version: str, request: Request) -> Response:
+        triton.check_version(model, version)
+        return await self.infer(model, request)

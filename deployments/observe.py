@@ -93,3 +93,7 @@ class RequestMetrics:
             await self.app(scope, receive, send_counted)
         finally:
             metrics.count_request(model, route, status[0])
+            if model and model != "?" and route.endswith(tuple(TIMED)) and status[0] >= 400:
+                from . import triton
+
+                triton.STATS.record(model, False, (time.perf_counter() - t0) * 1e3, None, 0)

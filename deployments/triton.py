@@ -1,0 +1,282 @@
+"""The parts of the v2 protocol as Triton speaks it, beyond KServe's core: pure functions
+and one small per-process statistics book, no Ray, no web framework.
+
+* ``model_config``: Triton's model-configuration JSON (``GET /v2/models/{m}/config``), which
+  ``perf_analyzer`` and ``tritonclient.get_model_config`` read: ``max_batch_size``, inputs and
+  outputs with ``TYPE_*`` data types and ``dims`` without the batch dimension,
+  ``dynamic_batching`` from Ferry's buckets and batch wait.
+* ``Stats``: the statistics extension (``GET /v2/models/{m}/stats``, ``/v2/models/stats``):
+  success and fail counts and cumulative nanoseconds of queue, compute_input (decoding and
+  resizing), compute_infer (the GPU) and compute_output (softmax, top-k), per model. Each
+  ingress replica keeps its own book and answers from it (Prometheus has the sum over
+  replicas: ``ferry_stage_duration_us_total``).
+* ``request_options``: a request's ``parameters.priority`` (Triton: 1 is the highest level;
+  it takes the high-priority lane) and ``parameters.timeout`` (microseconds; the request's
+  deadline), and which outputs asked for ``parameters.classification`` (top-k).
+* ``encode``: the response, FP32 and BYTES tensors (classification answers are BYTES
+  ``"score:index:label"``), JSON or binary, with flat ``parameters`` (strings, numbers and
+  booleans only, as the protocol allows).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pipeline.errors import InvalidInput, ModelNotFound
+
+VERSION = "1"
+EXTENSIONS = ("binary_tensor_data", "classification", "model_configuration", "statistics")
+TYPES = {
+    "BOOL": "TYPE_BOOL",
+    "UINT8": "TYPE_UINT8",
+    "UINT16": "TYPE_UINT16",
+    "UINT32": "TYPE_UINT32",
+    "UINT64": "TYPE_UINT64",
+    "INT8": "TYPE_INT8",
+    "INT16": "TYPE_INT16",
+    "INT32": "TYPE_INT32",
+    "INT64": "TYPE_INT64",
+    "FP16": "TYPE_FP16",
+    "FP32": "TYPE_FP32",
+    "FP64": "TYPE_FP64",
+    "BYTES": "TYPE_STRING",
+}
+# Ferry's stage timings (ms) -> Triton's statistics durations
+STAGES = {
+    "queue": "queue",
+    "preprocess": "compute_input",
+    "gpu": "compute_infer",
+    "postprocess": "compute_output",
+}
+
+
+def check_version(model: str, version: str) -> None:
+    """Every model has one version, "1"."""
+    if version != VERSION:
+        raise ModelNotFound("no such model version", model=model, version=version[:32])
+
+
+def model_config(
+    name: str,
+    metadata: dict[str, Any],
+    engine: str,
+    max_batch_size: int,
+    buckets: tuple[int, ...],
+    max_wait_ms: float,
+) -> dict[str, Any]:
+    """Triton's configuration of a model from its v2 metadata (``v2.model_metadata``)."""
+
+    def tensors(ts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [
+            {"name": t["name"], "data_type": TYPES[t["datatype"]], "dims": list(t["shape"][1:])}
+            for t in ts
+        ]
+
+    return {
+        "name": name,
+        "platform": "ferry",
+        "backend": engine,
+        "versions": [VERSION],
+        "max_batch_size": max_batch_size,
+        "input": tensors(metadata["inputs"]),
+        "output": tensors(metadata["outputs"]),
+        "dynamic_batching": {
+            "preferred_batch_size": list(buckets),
+            "max_queue_delay_microseconds": int(round(max_wait_ms * 1e3)),
+        },
+        "instance_group": [{"kind": "KIND_AUTO", "count": 1}],
+    }
+
+
+def repository_index(models: list[str]) -> list[dict[str, str]]:
+    return [{"name": m, "version": VERSION, "state": "READY"} for m in models]
+
+
+@dataclass
+class _ModelBook:
+    success: list[float] = field(default_factory=lambda: [0, 0.0])  # count, ns
+    fail: list[float] = field(default_factory=lambda: [0, 0.0])
+    durations: dict[str, list[float]] = field(
+        default_factory=lambda: {v: [0, 0.0] for v in STAGES.values()}
+    )
+    inference_count: int = 0
+    execution_count: int = 0
+    last_inference_ms: int = 0
+
+
+class Stats:
+    """Per-model counters of this process (the statistics extension)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._books: dict[str, _ModelBook] = {}
+
+    def record(
+        self, model: str, ok: bool, total_ms: float, timings_ms: dict | None, n: int
+    ) -> None:
+        """One answered request of ``n`` items; ``timings_ms`` are Ferry's stage times of a
+        success (each item's, as the answer reports them)."""
+        with self._lock:
+            b = self._books.setdefault(model, _ModelBook())
+            which = b.success if ok else b.fail
+            which[0] += 1
+            which[1] += total_ms * 1e6
+            if not ok:
+                return
+            b.inference_count += n
+            b.execution_count += 1
+            b.last_inference_ms = int(time.time() * 1e3)
+            for ours, theirs in STAGES.items():  # equal counts, as perf_analyzer requires
+                ms = (timings_ms or {}).get(ours)
+                d = b.durations[theirs]
+                d[0] += 1
+                d[1] += ms * 1e6 if isinstance(ms, int | float) else 0.0
+
+    def model_stats(self, models: list[str]) -> dict[str, Any]:
+        out = []
+        with self._lock:
+            for m in models:
+                b = self._books.get(m, _ModelBook())
+
+                def pair(p: list[float]) -> dict[str, int]:
+                    return {"count": int(p[0]), "ns": int(p[1])}
+
+                out.append(
+                    {
+                        "name": m,
+                        "version": VERSION,
+                        "last_inference": b.last_inference_ms,
+                        "inference_count": b.inference_count,
+                        "execution_count": b.execution_count,
+                        "inference_stats": {
+                            "success": pair(b.success),
+                            "fail": pair(b.fail),
+                            **{k: pair(v) for k, v in b.durations.items()},
+                        },
+                        "batch_stats": [],
+                    }
+                )
+        return {"model_stats": out}
+
+
+STATS = Stats()  # this process's book (one ingress replica)
+
+
+@dataclass(frozen=True)
+class RequestOptions:
+    priority_high: bool = False
+    deadline: float | None = None  # epoch seconds
+    classification: dict[str, int] = field(default_factory=dict)  # output -> top k
+
+
+def request_options(head: bytes, now: float) -> RequestOptions:
+    """``parameters.priority``, ``parameters.timeout`` and outputs'
+    ``parameters.classification`` of a v2 request's JSON header (already validated as JSON by
+    ``v2.parse_infer``)."""
+    if b'"parameters"' not in head:
+        return RequestOptions()
+    try:
+        req = json.loads(head)
+    except ValueError:
+        return RequestOptions()
+    params = req.get("parameters") if isinstance(req, dict) else None
+    params = params if isinstance(params, dict) else {}
+    prio = params.get("priority")
+    if prio is not None and (type(prio) is not int or prio < 0):
+        raise InvalidInput("parameters.priority must be a non-negative integer", priority=str(prio))
+    timeout = params.get("timeout")
+    deadline = None
+    if timeout is not None:
+        if type(timeout) is not int or not 0 < timeout <= 3_600_000_000:
+            raise InvalidInput(
+                "parameters.timeout must be microseconds in (0, 3600000000]", timeout=str(timeout)
+            )
+        deadline = now + timeout / 1e6
+    classes: dict[str, int] = {}
+    for o in req.get("outputs") or []:
+        p = o.get("parameters") if isinstance(o, dict) else None
+        k = p.get("classification") if isinstance(p, dict) else None
+        if k is None:
+            continue
+        if type(k) is not int or not 1 <= k <= 1000:
+            raise InvalidInput(
+                "parameters.classification must be an integer in [1, 1000]", k=str(k)
+            )
+        classes[str(o.get("name"))] = k
+    return RequestOptions(prio == 1, deadline, classes)
+
+
+def classify(scores: np.ndarray, k: int, label: Any) -> np.ndarray:
+    """Top-k of each row as BYTES strings ``"score:index:label"`` (Triton's classification
+    extension), shape [N, k]."""
+    scores = np.asarray(scores, dtype=np.float32)
+    k = min(k, scores.shape[-1])
+    idx = np.argsort(-scores, axis=-1, kind="stable")[:, :k]
+    out = np.empty(idx.shape, dtype=object)
+    for r in range(idx.shape[0]):
+        for j, i in enumerate(idx[r]):
+            out[r, j] = f"{scores[r, i]:f}:{int(i)}:{label(int(i))}".encode()
+    return out
+
+
+def flat(params: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested parameters flattened to ``a.b`` keys of strings, numbers and booleans."""
+    out: dict[str, Any] = {}
+    for k, v in params.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flat(v, key + "."))
+        elif isinstance(v, str | int | float | bool):
+            out[key] = v
+        elif v is not None:
+            out[key] = str(v)
+    return out
+
+
+def encode(
+    model: str,
+    request_id: str | None,
+    tensors: dict[str, np.ndarray],
+    binary: frozenset[str],
+    params: dict[str, Any] | None = None,
+) -> tuple[bytes, dict[str, str]]:
+    """The response body and headers: FP32 tensors, and BYTES ones (object arrays of bytes;
+    binary form: each element a 4-byte little-endian length and its bytes)."""
+    outs, blobs = [], []
+    for name, arr in tensors.items():
+        is_bytes = arr.dtype == object
+        if not is_bytes:
+            arr = np.ascontiguousarray(arr, dtype="<f4")
+        o: dict[str, Any] = {
+            "name": name,
+            "datatype": "BYTES" if is_bytes else "FP32",
+            "shape": list(arr.shape),
+        }
+        if name in binary:
+            if is_bytes:
+                b = b"".join(len(x).to_bytes(4, "little") + x for x in arr.ravel())
+            else:
+                b = arr.tobytes()
+            o["parameters"] = {"binary_data_size": len(b)}
+            blobs.append(b)
+        else:
+            o["data"] = [x.decode() for x in arr.ravel()] if is_bytes else arr.ravel().tolist()
+        outs.append(o)
+    resp: dict[str, Any] = {"model_name": model, "model_version": VERSION, "outputs": outs}
+    if request_id is not None:
+        resp["id"] = request_id
+    if params:
+        resp["parameters"] = flat(params)
+    head = json.dumps(resp).encode()
+    if not blobs:
+        return head, {"content-type": "application/json"}
+    return head + b"".join(blobs), {
+        "content-type": "application/octet-stream",
+        "inference-header-content-length": str(len(head)),
+    }
