@@ -122,7 +122,7 @@ def start_graph(
         t = g.add(
             NORMALIZE,
             ["image"],
-            "normalize",
+            "ferry:normalize",
             mean=tuple(image.mean),
             std=tuple(image.std),
             layout="nhwc",
@@ -133,7 +133,9 @@ def start_graph(
         g = Graph(name, inp.name, item, inp.dtype)
         nhwc = len(inp.shape) == 4
         perm = TO_NHWC if nhwc else tuple(range(len(inp.shape)))
-        t = g.add(TRANSPOSE, [inp.name], "input", perm=perm, dtype=COMPUTE_DTYPE)
+        # Ferry's own names carry a colon, which no exporter gives a tensor: a file whose
+        # input is called "input" (torch.onnx.export's habit) must not collide with them
+        t = g.add(TRANSPOSE, [inp.name], "ferry:input", perm=perm, dtype=COMPUTE_DTYPE)
         phys = (item[1], item[2], item[0]) if nhwc else item
         first = Val(t, (BATCH, *item), nhwc, phys)
     em = Emitter(g, consts)

@@ -434,3 +434,17 @@ def test_refusal_survives_pickling():
 
     err = ModelRefused("this op is not supported", node="n1", op="LRN", supported=("Conv",))
     assert pickle.loads(pickle.dumps(err)) == err
+
+
+def test_a_file_whose_input_is_called_input_imports(tmp_path):
+    """torch.onnx.export names the input "input": the importer's own tensors must not collide
+    (found by bench_models on the H200)."""
+    b = Builder(0)
+    b.nodes.append(onnx.helper.make_node("Relu", ["input"], ["normalize"]))
+    model = b.model(
+        [tensor("input", ["batch", 3, 4, 4])], [tensor("normalize", ["batch", 3, 4, 4])], 17
+    )
+    m = _load(tmp_path, model)
+    x = x_of(3, 4, 4)
+    (got,) = run_host(m.graph(), x[:2])
+    np.testing.assert_allclose(got, np.maximum(x[:2], 0), rtol=RTOL)
