@@ -160,5 +160,8 @@ def test_fuzz_over_http_no_5xx_and_always_json(app, body, deadline, hl, top_k):
             content=encode_png(np.zeros((8, 8, 1), np.uint8)),
             headers={"content-type": "image/png", "x-deadline-ms": deadline},
         )
-        assert r.status_code < 500 and isinstance(r.json(), dict), r.text[:300]
+        # a valid image with a deadline of a millisecond or so: 504 is the documented answer
+        # when it runs out first (it does on a busy 2-core machine); never any other 5xx
+        late = r.status_code == 504 and r.json().get("type") == "DeadlineExceeded"
+        assert (r.status_code < 500 or late) and isinstance(r.json(), dict), r.text[:300]
     assert httpx.get(app + "/v2/health/ready").status_code == 200
