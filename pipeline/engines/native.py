@@ -3,7 +3,8 @@
 Its plan is the graph's plan (``Graph.prepare``: every op planned, every activation and
 workspace laid out in one arena by liveness), so a batch needs exactly one reservation;
 binding makes the arena's views once, and ``run``/``capture`` are the graph's own. The
-graph's one input is its own tensor, so both feeds share one plan.
+graph's one input is its own tensor, so both feeds share one plan. ``GraphEngine`` is that
+machinery for any engine whose feeds are native graphs (the ``onnx`` engine builds two).
 """
 
 from __future__ import annotations
@@ -14,36 +15,16 @@ from ..graph import BoundGraph, Graph
 from .base import Engine, EngineContext, EnginePlan, Feed, TensorInfo
 
 
-class NativeEngine(Engine):
-    name = "native"
+class GraphEngine(Engine):
+    """An engine whose feeds each run one of Ferry's op graphs (sharing one set of weights):
+    loading, planning and binding are the graphs' own. ``graphs`` maps a feed to its graph."""
 
-    def __init__(self, model: str, graph: Graph, output_names: tuple[str, ...] | None = None):
+    def __init__(self, model: str, graphs: dict[Feed, Graph]) -> None:
         super().__init__(model)
-        self.graph = graph
-        self.output_names = output_names or tuple(graph.outputs)
+        self.graphs = graphs
         self.constants: dict[str, Any] = {}
         self._weights_bytes = 0
         self._plans: dict[tuple[int, Feed], EnginePlan] = {}
-
-    @property
-    def inputs(self) -> tuple[TensorInfo, ...]:
-        g = self.graph
-        return (TensorInfo(g.input_name, g.input_dtype, (-1, *g.item_shape)),)
-
-    @property
-    def outputs(self) -> tuple[TensorInfo, ...]:
-        plan = self.graph.prepare(1, "float32", "host")
-        return tuple(
-            TensorInfo(n, "float32", (-1, *s.shape[1:]))
-            for n, s in zip(self.output_names, plan.output_specs, strict=True)
-        )
-
-    @property
-    def feeds(self) -> tuple[Feed, ...]:
-        return ("image",)
-
-    def feed_for(self, feed: Feed) -> Feed:
-        return "image"  # the graph's own input is the uint8 image: one plan for both
 
     @property
     def weights_bytes(self) -> int:
@@ -51,7 +32,10 @@ class NativeEngine(Engine):
 
     def load(self, ctx: EngineContext) -> None:
         self.ctx = ctx
-        host = self.graph.constant_arrays(ctx.dtype)
+        host: dict[str, Any] = {}
+        for g in self.graphs.values():  # the feeds' graphs name their shared weights alike
+            for k, v in g.constant_arrays(ctx.dtype).items():
+                host.setdefault(k, v)
         if ctx.backend.is_cuda:
             import cupy
 
@@ -73,7 +57,7 @@ class NativeEngine(Engine):
             if ctx
             else ("float32", "host", 256 << 20)
         )
-        gp = self.graph.prepare(bucket, dtype, target, ws)
+        gp = self.graphs[feed].prepare(bucket, dtype, target, ws)
         plan = EnginePlan(
             engine=self.name,
             model=self.model,
@@ -91,3 +75,32 @@ class NativeEngine(Engine):
 
     def bind(self, plan: EnginePlan, arena: Any) -> BoundGraph:
         return plan.detail.bind(arena, self.constants)
+
+
+class NativeEngine(GraphEngine):
+    name = "native"
+
+    def __init__(self, model: str, graph: Graph, output_names: tuple[str, ...] | None = None):
+        super().__init__(model, {"image": graph})
+        self.graph = graph
+        self.output_names = output_names or tuple(graph.outputs)
+
+    @property
+    def inputs(self) -> tuple[TensorInfo, ...]:
+        g = self.graph
+        return (TensorInfo(g.input_name, g.input_dtype, (-1, *g.item_shape)),)
+
+    @property
+    def outputs(self) -> tuple[TensorInfo, ...]:
+        plan = self.graph.prepare(1, "float32", "host")
+        return tuple(
+            TensorInfo(n, "float32", (-1, *s.shape[1:]))
+            for n, s in zip(self.output_names, plan.output_specs, strict=True)
+        )
+
+    @property
+    def feeds(self) -> tuple[Feed, ...]:
+        return ("image",)
+
+    def feed_for(self, feed: Feed) -> Feed:
+        return "image"  # the graph's own input is the uint8 image: one plan for both

@@ -14,19 +14,18 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import InvalidInput
-from ..graph import BoundGraph, Graph
-from .base import Engine, EngineContext, EnginePlan, Feed, ImageInput, TensorInfo
+from .base import Feed, ImageInput, TensorInfo
+from .native import GraphEngine
 
 
-class OnnxEngine(Engine):
+class OnnxEngine(GraphEngine):
     name = "onnx"
 
     def __init__(self, model: str, imported: Any, image: ImageInput | None = None) -> None:
         from ..importers.onnx_graph import ImageFeed
 
-        super().__init__(model)
+        super().__init__(model, {"tensors": imported.graph()})
         self.imported = imported
-        self.graphs: dict[Feed, Graph] = {"tensors": imported.graph()}
         if image is not None:
             item = imported.inputs[0].shape[1:]
             want = (image.channels, image.height, image.width)
@@ -38,9 +37,6 @@ class OnnxEngine(Engine):
                     image=(*want, image.layout),
                 )
             self.graphs["image"] = imported.graph(ImageFeed(tuple(image.mean), tuple(image.std)))
-        self.constants: dict[str, Any] = {}
-        self._weights_bytes = 0
-        self._plans: dict[tuple[int, Feed], EnginePlan] = {}
 
     @property
     def inputs(self) -> tuple[TensorInfo, ...]:
@@ -53,57 +49,6 @@ class OnnxEngine(Engine):
     @property
     def feeds(self) -> tuple[Feed, ...]:
         return tuple(self.graphs)
-
-    @property
-    def weights_bytes(self) -> int:
-        return self._weights_bytes
-
-    def load(self, ctx: EngineContext) -> None:
-        self.ctx = ctx
-        host: dict[str, Any] = {}
-        for g in self.graphs.values():  # both feeds' graphs name their weights alike
-            for k, v in g.constant_arrays(ctx.dtype).items():
-                if k not in host:
-                    host[k] = v
-        if ctx.backend.is_cuda:
-            import cupy
-
-            with cupy.cuda.Device(ctx.backend.device_id):
-                self.constants = {k: cupy.asarray(v) for k, v in host.items()}
-        else:
-            self.constants = host
-        self._weights_bytes = sum(int(v.nbytes) for v in host.values())
-
-    def plan(self, bucket: int, feed: Feed = "image") -> EnginePlan:
-        feed = self.feed_for(feed)
-        key = (bucket, feed)
-        hit = self._plans.get(key)
-        if hit is not None:
-            return hit
-        ctx = self.ctx
-        dtype, target, ws = (
-            (ctx.dtype, ctx.target, ctx.max_workspace_bytes)
-            if ctx
-            else ("float32", "host", 256 << 20)
-        )
-        gp = self.graphs[feed].prepare(bucket, dtype, target, ws)
-        plan = EnginePlan(
-            engine=self.name,
-            model=self.model,
-            bucket=bucket,
-            feed=feed,
-            inputs=(gp.input_spec,),
-            outputs=gp.output_specs,
-            arena_bytes=gp.arena_bytes,
-            flops=gp.flops,
-            bytes_moved=gp.bytes_moved,
-            detail=gp,
-        )
-        self._plans[key] = plan
-        return plan
-
-    def bind(self, plan: EnginePlan, arena: Any) -> BoundGraph:
-        return plan.detail.bind(arena, self.constants)
 
 
 def declared_input(entry: Any) -> dict[str, Any]:
