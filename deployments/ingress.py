@@ -29,7 +29,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from ray import serve
 
-from pipeline.batching import Coalescer
+from pipeline.coalescer import Coalescer
 from pipeline.config import PipelineConfig, Settings
 from pipeline.errors import (
     DeadlineExceeded,

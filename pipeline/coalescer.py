@@ -1,0 +1,112 @@
+"""Coalescer: requests that arrive close together leave as one downstream call.
+
+The ingress's half of "a ferry leaves when it is full or when its timetable says so": a
+group leaves after a window, at a size, and only while the downstream has room, so hops
+carry micro-batches under load. (The GPU stage's batches are ``batching.BatchScheduler``'s.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+
+class Coalescer:
+    """Groups items into one downstream call: a group leaves after ``window_s``, at
+    ``max_items``, and -- under load -- only when fewer than ``max_in_flight`` groups are
+    out. While the downstream is busy the next group keeps growing, so the number of calls
+    follows the downstream's pace instead of the arrival rate: at 300 requests a second a
+    fixed 2 ms window makes groups of one, a bounded in-flight count makes groups of ten.
+
+    ``run(items)`` returns one result (or exception) per item. A window of 0 still groups
+    what arrives in the same event-loop turn. With ``dispatch_when_idle``, a group that
+    starts while no group is out and none left within the last window leaves at the end of
+    the event-loop turn instead of after the window: a lone request pays no window, while
+    under load (groups leaving all the time) the window and the in-flight bound decide as
+    before. (Dispatching whenever nothing is out was measured to cost 7-13% throughput at
+    48 clients on two cores: under load the count dips to 0 often, and each dip sent a
+    group of one.)
+    """
+
+    def __init__(
+        self,
+        run: Callable[[list[Any]], Awaitable[Sequence[Any]]],
+        window_s: float,
+        max_items: int,
+        max_in_flight: int | None = None,
+        dispatch_when_idle: bool = False,
+    ) -> None:
+        self.run = run
+        self.window_s = window_s
+        self.max_items = max_items
+        self.max_in_flight = max_in_flight
+        self.dispatch_when_idle = dispatch_when_idle
+        self._last_dispatch = float("-inf")
+        self.in_flight = 0
+        self.group_sizes: deque[int] = deque(maxlen=1024)
+        self._group: list[tuple[Any, asyncio.Future]] = []
+        self._timer: asyncio.Handle | None = None
+        self._due = False  # the window has passed (or the group is full) but no slot was free
+        self._tasks: set[asyncio.Task] = set()
+
+    async def submit(self, item: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._group.append((item, fut))
+        if len(self._group) >= self.max_items:
+            self._flush()
+        elif self._timer is None and not self._due:
+            idle = (
+                self.dispatch_when_idle
+                and self.in_flight == 0
+                and loop.time() - self._last_dispatch >= self.window_s
+            )
+            self._timer = (
+                loop.call_later(self.window_s, self._flush)
+                if self.window_s > 0 and not idle
+                else loop.call_soon(self._flush)
+            )
+        return await fut
+
+    def _flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
+            self._due = True  # leaves when a group comes back
+            return
+        self._due = False
+        group, self._group = self._group[: self.max_items], self._group[self.max_items :]
+        if group:
+            self._last_dispatch = asyncio.get_running_loop().time()
+            self.in_flight += 1
+            self.group_sizes.append(len(group))
+            task = asyncio.ensure_future(self._run(group))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        if self._group and len(self._group) >= self.max_items:
+            self._flush()
+
+    async def _run(self, group: list[tuple[Any, asyncio.Future]]) -> None:
+        try:
+            results = await self.run([item for item, _ in group])
+        except BaseException as exc:
+            for _, f in group:
+                if not f.done():
+                    f.set_exception(exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return
+        finally:
+            self.in_flight -= 1
+            if self._due or (self._group and self._timer is None):
+                self._flush()
+        for (_, f), r in zip(group, results, strict=True):
+            if f.done():
+                continue
+            if isinstance(r, BaseException):
+                f.set_exception(r)
+            else:
+                f.set_result(r)

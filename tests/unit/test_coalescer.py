@@ -1,0 +1,100 @@
+"""Coalescer: groups by window and size, growing while the downstream is busy."""
+
+from __future__ import annotations
+
+import asyncio
+
+from pipeline.coalescer import Coalescer
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_coalescer_groups_what_arrives_in_one_window():
+    calls = []
+
+    async def run_group(items):
+        calls.append(list(items))
+        return [ValueError(i) if i == "bad" else i.upper() for i in items]
+
+    async def main():
+        c = Coalescer(run_group, window_s=0.0, max_items=3)
+        first = await asyncio.gather(c.submit("a"), c.submit("b"), return_exceptions=True)
+        assert first == ["A", "B"]
+        res = await asyncio.gather(
+            *(c.submit(x) for x in ["c", "bad", "d", "e"]), return_exceptions=True
+        )
+        assert res[0] == "C" and isinstance(res[1], ValueError) and res[2:] == ["D", "E"]
+
+    run(main())
+    assert calls == [["a", "b"], ["c", "bad", "d"], ["e"]]  # max_items closes a group early
+
+
+class GatedDownstream:
+    """A Coalescer's downstream: records each group it gets, answers once the gate opens."""
+
+    def __init__(self) -> None:
+        self.calls: list[list] = []
+        self.gate = asyncio.Event()
+
+    async def __call__(self, items: list) -> list:
+        self.calls.append(list(items))
+        await self.gate.wait()
+        return items
+
+
+def test_coalescer_grows_groups_while_the_downstream_is_busy():
+    async def main():
+        down = GatedDownstream()
+        calls, gate = down.calls, down.gate
+        c = Coalescer(down, window_s=0.0, max_items=100, max_in_flight=1)
+        first = asyncio.ensure_future(c.submit(0))
+        await asyncio.sleep(0)  # the window (0) passes: group [0] leaves
+        await asyncio.sleep(0)
+        rest = [asyncio.ensure_future(c.submit(i)) for i in range(1, 8)]
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert (
+            calls == [[0]] and c.in_flight == 1
+        )  # the others wait for the slot, growing one group
+        gate.set()
+        assert await first == 0
+        assert await asyncio.gather(*rest) == list(range(1, 8))
+        assert calls == [[0], list(range(1, 8))]
+        assert list(c.group_sizes) == [1, 7]
+
+    run(main())
+
+
+def test_coalescer_dispatches_at_once_when_idle_and_windows_under_load():
+    async def main():
+        down = GatedDownstream()
+        calls, gate = down.calls, down.gate
+        loop = asyncio.get_running_loop()
+        c = Coalescer(down, window_s=5.0, max_items=100, dispatch_when_idle=True)
+        t0 = loop.time()
+        first = asyncio.ensure_future(c.submit(0))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert calls == [[0]]  # nothing was out: no 5 s window
+        later = [asyncio.ensure_future(c.submit(i)) for i in (1, 2)]
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert calls == [[0]]  # a group is out: the next one waits for its window
+        c._flush()  # (the window running out, without waiting 5 s)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert calls == [[0], [1, 2]]
+        gate.set()
+        assert await first == 0 and await asyncio.gather(*later) == [1, 2]
+        assert c.in_flight == 0
+        nxt = asyncio.ensure_future(c.submit(3))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert calls == [[0], [1, 2]]  # a group left within the window: still under load
+        c._flush()
+        assert await nxt == 3
+        assert loop.time() - t0 < 1.0
+
+    run(main())
