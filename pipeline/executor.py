@@ -20,17 +20,15 @@ The model itself is an engine (``pipeline/engines``): the executor asks it for a
 bucket and feed, binds the plan to the reserved arena and enqueues it; nothing here depends
 on which engine it is.
 
-``mode="naive"`` is the baseline every benchmark reports beside the real path: cudaMalloc
-of the arena, a synchronous pageable copy in, eager compute, a synchronous copy out and
-cudaFree, per call.
+``mode="naive"`` is the baseline every benchmark reports beside the real path
+(``executor_naive``). The prepared batch and the row checks are ``executor_batch``; bound
+graphs, CUDA graph capture and warm-up are ``executor_graphs``.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,14 +36,17 @@ import numpy as np
 
 from .async_result import AsyncResult, CompletionWatcher
 from .config import ExecutorConfig, Settings
-from .device import Backend, Stream, StreamSet, is_device_array, select_backend
-from .engines.base import BoundModel, Engine, EngineContext, EnginePlan, Feed
+from .device import Backend, StreamSet, is_device_array, select_backend
+from .engines.base import Engine, EngineContext, EnginePlan, Feed
 from .errors import DeviceError, FerryError, InvalidInput, ModelNotFound
-from .memory import PinnedRing, PinnedSlot, Reservation, make_pool, round_up
+from .executor_batch import PreparedBatch, check_input, stage
+from .executor_graphs import BoundGraphs, warmup
+from .executor_naive import commit_naive
+from .memory import PinnedRing, make_pool, round_up
 from .models.registry import LoadedModel, load_model
 
 logger = logging.getLogger(__name__)
-MAX_BOUND = 256  # bound graphs (and their CUDA graphs) kept, least recently used dropped
+__all__ = ["GpuExecutor", "PreparedBatch"]
 
 
 @dataclass
@@ -54,66 +55,6 @@ class _Model:
     engine: Engine
     weights_bytes: int
     buckets: tuple[int, ...]  # the executor's, up to the model's max_batch
-
-
-class PreparedBatch:
-    """What ``prepare`` reserved for one batch. Committing hands it over; else release it."""
-
-    __slots__ = (
-        "model",
-        "n",
-        "bucket",
-        "plan",
-        "reservation",
-        "slot",
-        "naive",
-        "_lock",
-        "_released",
-        "committed",
-    )
-
-    def __init__(
-        self,
-        model: str,
-        n: int,
-        bucket: int,
-        plan: EnginePlan,
-        reservation: Reservation | None,
-        slot: PinnedSlot | None,
-        naive: bool,
-    ) -> None:
-        self.model = model
-        self.n = n
-        self.bucket = bucket
-        self.plan = plan
-        self.reservation = reservation
-        self.slot = slot
-        self.naive = naive
-        self._lock = threading.Lock()
-        self._released = False
-        self.committed = False
-
-    def release(self) -> None:
-        """Give back the staging slot and the reservation; safe to call more than once."""
-        with self._lock:
-            if self._released:
-                return
-            self._released = True
-        if self.reservation is not None:
-            self.reservation.release()
-        if self.slot is not None:
-            self.slot.release()
-
-    @property
-    def released(self) -> bool:
-        return self._released
-
-    def __enter__(self) -> PreparedBatch:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if not self.committed:
-            self.release()
 
 
 class GpuExecutor:
@@ -141,8 +82,7 @@ class GpuExecutor:
         self.ring: PinnedRing | None = None
         self._models: dict[str, _Model] = {}
         self._lock = threading.Lock()  # held while enqueueing: streams and cuBLAS handles
-        self._bound: OrderedDict[tuple, tuple[BoundModel, Any]] = OrderedDict()
-        self._tls = threading.local()
+        self._bound = BoundGraphs(self.count)
         self._stats_lock = threading.Lock()
         self._n = {
             "batches": 0,
@@ -220,6 +160,9 @@ class GpuExecutor:
     @property
     def models(self) -> dict[str, LoadedModel]:
         return {k: m.loaded for k, m in self._models.items()}
+
+    def engine_of(self, name: str) -> Engine:
+        return self._model(name).engine
 
     def _model(self, name: str) -> _Model:
         m = self._models.get(name)
@@ -304,77 +247,21 @@ class GpuExecutor:
             raise RuntimeError("a prepared batch is committed once")
         prepared.committed = True
         try:
-            x = self._check_input(prepared, host_batch)
+            x = check_input(prepared, host_batch, self.backend)
         except BaseException:
             prepared.release()
             raise
         if prepared.naive:
-            return self._commit_naive(prepared, x, label)
+            return commit_naive(self, prepared, x, label)
         try:
             return self._commit_real(prepared, x, label)
         except BaseException as exc:
             prepared.release()
-            self._count(failed=1)
+            self.count(failed=1)
             err = (
                 exc if isinstance(exc, FerryError) else DeviceError(f"{type(exc).__name__}: {exc}")
             )
             return AsyncResult.failed(err, label)
-
-    def _check_input(self, p: PreparedBatch, x: Any) -> np.ndarray | list[np.ndarray]:
-        """An array [n, *item], or a list of n arrays [*item] (copied row by row into the
-        staging slot, which saves stacking them first)."""
-        spec = p.plan.input_spec
-        item = tuple(spec.shape[1:])
-        if isinstance(x, list | tuple):
-            if len(x) != p.n:
-                raise InvalidInput("batch has the wrong number of rows", rows=len(x), expected=p.n)
-            on_device = bool(x) and is_device_array(x[0])
-            mixed = on_device and not all(is_device_array(r) for r in x)
-            if on_device and (p.naive or mixed or not self.backend.is_cuda):
-                # the baseline and the CPU take host rows, and so does a batch that mixes
-                # device rows with host rows (v2 tensors beside GPU-decoded images)
-                x = [r.get() if is_device_array(r) else r for r in x]
-                on_device = False
-            for r in x:
-                if (
-                    not (is_device_array(r) if on_device else isinstance(r, np.ndarray))
-                    or tuple(r.shape) != item
-                    or r.dtype != spec.np_dtype
-                ):
-                    raise InvalidInput(
-                        "a row does not match the model's input",
-                        shape=getattr(r, "shape", None),
-                        dtype=str(getattr(r, "dtype", type(r).__name__)),
-                        expected=item,
-                        expected_dtype=spec.dtype,
-                    )
-            return list(x)
-        if not isinstance(x, np.ndarray):
-            raise InvalidInput(
-                "a batch must be a numpy array or a list of rows", got=type(x).__name__
-            )
-        want = (p.n, *item)
-        if tuple(x.shape) != want:
-            raise InvalidInput(
-                "batch shape does not match the prepared batch", shape=tuple(x.shape), expected=want
-            )
-        if x.dtype != spec.np_dtype:
-            raise InvalidInput(
-                "batch dtype does not match the model's input",
-                dtype=x.dtype.name,
-                expected=spec.dtype,
-            )
-        return x
-
-    @staticmethod
-    def _stage(dst: np.ndarray, x: np.ndarray | list[np.ndarray], n: int) -> None:
-        if isinstance(x, list):
-            for i, r in enumerate(x):
-                dst[i] = r
-        else:
-            dst[:n] = x
-        if n < len(dst):
-            dst[n:] = 0
 
     def _commit_real(
         self, p: PreparedBatch, x: np.ndarray | list[np.ndarray], label: str
@@ -385,7 +272,7 @@ class GpuExecutor:
         stage_in = slot.view(0, spec_in.shape, spec_in.dtype)
         on_device = isinstance(x, list) and bool(x) and is_device_array(x[0])
         if not on_device:
-            self._stage(stage_in, x, p.n)  # the host copy into pinned memory, in this thread
+            stage(stage_in, x, p.n)  # the host copy into pinned memory, in this thread
         outs_host = []
         off = round_up(spec_in.nbytes, 256)
         for s in plan.output_specs:
@@ -395,7 +282,7 @@ class GpuExecutor:
         with self._lock:
             self.backend.activate()
             compute = streams.next_compute()
-            bound, cuda_graph = self._bound_graph(p, compute)
+            bound, cuda_graph = self._bound.get(p, compute, self._model(p.model).engine)
             if on_device:  # rows already on this device (GPU preprocessing): d2d copies
                 with compute:
                     for i, r in enumerate(x):
@@ -412,12 +299,12 @@ class GpuExecutor:
                 bound.run(compute)
                 replay = False
                 if self.backend.is_cuda and self.config.cuda_graphs:
-                    self._capture(p, compute, bound)
+                    self._bound.capture(p, compute, bound)
             streams.d2h.wait(compute.record())
             for host, dev in zip(outs_host, bound.outputs, strict=True):
                 streams.d2h.copy_d2h(host, dev)
             done = streams.d2h.record()
-        self._count(
+        self.count(
             batches=1,
             items=p.n,
             padded_items=p.bucket - p.n,
@@ -433,106 +320,17 @@ class GpuExecutor:
             keep.clear()
             rows = [np.array(h[:n]) for h in outs_host]  # out of the slot before it is reused
             p.release()
-            self._count(in_flight=-1)
+            self.count(in_flight=-1)
             return rows[0] if len(rows) == 1 else tuple(rows)
 
         def failed(_exc: BaseException) -> None:
             keep.clear()
             p.release()
-            self._count(in_flight=-1, failed=1)
+            self.count(in_flight=-1, failed=1)
 
         result: AsyncResult = AsyncResult(label or f"{p.model}[{p.n}]")
         self.watcher.watch(done, finish, result, on_error=failed)
         return result
-
-    def _key(self, p: PreparedBatch, compute: Stream) -> tuple:
-        assert p.reservation is not None
-        return (p.model, p.bucket, p.plan.feed, p.reservation.ptr, compute.name)
-
-    def _bound_graph(self, p: PreparedBatch, compute: Stream) -> tuple[BoundModel, Any]:
-        assert p.reservation is not None
-        key = self._key(p, compute)
-        hit = self._bound.get(key)
-        if hit is not None:
-            self._bound.move_to_end(key)
-            return hit
-        bound = self._model(p.model).engine.bind(p.plan, p.reservation.buffer)
-        self._bound[key] = (bound, None)
-        while len(self._bound) > MAX_BOUND:
-            self._bound.popitem(last=False)
-        return bound, None
-
-    def _capture(self, p: PreparedBatch, compute: Stream, bound: BoundModel) -> None:
-        """Record the bound graph as a CUDA graph for the next batch that gets this arena."""
-        key = self._key(p, compute)
-        try:
-            graph = bound.capture(compute)
-        except Exception:
-            logger.exception(
-                "CUDA graph capture failed for %s bucket %d; staying eager", p.model, p.bucket
-            )
-            return
-        self._bound[key] = (bound, graph)
-        self._count(captures=1)
-
-    def _naive_stream(self) -> Stream:
-        s = getattr(self._tls, "stream", None)
-        if s is None:
-            s = self._tls.stream = Stream("naive", self.backend)
-        return s
-
-    def _commit_naive(
-        self, p: PreparedBatch, x: np.ndarray | list[np.ndarray], label: str
-    ) -> AsyncResult:
-        """The baseline: allocate, copy in synchronously, compute, copy out, free -- per call."""
-        try:
-            plan = p.plan
-            model = self._model(p.model)
-            padded = np.empty(plan.input_spec.shape, dtype=plan.input_spec.np_dtype)  # pageable
-            self._stage(padded, x, p.n)
-            if self.backend.is_cuda:
-                import cupy
-                from cupy.cuda import runtime
-
-                self.backend.activate()
-                mem = cupy.cuda.Memory(plan.arena_bytes)  # cudaMalloc
-                arena = cupy.ndarray(
-                    (plan.arena_bytes,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(mem, 0)
-                )
-                bound = model.engine.bind(plan, arena)
-                runtime.memcpy(
-                    int(bound.input.data.ptr),
-                    int(padded.ctypes.data),
-                    padded.nbytes,
-                    runtime.memcpyHostToDevice,
-                )  # synchronous, pageable
-                stream = self._naive_stream()
-                bound.run(stream)
-                stream.synchronize()
-                rows = []
-                for o in bound.outputs:
-                    h = np.empty(o.shape, dtype=o.dtype)
-                    runtime.memcpy(
-                        int(h.ctypes.data), int(o.data.ptr), h.nbytes, runtime.memcpyDeviceToHost
-                    )
-                    rows.append(h[: p.n])
-                del bound, arena, mem  # cudaFree
-            else:
-                arena = np.empty(plan.arena_bytes, dtype=np.uint8)
-                bound = model.engine.bind(plan, arena)
-                np.copyto(bound.input, padded)
-                bound.run(self._naive_stream())
-                rows = [np.array(o[: p.n]) for o in bound.outputs]
-            self._count(batches=1, items=p.n, padded_items=p.bucket - p.n, eager_runs=1)
-            return AsyncResult.completed(rows[0] if len(rows) == 1 else tuple(rows), label)
-        except BaseException as exc:
-            self._count(failed=1)
-            err = (
-                exc if isinstance(exc, FerryError) else DeviceError(f"{type(exc).__name__}: {exc}")
-            )
-            return AsyncResult.failed(err, label)
-        finally:
-            p.release()
 
     # ------------------------------------------------------------------ conveniences
     def infer(
@@ -552,31 +350,13 @@ class GpuExecutor:
         return np.concatenate(parts)
 
     def warmup(self, models: list[str] | None = None) -> dict[str, float]:
-        """Plan every bucket and run it -- twice on the GPU, so its CUDA graphs are captured
-        (one per in-flight arena) and replayed once. Small buckets first, so the pool's
-        blocks for each bucket are exact fits that later batches get back."""
-        times: dict[str, float] = {}
-        gpu = self.backend.is_cuda and not self.naive
-        depth = self.config.max_in_flight if gpu else 1  # one arena per in-flight batch to capture
-        for name in models or list(self._models):
-            t0 = time.perf_counter()
-            for feed in self._model(name).engine.feeds:
-                item = self.plan(name, 1, feed).input_spec
-                for bucket in self._model(name).buckets:
-                    for _round in range(2 if gpu else 1):
-                        prepared = [self.prepare(name, bucket, feed=feed) for _ in range(depth)]
-                        zeros = np.zeros((bucket, *item.shape[1:]), dtype=item.np_dtype)
-                        for r in [self.commit(p, zeros) for p in prepared]:
-                            r.wait()
-            times[name] = time.perf_counter() - t0
-            logger.info(
-                "warmed up %s: %d buckets in %.2f s", name, len(self.buckets(name)), times[name]
-            )
+        """Run every bucket of every model (``executor_graphs.warmup``); ready after it."""
+        times = warmup(self, models)
         self.warmed_up = True
         return times
 
     # ------------------------------------------------------------------ stats
-    def _count(self, **deltas: int) -> None:
+    def count(self, **deltas: int) -> None:
         with self._stats_lock:
             for k, v in deltas.items():
                 self._n[k] += v

@@ -1,0 +1,131 @@
+"""What one batch holds between ``GpuExecutor.prepare`` and the end of its commit: the
+prepared batch (bucket, plan, arena reservation, pinned staging slot), the check of the
+rows a caller hands over, and the copy of them into a staging buffer."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from .device import Backend, is_device_array
+from .engines.base import EnginePlan
+from .errors import InvalidInput
+from .memory import PinnedSlot, Reservation
+
+
+class PreparedBatch:
+    """What ``prepare`` reserved for one batch. Committing hands it over; else release it."""
+
+    __slots__ = (
+        "model",
+        "n",
+        "bucket",
+        "plan",
+        "reservation",
+        "slot",
+        "naive",
+        "_lock",
+        "_released",
+        "committed",
+    )
+
+    def __init__(
+        self,
+        model: str,
+        n: int,
+        bucket: int,
+        plan: EnginePlan,
+        reservation: Reservation | None,
+        slot: PinnedSlot | None,
+        naive: bool,
+    ) -> None:
+        self.model = model
+        self.n = n
+        self.bucket = bucket
+        self.plan = plan
+        self.reservation = reservation
+        self.slot = slot
+        self.naive = naive
+        self._lock = threading.Lock()
+        self._released = False
+        self.committed = False
+
+    def release(self) -> None:
+        """Give back the staging slot and the reservation; safe to call more than once."""
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+        if self.reservation is not None:
+            self.reservation.release()
+        if self.slot is not None:
+            self.slot.release()
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def __enter__(self) -> PreparedBatch:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self.committed:
+            self.release()
+
+
+def check_input(p: PreparedBatch, x: Any, backend: Backend) -> np.ndarray | list[np.ndarray]:
+    """An array [n, *item], or a list of n arrays [*item] (copied row by row into the
+    staging slot, which saves stacking them first); ``InvalidInput`` for anything else."""
+    spec = p.plan.input_spec
+    item = tuple(spec.shape[1:])
+    if isinstance(x, list | tuple):
+        if len(x) != p.n:
+            raise InvalidInput("batch has the wrong number of rows", rows=len(x), expected=p.n)
+        on_device = bool(x) and is_device_array(x[0])
+        mixed = on_device and not all(is_device_array(r) for r in x)
+        if on_device and (p.naive or mixed or not backend.is_cuda):
+            # the baseline and the CPU take host rows, and so does a batch that mixes
+            # device rows with host rows (v2 tensors beside GPU-decoded images)
+            x = [r.get() if is_device_array(r) else r for r in x]
+            on_device = False
+        for r in x:
+            if (
+                not (is_device_array(r) if on_device else isinstance(r, np.ndarray))
+                or tuple(r.shape) != item
+                or r.dtype != spec.np_dtype
+            ):
+                raise InvalidInput(
+                    "a row does not match the model's input",
+                    shape=getattr(r, "shape", None),
+                    dtype=str(getattr(r, "dtype", type(r).__name__)),
+                    expected=item,
+                    expected_dtype=spec.dtype,
+                )
+        return list(x)
+    if not isinstance(x, np.ndarray):
+        raise InvalidInput("a batch must be a numpy array or a list of rows", got=type(x).__name__)
+    want = (p.n, *item)
+    if tuple(x.shape) != want:
+        raise InvalidInput(
+            "batch shape does not match the prepared batch", shape=tuple(x.shape), expected=want
+        )
+    if x.dtype != spec.np_dtype:
+        raise InvalidInput(
+            "batch dtype does not match the model's input",
+            dtype=x.dtype.name,
+            expected=spec.dtype,
+        )
+    return x
+
+
+def stage(dst: np.ndarray, x: np.ndarray | list[np.ndarray], n: int) -> None:
+    """Copy ``n`` rows into ``dst`` (a bucket's worth) and zero the padding after them."""
+    if isinstance(x, list):
+        for i, r in enumerate(x):
+            dst[i] = r
+    else:
+        dst[:n] = x
+    if n < len(dst):
+        dst[n:] = 0

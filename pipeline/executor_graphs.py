@@ -1,0 +1,97 @@
+"""Bound graphs and CUDA graphs per bucket, and the warm-up that makes them.
+
+A plan bound to one reserved arena on one compute stream is kept (least recently used
+dropped past ``MAX_BOUND``); on the GPU its first eager run is recorded as a CUDA graph,
+replayed by every later batch that gets the same arena on the same stream. ``warmup`` runs
+every bucket -- twice on the GPU, with one arena per in-flight batch -- so those graphs
+exist before the first request.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .device import Stream
+from .engines.base import BoundModel, Engine
+from .executor_batch import PreparedBatch
+
+if TYPE_CHECKING:
+    from .executor import GpuExecutor
+
+logger = logging.getLogger("pipeline.executor")
+MAX_BOUND = 256  # bound graphs (and their CUDA graphs) kept, least recently used dropped
+
+
+class BoundGraphs:
+    """The LRU cache of (bound plan, CUDA graph or None), keyed by model, bucket, feed,
+    arena pointer and compute stream. Used under the executor's enqueue lock."""
+
+    def __init__(self, count: Callable[..., None]) -> None:
+        self._bound: OrderedDict[tuple, tuple[BoundModel, Any]] = OrderedDict()
+        self._count = count
+
+    def __len__(self) -> int:
+        return len(self._bound)
+
+    @staticmethod
+    def key(p: PreparedBatch, compute: Stream) -> tuple:
+        assert p.reservation is not None
+        return (p.model, p.bucket, p.plan.feed, p.reservation.ptr, compute.name)
+
+    def get(self, p: PreparedBatch, compute: Stream, engine: Engine) -> tuple[BoundModel, Any]:
+        """The plan bound to the batch's arena (bound now on a miss) and its CUDA graph."""
+        assert p.reservation is not None
+        key = self.key(p, compute)
+        hit = self._bound.get(key)
+        if hit is not None:
+            self._bound.move_to_end(key)
+            return hit
+        bound = engine.bind(p.plan, p.reservation.buffer)
+        self._bound[key] = (bound, None)
+        while len(self._bound) > MAX_BOUND:
+            self._bound.popitem(last=False)
+        return bound, None
+
+    def capture(self, p: PreparedBatch, compute: Stream, bound: BoundModel) -> None:
+        """Record the bound graph as a CUDA graph for the next batch that gets this arena."""
+        key = self.key(p, compute)
+        try:
+            graph = bound.capture(compute)
+        except Exception:
+            logger.exception(
+                "CUDA graph capture failed for %s bucket %d; staying eager", p.model, p.bucket
+            )
+            return
+        self._bound[key] = (bound, graph)
+        self._count(captures=1)
+
+    def clear(self) -> None:
+        self._bound.clear()
+
+
+def warmup(ex: GpuExecutor, models: list[str] | None = None) -> dict[str, float]:
+    """Plan every bucket and run it -- twice on the GPU, so its CUDA graphs are captured
+    (one per in-flight arena) and replayed once. Small buckets first, so the pool's
+    blocks for each bucket are exact fits that later batches get back."""
+    times: dict[str, float] = {}
+    gpu = ex.backend.is_cuda and not ex.naive
+    depth = ex.config.max_in_flight if gpu else 1  # one arena per in-flight batch to capture
+    for name in models or list(ex.models):
+        t0 = time.perf_counter()
+        for feed in ex.engine_of(name).feeds:
+            item = ex.plan(name, 1, feed).input_spec
+            for bucket in ex.buckets(name):
+                for _round in range(2 if gpu else 1):
+                    prepared = [ex.prepare(name, bucket, feed=feed) for _ in range(depth)]
+                    zeros = np.zeros((bucket, *item.shape[1:]), dtype=item.np_dtype)
+                    for r in [ex.commit(p, zeros) for p in prepared]:
+                        r.wait()
+        times[name] = time.perf_counter() - t0
+        logger.info("warmed up %s: %d buckets in %.2f s", name, len(ex.buckets(name)), times[name])
+    return times
