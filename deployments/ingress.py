@@ -1,5 +1,6 @@
-"""Ingress: the HTTP front (FastAPI through ``@serve.ingress``; POST classify, nearly all
-the traffic, is answered by ``ClassifyFastPath`` before FastAPI's router).
+"""Ingress: the HTTP front as a Serve deployment (FastAPI through ``@serve.ingress``; the app,
+its ASGI layers and ``ClassifyFastPath`` -- which answers POST classify, nearly all the
+traffic, before FastAPI's router -- are in ``ingress_http.py``).
 
 (No ``from __future__ import annotations`` here: Serve rebuilds the route functions, and
 FastAPI must see real annotation objects, not strings, to recognise ``Request``.)
@@ -17,169 +18,33 @@ encoded bytes.
 """
 
 import asyncio
-import email.parser
-import email.policy
 import logging
-import re
 import time
-import uuid
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from ray import serve
 
 from pipeline.coalescer import Coalescer
-from pipeline.config import PipelineConfig, Settings
+from pipeline.config import PipelineConfig
 from pipeline.errors import (
     DeadlineExceeded,
-    FerryError,
     InvalidInput,
     ModelNotFound,
 )
 from pipeline.imaging import plan_decode
 from pipeline.models.repository import model_card, random_weights
 
-from . import docs, http_errors, triton, v2
-from .http_errors import error_response, request_id_of, unwrap
+from . import ingress_http, triton, v2
+from .http_errors import request_id_of, unwrap
+from .ingress_http import app, deadline_of, multipart_image, priority_of
 from .messages import PostSpec, RequestMeta, Rows
-from .observe import RequestMetrics
 from .preprocess import PreprocessCore
 from .uploads import UploadGate
-from .validate import finite_float, header_int
+from .validate import header_int
 
 logger = logging.getLogger(__name__)
-app = FastAPI(
-    title="Ferry",
-    description="GPU inference at high concurrency on Ray Serve",
-    version="0.1.0",
-    docs_url=None,  # docs.install: Swagger UI from local files, not a CDN
-    redoc_url=None,
-)
-docs.install(app)
-PUBLIC_PATHS = ("/v2/health/",)
-
-
-class BearerAuth:
-    """Pure ASGI middleware: every route but /v2/health/* needs ``Authorization: Bearer``.
-
-    The token is read from the replica's environment at its first request -- not at
-    import: Serve pickles this app in the driver, where the variable may not be set.
-    (Starlette's ``BaseHTTPMiddleware`` costs a task and a stream per request; at thousands
-    of requests a second a plain ASGI callable is the cheap way.)
-    """
-
-    _UNREAD = object()
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-        self.expected: Any = self._UNREAD
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if self.expected is self._UNREAD:
-            token = Settings.from_env().auth_token
-            self.expected = f"Bearer {token}".encode() if token else None
-        if (
-            self.expected is None
-            or scope["type"] != "http"
-            or scope["path"].startswith(PUBLIC_PATHS)
-        ):
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope.get("headers") or [])
-        if headers.get(b"authorization") == self.expected:
-            await self.app(scope, receive, send)
-            return
-        rid = headers.get(b"x-request-id", b"").decode("latin-1")[:128] or uuid.uuid4().hex
-        resp = JSONResponse(
-            {"error": "missing or wrong bearer token", "request_id": rid},
-            status_code=401,
-            headers={"www-authenticate": "Bearer"},
-        )
-        await resp(scope, receive, send)
-
-
-CLASSIFY_PATH = re.compile(r"^/v1/models/([^/]+)/classify$")
-ACTIVE: Any = None  # this process's Ingress (Serve makes one per replica process)
-
-
-class ClassifyFastPath:
-    """Pure ASGI, inside the auth check: ``POST /v1/models/{model}/classify`` -- nearly all
-    the traffic -- goes straight to the replica's handler, past FastAPI's router, its
-    dependency solving and its exception middleware: 12% less CPU per request in the
-    ingress (results/profile_fastpath.json). Every other route, and this one's OpenAPI
-    entry, stay FastAPI's."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        match = (
-            CLASSIFY_PATH.match(scope["path"])
-            if scope["type"] == "http" and scope["method"] == "POST"
-            else None
-        )
-        if match:
-            # looked up through the module as imported in this process, whatever Serve
-            # pickled by value
-            import deployments.ingress as this
-
-            ingress = this.ACTIVE
-            if ingress is not None:
-                request = Request(scope, receive)
-                try:
-                    response = await ingress.classify_request(
-                        match.group(1), request, request.query_params.get("top_k")
-                    )
-                except Exception as exc:
-                    response = error_response(unwrap(exc), request_id_of(request))
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-app.add_middleware(ClassifyFastPath)
-app.add_middleware(BearerAuth)
-http_errors.install(app)  # JsonErrors: outside auth and the fast path
-app.add_middleware(RequestMetrics)  # outermost: every answer is counted, JSON 500s and 401s too
-
-
-def multipart_image(body: bytes, content_type: str) -> tuple[bytes, str | None]:
-    """The first file part of a multipart/form-data body (stdlib parser, no extra package);
-    400 for whatever the parser cannot make sense of."""
-    try:
-        msg = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
-            b"Content-Type: " + content_type.encode("latin-1", "replace") + b"\r\n\r\n" + body
-        )
-        if not msg.is_multipart():
-            raise InvalidInput("malformed multipart body")
-        for part in msg.iter_parts():
-            if part.get_filename() is not None or part.get_param(
-                "name", header="content-disposition"
-            ) in ("file", "image"):
-                payload = part.get_payload(decode=True) or b""
-                if not isinstance(payload, bytes):
-                    raise InvalidInput("malformed multipart file part")
-                return payload, part.get_content_type()
-    except FerryError:
-        raise
-    except Exception as exc:  # the stdlib parser's own failures on malformed input
-        raise InvalidInput("malformed multipart body", detail=f"{type(exc).__name__}") from None
-    raise InvalidInput("multipart body has no file part (name it 'file' or 'image')")
-
-
-def deadline_of(request: Request, default_ms: float | None) -> float | None:
-    raw = request.headers.get("x-deadline-ms") or request.query_params.get("deadline_ms")
-    if raw is None:
-        return None if default_ms is None else time.time() + default_ms / 1e3
-    ms = finite_float(raw, "X-Deadline-Ms", 0.0, 3_600_000.0)
-    return time.time() + ms / 1e3
-
-
-def priority_of(request: Request) -> bool:
-    return (
-        request.headers.get("x-priority") or request.query_params.get("priority") or ""
-    ).lower() == "high"
 
 
 def _stamp(result: Any, t_send: float, wall_call: float) -> Any:
@@ -250,9 +115,7 @@ class Ingress:
             ic.body_timeout_s,
             ic.upload_grace_s,
         )
-        import deployments.ingress as this
-
-        this.ACTIVE = self  # for ClassifyFastPath
+        ingress_http.ACTIVE = self  # for ClassifyFastPath and RequestMetrics
 
     # ------------------------------------------------------------------ plumbing
     def _coalescer(self, model: str, kind: str) -> Coalescer:

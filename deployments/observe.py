@@ -75,9 +75,9 @@ class RequestMetrics:
             state["request_id"] = request_id_from(scope.get("headers") or [])
         model, route = route_of(scope["path"])
         if model:  # only served models become label values (any path is not a series)
-            import deployments.ingress as ingress
+            import deployments.ingress_http as ingress_http
 
-            active = ingress.ACTIVE
+            active = ingress_http.ACTIVE
             if active is not None and model not in active.models:
                 model = "?"
         status = [500]

@@ -17,7 +17,7 @@ from starlette.requests import Request
 
 from deployments import v2
 from deployments.http_errors import error_response
-from deployments.ingress import app, deadline_of, multipart_image, priority_of
+from deployments.ingress_http import app, deadline_of, multipart_image, priority_of
 from deployments.v2 import Signature
 from deployments.validate import finite_float, header_int, shape_of
 from pipeline.engines.base import TensorInfo

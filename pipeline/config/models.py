@@ -1,0 +1,118 @@
+"""Entries of the model repository: an engine, a source, and how images are prepared."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from .base import Strict
+
+
+class ModelInputConfig(Strict):
+    """How images are prepared for a model (the image path); every field left out comes from
+    the model file where it declares it, else from the engine's defaults (torchvision's:
+    224x224 RGB, NCHW float32, ImageNet mean/std, crop)."""
+
+    height: int | None = Field(None, ge=1, le=8192)
+    """Input height in pixels."""
+    width: int | None = Field(None, ge=1, le=8192)
+    """Input width in pixels."""
+    channels: Literal[1, 3] | None = None
+    """1: grayscale, 3: RGB."""
+    layout: Literal["nchw", "nhwc"] | None = None
+    """Layout of the model's own input tensor (what a v2 request sends)."""
+    dtype: Literal["float32", "float16", "uint8"] | None = None
+    """Dtype of the model's own input tensor."""
+    mean: tuple[float, ...] | None = None
+    """Per-channel mean on the [0, 1] scale, subtracted on the device before the model."""
+    std: tuple[float, ...] | None = None
+    """Per-channel standard deviation on the [0, 1] scale."""
+    resize: Literal["crop", "fit", "stretch"] | None = None
+    """``crop``: scale the short side to size/0.875 and cut the centre; ``fit``: scale the
+    whole image inside the size and pad the rest black; ``stretch``: scale to the size."""
+
+    @model_validator(mode="after")
+    def _per_channel(self) -> ModelInputConfig:
+        for what in ("mean", "std"):
+            v = getattr(self, what)
+            if v is not None and self.channels is not None and len(v) != self.channels:
+                raise ValueError(f"input.{what} has {len(v)} values for {self.channels} channels")
+        if self.std is not None and any(x <= 0 for x in self.std):
+            raise ValueError(f"input.std must be positive, got {self.std}")
+        return self
+
+
+BUILTIN_ARCHS = ("resnet50", "digits")
+MODEL_FILE_SUFFIXES = (".pt", ".pt2", ".ts", ".jit", ".onnx", ".pth")
+
+
+class ModelConfig(Strict):
+    """One entry of the model repository: a name, an engine and a source."""
+
+    name: str = Field(..., min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    """The name in URLs (``/v1/models/{name}/classify``, ``/v2/models/{name}/infer``)."""
+    engine: str = "native"
+    """``native`` (Ferry's op graph), ``torch`` (the ``[torch]`` extra) or ``onnx``; any name in
+    ``pipeline.engines.ENGINES``."""
+    source: str | None = None
+    """``native``: a built-in architecture (``resnet50``, ``digits``). ``torch``: a torchvision
+    architecture name (with ``weights``: its state-dict file), a TorchScript file (``.pt``,
+    ``.ts``), a ``torch.export`` archive (``.pt2``) or ``package.module:function`` returning
+    a module. ``onnx``: an ``.onnx`` file. Local paths only."""
+    arch: Literal["resnet50", "digits"] | None = None
+    """The earlier spelling of ``{engine: native, source: ARCH}``; still accepted."""
+    weights: str | None = None
+    """``native``: an ``.npz``/``.safetensors`` file (``None``: the built-in default, random
+    for resnet50). ``torch`` with a torchvision name: the state-dict file (``None``: random)."""
+    seed: int = Field(0, ge=0)
+    """Seed of random weights when none are given."""
+    input: ModelInputConfig = Field(default_factory=ModelInputConfig)
+    """How images are prepared for the model (see ``ModelInputConfig``)."""
+    labels: str | None = None
+    """A text file, one class label a line; its line count must equal the model's classes."""
+    max_batch: int | None = Field(None, ge=1, le=4096)
+    """Largest batch this model is run at (its buckets stop there); ``None``: the executor's."""
+
+    @model_validator(mode="after")
+    def _resolve(self) -> ModelConfig:
+        import os
+
+        if self.arch is not None:
+            if self.source is not None and self.source != self.arch:
+                raise ValueError(f"model {self.name!r}: give arch or source, not both")
+            if self.engine != "native":
+                raise ValueError(f"model {self.name!r}: arch is the native engine's spelling")
+            object.__setattr__(self, "source", self.arch)
+        from pipeline.engines import ENGINES
+
+        if self.engine not in ENGINES:
+            raise ValueError(
+                f"model {self.name!r}: unknown engine {self.engine!r}; known: {sorted(ENGINES)}"
+            )
+        if self.source is None:
+            raise ValueError(f"model {self.name!r}: a source is required")
+        if self.engine == "native" and self.source not in BUILTIN_ARCHS:
+            raise ValueError(
+                f"model {self.name!r}: the native engine builds {list(BUILTIN_ARCHS)}, "
+                f"not {self.source!r} (an ONNX file is engine: onnx)"
+            )
+        src = self.source
+        is_path = os.sep in src or src.endswith(MODEL_FILE_SUFFIXES)
+        if self.engine != "native" and is_path and not os.path.isfile(src):
+            raise ValueError(f"model {self.name!r}: source file not found: {src}")
+        if self.engine != "native" and not is_path and ":" in src:
+            mod, _, fn = src.partition(":")
+            if not (mod and fn.isidentifier() and all(p.isidentifier() for p in mod.split("."))):
+                raise ValueError(
+                    f"model {self.name!r}: source {src!r} is neither a file nor module:function"
+                )
+        for what in ("weights", "labels"):
+            path = getattr(self, what)
+            if path is not None and not os.path.isfile(path):
+                raise ValueError(f"model {self.name!r}: {what} file not found: {path}")
+        if self.labels is not None:
+            from pipeline.models.repository import read_labels
+
+            read_labels(self.labels)  # raises ValueError naming the file when it is empty
+        return self

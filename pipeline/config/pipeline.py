@@ -1,0 +1,163 @@
+"""A whole Ferry application (``PipelineConfig``: its sections and the cross-field rules that
+tie them) and the process-level switches read from the environment (``Settings``)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from .base import Strict
+from .deployment import DeploymentOptions
+from .models import ModelConfig
+from .runtime import BatchingConfig, ExecutorConfig
+from .stages import FusionConfig, IngressConfig, PreprocessConfig, TransportConfig
+
+
+class PipelineConfig(Strict):
+    """A whole Ferry application: models, executor, batching and the four stages."""
+
+    models: list[ModelConfig] = Field(
+        default_factory=lambda: [
+            ModelConfig(name="digits", source="digits"),
+            ModelConfig(name="resnet50", source="resnet50"),
+        ]
+    )
+    """Models served; each is loaded into every inference replica."""
+    executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
+    """The GPU actor's core: device, pool, streams, buckets, CUDA graphs."""
+    batching: BatchingConfig = Field(default_factory=BatchingConfig)
+    """How the inference stage forms GPU batches."""
+    ingress: IngressConfig = Field(default_factory=IngressConfig)
+    """The HTTP front: coalescing, body and pixel limits, timeouts."""
+    preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
+    """Decoding and resizing: where, with what, on how many threads."""
+    transport: TransportConfig = Field(default_factory=TransportConfig)
+    """How tensors move between GPU stages (NCCL or the object store)."""
+    fusion: FusionConfig = Field(default_factory=FusionConfig)
+    """Stages run inside a neighbour instead of a deployment of their own."""
+    ingress_deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
+    """Serve options of the ingress (of the one deployment with ``fusion.inference_in_ingress``)."""
+    preprocess_deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
+    """Serve options of the Preprocess (or PreprocessGPU) deployment, where there is one."""
+    inference_deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
+    """Serve options of the Inference deployment (the GPU actor), where there is one."""
+    postprocess_deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
+    """Serve options of the Postprocess deployment, where there is one."""
+    gpus: Annotated[int, Field(ge=1, le=4096)] | Literal["auto"] = "auto"
+    """GPUs the deployments with ``replicas_per_gpu`` spread over; ``auto``: all the cluster's
+    GPUs when the application is built. Unused by deployments that give ``num_replicas``."""
+    warmup: bool = True
+    """Plan every bucket (and capture its CUDA graph) before the inference replica reports healthy."""
+    access_log: bool | None = None
+    """Serve's per-request access log (a line per request, with its request id) in every
+    replica; it costs CPU at high rates. ``None``: as Serve's ``logging_config`` says."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] | None = None
+    """Log level of Ferry's deployments. ``None``: as Serve's ``logging_config`` says."""
+    log_encoding: Literal["TEXT", "JSON"] | None = None
+    """Serve's log encoding in Ferry's deployments (JSON: one object a line, request id,
+    deployment and replica as fields). ``None``: as Serve's ``logging_config`` says.
+
+    When none of ``access_log``, ``log_level`` and ``log_encoding`` is set, Ferry gives its
+    deployments no ``logging_config`` and Serve's own applies (the config file's
+    application- or top-level ``logging_config``, else Serve's defaults). When any is set,
+    the three form the deployments' ``logging_config``, the unset ones defaulting to no
+    access log, INFO and TEXT."""
+
+    def serve_logging_config(self) -> dict[str, Any] | None:
+        """The deployments' ``logging_config``, or None to leave Serve's in force."""
+        if self.access_log is None and self.log_level is None and self.log_encoding is None:
+            return None
+        return {
+            "enable_access_log": bool(self.access_log),
+            "log_level": self.log_level or "INFO",
+            "encoding": self.log_encoding or "TEXT",
+        }
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> PipelineConfig:
+        names = [m.name for m in self.models]
+        if len(set(names)) != len(names):
+            raise ValueError(f"model names must be unique, got {names}")
+        if not self.models:
+            raise ValueError("at least one model is required")
+        mb = self.batching.max_batch_size
+        for m in self.models:
+            if m.max_batch is not None and m.max_batch < self.executor.buckets[0]:
+                raise ValueError(
+                    f"model {m.name!r}: max_batch {m.max_batch} is below the smallest bucket "
+                    f"{self.executor.buckets[0]}"
+                )
+            if m.input.resize == "fit" and self.preprocess.device == "gpu":
+                raise ValueError(
+                    f"model {m.name!r}: input.resize 'fit' runs on the CPU image path only; "
+                    "use crop or stretch with preprocess.device 'gpu'"
+                )
+        if mb > self.executor.buckets[-1]:
+            raise ValueError(
+                f"batching.max_batch_size ({mb}) exceeds the largest bucket ({self.executor.buckets[-1]})"
+            )
+        from ..placement import check_pools
+
+        check_pools(self)  # the pools of replicas sharing a GPU fit it together
+        fu = self.fusion
+        if fu.preprocess_in_ingress and fu.preprocess_in_inference:
+            raise ValueError(
+                "fusion.preprocess_in_ingress and fusion.preprocess_in_inference exclude each other"
+            )
+        if self.preprocess.device == "gpu" and fu.preprocess_in_ingress:
+            raise ValueError(
+                "fusion.preprocess_in_ingress and preprocess.device 'gpu' exclude each other"
+            )
+        gpu_pre = self.preprocess.device == "gpu"
+        if (
+            gpu_pre
+            and fu.preprocess_in_inference
+            and not fu.inference_in_ingress  # then the ingress holds the GPU share
+            and not self.inference_deployment.holds_gpu
+        ):
+            raise ValueError(
+                "preprocess.device is 'gpu' with fusion.preprocess_in_inference but "
+                f"inference_deployment.num_gpus is {self.inference_deployment.num_gpus}"
+            )
+        if gpu_pre and not fu.preprocess_in_inference and not self.preprocess_deployment.holds_gpu:
+            raise ValueError(
+                "preprocess.device is 'gpu' but preprocess_deployment.num_gpus is "
+                f"{self.preprocess_deployment.num_gpus}; give it a GPU share"
+            )
+        if fu.inference_in_ingress:
+            if not (fu.preprocess_in_inference and fu.postprocess_in_inference):
+                raise ValueError(
+                    "fusion.inference_in_ingress needs fusion.preprocess_in_inference and "
+                    "fusion.postprocess_in_inference: the whole pipeline in one process"
+                )
+            if gpu_pre and not self.ingress_deployment.holds_gpu:
+                raise ValueError(
+                    "preprocess.device is 'gpu' with fusion.inference_in_ingress but "
+                    f"ingress_deployment.num_gpus is {self.ingress_deployment.num_gpus}"
+                )
+            return self
+        ongoing = self.inference_deployment.max_ongoing_requests
+        if ongoing < mb // max(1, self.ingress.max_coalesce):
+            raise ValueError(
+                f"inference_deployment.max_ongoing_requests ({ongoing}) is too small to fill a batch of "
+                f"{mb} with calls of up to {self.ingress.max_coalesce} items"
+            )
+        return self
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Process-level switches from the environment -- the only place that reads it."""
+
+    backend: str | None  # FERRY_BACKEND: forces "cupy" or "numpy" where a config says "auto"
+    auth_token: str | None  # FERRY_AUTH_TOKEN: the ingress's bearer token
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        return cls(
+            backend=os.environ.get("FERRY_BACKEND") or None,
+            auth_token=os.environ.get("FERRY_AUTH_TOKEN") or None,
+        )

@@ -1,0 +1,70 @@
+"""The GPU actor's configuration: the executor (device, pool, streams, buckets, graphs) and
+the scheduler that forms its batches."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from .base import Strict
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+class ExecutorConfig(Strict):
+    """The GPU actor's core: device, pool, streams, buckets, graphs."""
+
+    backend: Literal["auto", "cupy", "numpy"] = "auto"
+    """``auto``: cupy when a CUDA device is visible, numpy otherwise."""
+    device_id: int = Field(0, ge=0, le=63)
+    """CUDA device ordinal (within the devices the process sees)."""
+    mode: Literal["real", "naive"] = "real"
+    """``naive`` is the baseline: cudaMalloc, synchronous pageable copies, eager compute, cudaFree."""
+    buckets: tuple[int, ...] = DEFAULT_BUCKETS
+    """Batch sizes are padded up to one of these; one CUDA graph is captured per bucket."""
+    max_in_flight: int = Field(3, ge=1, le=16)
+    """Batches staged or running at once (pinned staging slots); 2-3 overlaps copies with compute."""
+    compute_streams: int = Field(1, ge=1, le=4)
+    """Compute streams; batches are spread over them round-robin."""
+    pool_limit_bytes: int | None = Field(None, ge=1 << 20)
+    """Hard limit of the device pool in bytes; overrides ``pool_limit_fraction``."""
+    pool_limit_fraction: float = Field(0.5, gt=0.0, le=0.95)
+    """Hard limit of the device pool as a fraction of the device's memory."""
+    cuda_graphs: bool = True
+    """Capture a CUDA graph per (bucket, arena) at warm-up and replay it."""
+    max_workspace_bytes: int = Field(256 << 20, ge=1 << 16, le=8 << 30)
+    """Cap on one op's workspace (im2col columns); larger convolutions run in chunks."""
+    staging_timeout_s: float = Field(30.0, gt=0.0, le=3600.0)
+    """How long ``prepare`` waits for a free pinned staging slot before ``ResourceExhausted``."""
+    dtype: Literal["auto", "float16", "float32"] = "auto"
+    """Compute dtype: ``auto`` is float16 on the GPU, float32 on the CPU."""
+
+    @field_validator("buckets")
+    @classmethod
+    def _buckets_sorted(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if not v:
+            raise ValueError("buckets must not be empty")
+        if any(b < 1 or b > 4096 for b in v):
+            raise ValueError(f"buckets must lie in [1, 4096], got {v}")
+        if list(v) != sorted(set(v)):
+            raise ValueError(f"buckets must be strictly increasing, got {v}")
+        return tuple(v)
+
+
+class BatchingConfig(Strict):
+    """How the inference stage forms GPU batches: full, or the wait ran out."""
+
+    max_batch_size: int = Field(64, ge=1, le=4096)
+    """A batch leaves as soon as it holds this many items."""
+    max_wait_ms: float = Field(2.0, ge=0.0, le=10_000.0)
+    """...or when its oldest item has waited this long."""
+    max_queue: int = Field(2048, ge=1, le=1_000_000)
+    """Items waiting beyond this are refused at once with ``QueueFull`` (HTTP 503)."""
+    retry_after_s: float = Field(1.0, ge=0.0, le=600.0)
+    """``Retry-After`` sent with 503 answers."""
+    default_deadline_ms: float | None = Field(None, gt=0.0)
+    """Deadline given to requests that bring none; ``None``: no deadline."""
+    dispatch_when_idle: bool = True
+    """When no batch is running, the queue leaves at once instead of waiting ``max_wait_ms``
+    (waiting buys nothing then); under load the full-or-timeout rule decides."""
