@@ -9,7 +9,7 @@ batches by:
   smallest DCT scale that suffices, Pillow's bilinear resize and centre crop, on ``t``
   worker threads. The baseline, and what a Ray Serve replica can do without a GPU.
 * ``gpu_<backend>``: Ferry's GPU stage fused into the inference replica
-  (``PreprocessGpuCore(local=True)``): nvImageCodec decodes the call's JPEGs on the GPU
+  (``PreprocessGpuStage(local=True)``): nvImageCodec decodes the call's JPEGs on the GPU
   (nvJPEG's hardware engines, its CUDA decoder, or hybrid), the antialiased resize
   kernel fits them into one device batch; two calls in flight.
 
@@ -92,14 +92,14 @@ def main() -> int:
         rows.append({"path": f"cpu_simplejpeg_{t}t", "img_s": rate, "cpu_ms_per_img": cpu_ms})
         print(f"{rows[-1]['path']}: {rate:,.0f} img/s, {cpu_ms:.3f} CPU ms/img ({n} images)")
 
-    from deployments.preprocess_gpu import PreprocessGpuCore
+    from deployments.preprocess_gpu import PreprocessGpuStage
     from pipeline import gpu_decode
 
     if not gpu_decode.available():
         print("nvImageCodec is not installed: no GPU rows")
     for b in [x for x in args.backends.split(",") if x] if gpu_decode.available() else []:
         cfg = _config(device="gpu", decoder="nvimgcodec", gpu_decode_backend=b, threads=4)
-        core = PreprocessGpuCore(cfg, 0, local=True)
+        core = PreprocessGpuStage(cfg, 0, local=True)
         rate, cpu_ms, n = asyncio.run(
             _rate(lambda it, c=core: c.run("resnet50", it), items, args.seconds, 2)
         )

@@ -110,9 +110,10 @@ class InferenceCore:
                 "preprocess.device 'gpu' with fusion.preprocess_in_inference needs a CUDA "
                 "device in the inference replica"
             )
-        from .preprocess_gpu import PreprocessGpuCore
+        from .preprocess_gpu import PreprocessGpuStage
 
-        return PreprocessGpuCore(config, self.executor.backend.device_id, local=True)
+        ex = self.executor  # the stage's batches come from this executor's pool
+        return PreprocessGpuStage(config, ex.backend.device_id, local=True, pool=ex.pool)
 
     def _init_transport(self) -> None:
         """The receiving end of the GPU preprocess hop, when there is one."""

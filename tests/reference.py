@@ -51,27 +51,6 @@ def maxpool_direct(x: np.ndarray, k: int, stride: int, pad: int) -> np.ndarray:
     return out
 
 
-def resize_direct(img: np.ndarray, oh: int, ow: int) -> np.ndarray:
-    """Bilinear, half-pixel centres, one output pixel at a time; [H, W, C] uint8."""
-    h, w, c = img.shape
-    out = np.zeros((oh, ow, c), dtype=np.uint8)
-    for i in range(oh):
-        fy = min(max((i + 0.5) * h / oh - 0.5, 0.0), h - 1)
-        y0 = int(fy)
-        y1 = min(y0 + 1, h - 1)
-        wy = fy - y0
-        for j in range(ow):
-            fx = min(max((j + 0.5) * w / ow - 0.5, 0.0), w - 1)
-            x0 = int(fx)
-            x1 = min(x0 + 1, w - 1)
-            wx = fx - x0
-            v = (img[y0, x0] * (1 - wx) + img[y0, x1] * wx) * (1 - wy) + (
-                img[y1, x0] * (1 - wx) + img[y1, x1] * wx
-            ) * wy
-            out[i, j] = np.clip(np.floor(v + 0.5), 0, 255)
-    return out
-
-
 def softmax_ref(x: np.ndarray) -> np.ndarray:
     x = x.astype(np.float64)
     e = np.exp(x - x.max(axis=1, keepdims=True))

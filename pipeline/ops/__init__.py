@@ -4,9 +4,10 @@ from .base import Op, OpPlan, TensorSpec
 from .conv import CONV2D, Conv2d, padded_k, weights_to_matrix
 from .elementwise import ADD_RELU, BIAS_ACT, AddRelu, BiasAct
 from .gemm import GEMM, Gemm
-from .image import NORMALIZE, RESIZE_BILINEAR, Normalize, ResizeBilinear, resize_bilinear_reference
+from .image import NORMALIZE, Normalize
 from .pool import GLOBAL_AVG_POOL, MAXPOOL2D, GlobalAvgPool, MaxPool2d
 from .reshape import RESHAPE, Reshape
+from .resize_crop import RESIZE_CROP, ResizeCrop
 from .softmax import SOFTMAX, TOPK, Softmax, TopK
 
 __all__ = [
@@ -25,13 +26,12 @@ __all__ = [
     "GEMM",
     "Normalize",
     "NORMALIZE",
-    "ResizeBilinear",
-    "RESIZE_BILINEAR",
-    "resize_bilinear_reference",
     "MaxPool2d",
     "MAXPOOL2D",
     "GlobalAvgPool",
     "GLOBAL_AVG_POOL",
+    "ResizeCrop",
+    "RESIZE_CROP",
     "Reshape",
     "RESHAPE",
     "Softmax",

@@ -59,8 +59,8 @@ def test_nvimgcodec_decodes_photos_as_libjpeg_does(nvimgcodec, backends):
     import cupy
     import simplejpeg
 
-    from deployments.preprocess_gpu import device_view
     from pipeline.gpu_decode import decoder_for
+    from pipeline.preprocess_gpu.fitter import device_view
 
     dec = decoder_for(0, cpu_threads=2, backends=backends)
     photos = _photos()
@@ -83,10 +83,10 @@ def test_nvimgcodec_decodes_photos_as_libjpeg_does(nvimgcodec, backends):
 
 
 def test_fused_gpu_preprocess_mixed_call_matches_cpu_and_keeps_errors_apart(nvimgcodec):
-    from deployments.preprocess_gpu import PreprocessGpuCore
+    from deployments.preprocess_gpu import PreprocessGpuStage
 
-    core = PreprocessGpuCore(_config(), 0, local=True)
-    assert core.decoder is not None and core.endpoint is None
+    core = PreprocessGpuStage(_config(), 0, local=True)
+    assert core.core.decoder is not None and core.core.endpoint is None
     target = model_info("resnet50").target()
     photos = list(_photos().values())
     jpegs = [(encode_jpeg(img, quality=90), "image/jpeg") for img in photos]
@@ -204,10 +204,11 @@ def test_one_launch_fit_equals_pillow_on_the_same_pixels(nvimgcodec):
     centre-crop (ResNet-50: down, up and no resize) and stretch (digits, grey)."""
     import cupy
 
-    from deployments.preprocess_gpu import PreprocessGpuCore, device_view
+    from deployments.preprocess_gpu import PreprocessGpuStage
     from pipeline.imaging import fit
+    from pipeline.preprocess_gpu.fitter import device_view
 
-    core = PreprocessGpuCore(_config(), 0, local=True)
+    core = PreprocessGpuStage(_config(), 0, local=True).core
     photos = list(_photos().values())
     sizes = [(300, 451), (512, 512), (97, 301), (224, 224), (256, 700)]
     cases = {
@@ -216,9 +217,10 @@ def test_one_launch_fit_equals_pillow_on_the_same_pixels(nvimgcodec):
     }
     for model, blobs in cases.items():
         t = core.targets[model]
-        imgs = core._decode_gpu(blobs, t.channels)
-        got = core.batch(model, imgs)
+        imgs = core.decoder.decode(blobs, t.channels, core.stream)
+        got, keep, refused = core.batch(model, imgs)
         core.stream.synchronize()
+        assert keep == list(range(len(blobs))) and not refused
         host = [cupy.asnumpy(device_view(img)) for img in imgs]
         want = np.stack([fit(h if h.ndim == 3 else h[..., None], t) for h in host])
         assert got.shape == want.shape == (len(blobs), t.height, t.width, t.channels)

@@ -1,0 +1,345 @@
+"""PreprocessGpuCore: decode, fit on a GPU, and hand the batch on.
+
+Two places it runs (the placement decides, not this class):
+
+* inside the inference replica (``local=True``): a call's images are queued in a
+  ``BatchScheduler`` (the one batcher; keyed by model, one batch in flight, sent at once
+  when idle) so that under load the images of many calls are decoded in one nvImageCodec
+  batch and fitted in one launch; the rows that come back are views of the batch, complete
+  on the device, from the inference executor's own pool.
+* as a deployment of its own: each call's images are fitted into one batch and sent to
+  the inference replica as ``to`` says (NCCL between GPUs, the object store otherwise);
+  what comes back carries the envelope instead of the data.
+
+Decoding: JPEG on the GPU with nvImageCodec where it is installed (``preprocess.decoder``),
+else -- and for PNG, and for any JPEG the GPU decoder refuses -- on CPU threads by the CPU
+stage's decoder (``cpu``: at the smallest DCT scale still at least the size the fit reads,
+with the CPU stage's checks and errors). Fitting is ``GpuFitter``'s (``fitter``): two-phase,
+from the pool and the pinned ring. Normalization stays fused into the model's first kernel:
+uint8 is half the bytes of float16 on the wire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from .. import metrics
+from ..async_result import AsyncResult, CompletionWatcher
+from ..batching import Batch, BatchScheduler
+from ..config import PipelineConfig
+from ..device import Backend, Event, Stream, select_backend
+from ..errors import FerryError, InvalidInput, ModelNotFound, QueueFull, TransportError
+from ..imaging import plan_decode, sniff
+from ..memory import DevicePool, PinnedRing, make_pool
+from ..threads import thread_pool
+from .fitter import GpuFitter
+
+logger = logging.getLogger(__name__)
+RETRY = object()  # a round's answer for a JPEG the GPU decoder refused: decode it on the CPU
+Items = list[tuple[bytes, str | None]]
+
+
+class PreprocessGpuCore:
+    """The stage without Serve. ``cpu`` decodes on CPU threads (the CPU stage's core built
+    with ``fitted=False``); ``pool`` is the inference executor's when fused, else the
+    stage makes one with the executor's limits."""
+
+    def __init__(
+        self,
+        config: PipelineConfig,
+        cpu: Any,
+        device: int = 0,
+        local: bool = False,
+        pool: DevicePool | None = None,
+        backend: Backend | None = None,
+    ) -> None:
+        self.config = config
+        self.local = local
+        self.backend = backend or select_backend("cupy", device)
+        self.backend.activate()
+        self.cpu = cpu
+        self.targets = cpu.targets
+        self.max_pixels = config.ingress.max_pixels
+        self.decoder = self._decoder(config) if self.backend.is_cuda else None
+        self.gpu_pool = thread_pool(1, "ferry-pre-gpu")
+        t, ex = config.transport, config.executor
+        self.pool = pool or make_pool(self.backend, ex.pool_limit_bytes, ex.pool_limit_fraction)
+        self.ring = PinnedRing(self.backend, t.staging_slot_bytes, t.staging_slots)
+        self.stream = Stream("preprocess", self.backend)
+        self.watcher = CompletionWatcher("ferry-pre-done")  # device events -> results
+        self.fitter = GpuFitter(
+            self.backend,
+            self.pool,
+            self.ring,
+            self.stream,
+            Stream("preprocess-h2d", self.backend),
+            self.watcher,
+            t.timeout_s,
+        )
+        self.endpoint: Any = None
+        self.os_tx: Any = None
+        self.scheduler: BatchScheduler | None = None
+        if local:
+            b = config.batching
+            self.scheduler = BatchScheduler(
+                self._run_round, b.max_batch_size, 0.0, b.max_queue, max_in_flight=1,
+                retry_after_s=b.retry_after_s, dispatch_when_idle=True,
+            )  # fmt: skip
+        else:
+            self._init_senders()
+        self._senders: dict[str, Any] = {}
+        self._same_gpu_warned = False
+
+    def _init_senders(self) -> None:
+        from ..transport.base import nccl_available
+        from ..transport.object_store import ObjectStoreSender
+
+        if nccl_available():
+            from ..transport.nccl import NcclEndpoint
+
+            self.endpoint = NcclEndpoint(
+                self.backend.device_id, timeout_s=self.config.transport.timeout_s
+            )
+        self.os_tx = ObjectStoreSender("preprocess->inference")
+
+    def _decoder(self, config: PipelineConfig) -> Any:
+        """nvImageCodec's JPEG decoder on this device, as ``preprocess.decoder`` asks."""
+        want = config.preprocess.decoder
+        if want == "cpu":
+            return None
+        from .. import gpu_decode
+
+        if not gpu_decode.available():
+            if want == "nvimgcodec":
+                raise FerryError(
+                    "preprocess.decoder is 'nvimgcodec' but nvImageCodec does not load here; "
+                    "install the gpu-decode extra (pip install 'ferry[gpu-decode]')"
+                )
+            logger.info("nvImageCodec not installed: JPEGs are decoded on CPU threads")
+            return None
+        return gpu_decode.decoder_for(
+            self.backend.device_id, config.preprocess.threads, config.preprocess.gpu_decode_backend
+        )
+
+    async def process(self, model: str, items: Items, to: dict | None = None) -> tuple:
+        """Decode ``items`` and make the batch on the GPU: (data, owner, errors, timings,
+        envelope). With ``to=None`` (local) data are device rows, complete on the device;
+        else the batch was sent as ``to`` says and the envelope stands for it."""
+        if model not in self.targets:
+            raise ModelNotFound("no such model", model=model, served=sorted(self.targets))
+        t0 = time.perf_counter()
+        env = None
+        if to is None:
+            rows, owner, errors = await self._run_local(model, items)
+            data: Any = rows or None
+        else:
+            imgs, owner, errors = await self._decode(model, items)
+            data = None
+            if imgs:
+                loop = asyncio.get_running_loop()
+                env, keep, refused = await loop.run_in_executor(
+                    self.gpu_pool, self.make_and_send, model, imgs, to
+                )
+                errors.update({owner[k]: e for k, e in refused.items()})
+                owner = [owner[k] for k in keep]
+        ms = (time.perf_counter() - t0) * 1e3
+        metrics.observe_stage("preprocess", model, ms, len(items))
+        return data, owner, errors, {"preprocess": ms}, env
+
+    # ------------------------------------------------------------------ local: batched
+    async def _run_local(
+        self, model: str, items: Items
+    ) -> tuple[list[Any], list[int], dict[int, FerryError]]:
+        """Each image is one item of the scheduler's next batch for ``model``; what the
+        GPU decoder refuses is decoded on the CPU and queued again."""
+        if self.decoder is not None:
+            entries, others, errors = self._split(model, items)
+        else:
+            entries, others, errors = [], list(range(len(items))), {}
+        found: dict[int, Any] = {}
+        if others:
+            await self._decode_cpu(model, items, others, found, errors)
+        rows: dict[int, Any] = {}
+        retry = await self._queue(model, entries + sorted(found.items()), rows, errors)
+        if retry:  # the GPU decoder refused these: the CPU decodes them or says why
+            again: dict[int, Any] = {}
+            await self._decode_cpu(model, items, retry, again, errors)
+            await self._queue(model, sorted(again.items()), rows, errors)
+        owner = sorted(rows)
+        return [rows[i] for i in owner], owner, errors
+
+    async def _queue(
+        self, model: str, entries: list[tuple[int, Any]], rows: dict, errors: dict
+    ) -> list[int]:
+        assert self.scheduler is not None
+        futs = []
+        for _, d in entries:
+            try:
+                futs.append(self.scheduler.submit_nowait(d, model))
+            except QueueFull as exc:
+                futs.append(asyncio.get_running_loop().create_future())
+                futs[-1].set_exception(exc)
+        done = await asyncio.gather(*futs, return_exceptions=True)
+        retry = []
+        for (i, _), r in zip(entries, done, strict=True):
+            if r is RETRY:
+                retry.append(i)
+            elif isinstance(r, FerryError):
+                errors[i] = r
+            elif isinstance(r, BaseException):
+                errors[i] = FerryError(f"GPU preprocessing failed: {type(r).__name__}: {r}")
+            else:
+                rows[i] = r
+        return retry
+
+    async def _run_round(self, batch: Batch) -> list[Any]:
+        """The scheduler's batch: decoded and fitted on the GPU thread; one answer per item
+        (a device row, ``RETRY``, or the error of a refused image)."""
+        loop = asyncio.get_running_loop()
+        datas = [p.item for p in batch.items]
+        answers, ready = await loop.run_in_executor(self.gpu_pool, self._round, batch.key, datas)
+        await self._when_done(ready)
+        return answers
+
+    def _round(self, model: str, datas: list[Any]) -> tuple[list[Any], Event]:
+        t = self.targets[model]
+        jpegs = [j for j, d in enumerate(datas) if not isinstance(d, np.ndarray)]
+        answers: list[Any] = [RETRY] * len(datas)
+        imgs: dict[int, Any] = {j: d for j, d in enumerate(datas) if isinstance(d, np.ndarray)}
+        if jpegs:
+            assert self.decoder is not None
+            decoded = self.decoder.decode([datas[j] for j in jpegs], t.channels, self.stream)
+            imgs.update({j: img for j, img in zip(jpegs, decoded, strict=True) if img is not None})
+        order = sorted(imgs)
+        if order:
+            out, keep, refused = self.batch(model, [imgs[j] for j in order])
+            for r, k in enumerate(keep):
+                answers[order[k]] = out[r]
+            for k, exc in refused.items():
+                answers[order[k]] = exc
+        return answers, self.stream.record()
+
+    async def _when_done(self, event: Event) -> None:
+        """Wait for a device event without polling: the watcher thread sleeps on it."""
+        r: AsyncResult = AsyncResult("preprocess")
+        self.watcher.watch(event, lambda: None, r)
+        await r
+
+    # ------------------------------------------------------------------ decoding
+    async def _decode(self, model: str, items: Items) -> tuple[list[Any], list[int], dict]:
+        """JPEGs on the GPU (when there is a decoder), the rest -- and any JPEG it could not
+        decode -- on CPU threads. Images come back in request order: host arrays for the CPU
+        ones, nvImageCodec images (on this device, in this stage's stream) for the rest."""
+        if self.decoder is not None:
+            jpegs, on_cpu, errors = self._split(model, items)
+        else:
+            jpegs, on_cpu, errors = [], list(range(len(items))), {}
+        loop = asyncio.get_running_loop()
+        channels = self.targets[model].channels
+        gpu = None
+        if jpegs:
+            datas = [d for _, d in jpegs]
+            gpu = loop.run_in_executor(
+                self.gpu_pool, self.decoder.decode, datas, channels, self.stream
+            )
+        found: dict[int, Any] = {}
+        if on_cpu:
+            await self._decode_cpu(model, items, on_cpu, found, errors)
+        if gpu is not None:
+            retry = []
+            for (i, _), img in zip(jpegs, await gpu, strict=True):
+                if img is None:
+                    retry.append(i)
+                else:
+                    found[i] = img
+            if retry:  # the CPU decodes it, or says precisely what is wrong with it
+                await self._decode_cpu(model, items, retry, found, errors)
+        owner = sorted(found)
+        return [found[i] for i in owner], owner, errors
+
+    def _split(self, model: str, items: Items) -> tuple[list[tuple[int, bytes]], list[int], dict]:
+        """JPEGs for the GPU decoder (checked and planned from their headers: media type,
+        pixel count, the resize plan's bounds), the indices of everything else (for the CPU
+        path), and the JPEGs that failed."""
+        target = self.targets[model]
+        errors: dict[int, FerryError] = {}
+        jpegs: list[tuple[int, bytes]] = []
+        others: list[int] = []
+        for i, (data, ct) in enumerate(items):
+            if sniff(data) != "jpeg":
+                others.append(i)
+                continue
+            try:
+                plan_decode(data, ct, target, self.max_pixels, self.cpu.max_work_bytes)
+            except FerryError as exc:
+                errors[i] = exc
+                continue
+            jpegs.append((i, data))
+        return jpegs, others, errors
+
+    async def _decode_cpu(
+        self, model: str, items: Items, which: list[int], found: dict, errors: dict
+    ) -> None:
+        imgs, owner, errs = await self.cpu.decode_many(model, [items[i] for i in which])
+        for img, j in zip(imgs, owner, strict=True):
+            found[which[j]] = img
+        for j, exc in errs.items():
+            errors[which[j]] = exc
+
+    # ------------------------------------------------------------------ GPU (one thread)
+    def batch(self, model: str, imgs: list[Any]) -> tuple[Any, list[int], dict[int, Any]]:
+        """The uint8 device batch [n, H, W, C] of decoded images (host arrays, or images on
+        this device), enqueued on this stage's stream, in parts when the staging asks for
+        it; which images it holds, row by row, and the errors of those refused."""
+        t = self.targets[model]
+        parts, refused = self.fitter.parts(t, imgs)
+        keep = [i for part in parts for i in part]
+        out, lease = self.fitter.output(t, len(keep))
+        row = 0
+        for part in parts:  # each part's slots are taken once the part before is enqueued
+            p = self.fitter.prepare(t, [imgs[i] for i in part], out[row : row + len(part)])
+            lease.after = self.fitter.commit(p)
+            row += len(part)
+        return out, keep, refused
+
+    def make_and_send(self, model: str, imgs: list[Any], to: dict) -> tuple[Any, list, dict]:
+        out, keep, refused = self.batch(model, imgs)
+        if not keep:
+            raise InvalidInput("no image of the call could be fitted", refused=len(refused))
+        with self.stream:  # the send starts when this stream reaches it
+            return self._sender(to).send(out, {"model": model}), keep, refused
+
+    def _sender(self, to: dict) -> Any:
+        kind = to.get("transport")
+        if kind == "object_store":
+            return self.os_tx
+        if kind != "nccl":
+            raise InvalidInput("unknown transport", transport=kind)
+        if self.endpoint is None:
+            raise TransportError("NCCL is not available in this preprocess replica")
+        if to.get("gpu") == self.endpoint.gpu:  # both replicas share this GPU: NCCL can't
+            if not self._same_gpu_warned:
+                self._same_gpu_warned = True
+                logger.warning(
+                    "preprocess and inference share GPU %s; NCCL needs two devices, "
+                    "so batches go by the object store",
+                    self.endpoint.gpu,
+                )
+            return self.os_tx
+        dst = to["endpoint"]
+        s = self._senders.get(dst)
+        if s is None:
+            s = self._senders[dst] = self.endpoint.sender(dst, "preprocess->inference")
+        return s
+
+    def close(self) -> None:
+        if self.endpoint is not None:
+            self.endpoint.close()
+        self.stream.synchronize()
+        self.watcher.close()
+        self.ring.close()

@@ -1,0 +1,83 @@
+"""PreprocessGpuCore on the numpy backend: the local form's batches come from the one
+scheduler (many calls' images in one fit), rows equal the CPU stage's within a level, and
+one bad image never fails its neighbours."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from deployments.preprocess import PreprocessCore
+from pipeline.config import PipelineConfig
+from pipeline.device import Backend
+from pipeline.imaging import decode, encode_jpeg, encode_png
+from pipeline.preprocess_gpu.stage import PreprocessGpuCore
+
+
+def _core(**transport):
+    cfg = PipelineConfig.model_validate(
+        {
+            "models": [{"name": "digits", "source": "digits"}],
+            "transport": transport or {"staging_slots": 2, "staging_slot_bytes": 1 << 20},
+            "batching": {"max_batch_size": 64},
+        }
+    )
+    cpu = PreprocessCore(cfg, fitted=False)
+    return PreprocessGpuCore(cfg, cpu, local=True, backend=Backend("numpy"))
+
+
+def _blobs(n, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        img = rng.integers(0, 256, (20 + i, 30 - i, 1), dtype=np.uint8)
+        img[:10] //= 4
+        out.append((encode_png(img), "image/png") if i % 2 else (encode_jpeg(img), "image/jpeg"))
+    return out
+
+
+def test_local_stage_batches_calls_through_the_scheduler_and_matches_cpu():
+    core = _core()
+    target = core.targets["digits"]
+    seen: list[int] = []
+    run = core.scheduler.run_batch
+
+    async def counted(batch):
+        seen.append(len(batch))
+        return await run(batch)
+
+    core.scheduler.run_batch = counted
+    calls = [_blobs(5, seed=s) for s in range(4)]
+    calls[1].insert(2, (b"\x89PNG\r\n\x1a\n not an image", "image/png"))
+
+    async def go():
+        return await asyncio.gather(*(core.process("digits", c) for c in calls))
+
+    results = asyncio.run(go())
+    assert sum(seen) == 20 and len(seen) < 20  # images of several calls shared a fit
+    for items, (rows, owner, errors, timings, env) in zip(calls, results, strict=True):
+        assert env is None and "preprocess" in timings
+        bad = [i for i, (d, _) in enumerate(items) if d.startswith(b"\x89PNG\r\n\x1a\n not")]
+        assert sorted(errors) == bad and owner == [i for i in range(len(items)) if i not in bad]
+        for row, i in zip(rows, owner, strict=True):
+            want = decode(*items[i], target, 1 << 20)
+            assert row.shape == want.shape
+            assert np.abs(row.astype(np.int16) - want).max() <= 1
+    assert core.ring.available() == core.ring.slots
+    del results, rows, row
+    assert core.pool.bytes_in_use == 0  # every batch's bytes are back with its rows gone
+    core.close()
+
+
+def test_stage_fits_a_call_bigger_than_the_ring_in_parts():
+    core = _core(staging_slots=1, staging_slot_bytes=1 << 20)
+    rng = np.random.default_rng(1)
+    big = [rng.integers(0, 256, (600, 700, 1), dtype=np.uint8) for _ in range(5)]  # 420 KB
+    out, keep, refused = core.batch("digits", big)
+    assert keep == [0, 1, 2, 3, 4] and not refused
+    target = core.targets["digits"]
+    for k in range(5):
+        want = decode(encode_png(big[k]), "image/png", target, 1 << 30)
+        assert np.abs(out[k].astype(np.int16) - want).max() <= 1
+    core.close()
