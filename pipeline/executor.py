@@ -270,7 +270,10 @@ class GpuExecutor:
         assert slot is not None and p.reservation is not None
         spec_in = plan.input_spec
         stage_in = slot.view(0, spec_in.shape, spec_in.dtype)
-        on_device = isinstance(x, list) and bool(x) and is_device_array(x[0])
+        rows_d = (
+            [(i, r) for i, r in enumerate(x) if is_device_array(r)] if isinstance(x, list) else []
+        )
+        on_device = bool(rows_d) and len(rows_d) == p.n  # rows already on this device, every one
         if not on_device:
             stage(stage_in, x, p.n)  # the host copy into pinned memory, in this thread
         outs_host = []
@@ -289,9 +292,12 @@ class GpuExecutor:
                         bound.input[i] = r
                     if p.n < p.bucket:
                         bound.input[p.n :] = 0
-            else:
+            else:  # host rows go up on the copy stream; device rows beside them d2d after
                 streams.h2d.copy_h2d(bound.input, stage_in)
                 compute.wait(streams.h2d.record())
+                with compute:
+                    for i, r in rows_d:
+                        bound.input[i] = r
             if cuda_graph is not None:
                 cuda_graph.launch(compute.raw)
                 replay = True
@@ -314,7 +320,7 @@ class GpuExecutor:
         )
         n = p.n
 
-        keep = list(x) if on_device else []  # device rows live until the batch is done
+        keep = [r for _, r in rows_d]  # device rows live until the batch is done
 
         def finish() -> Any:
             keep.clear()

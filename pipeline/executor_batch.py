@@ -83,16 +83,11 @@ def check_input(p: PreparedBatch, x: Any, backend: Backend) -> np.ndarray | list
     if isinstance(x, list | tuple):
         if len(x) != p.n:
             raise InvalidInput("batch has the wrong number of rows", rows=len(x), expected=p.n)
-        on_device = bool(x) and is_device_array(x[0])
-        mixed = on_device and not all(is_device_array(r) for r in x)
-        if on_device and (p.naive or mixed or not backend.is_cuda):
-            # the baseline and the CPU take host rows, and so does a batch that mixes
-            # device rows with host rows (v2 tensors beside GPU-decoded images)
-            x = [r.get() if is_device_array(r) else r for r in x]
-            on_device = False
-        for r in x:
+        if (p.naive or not backend.is_cuda) and any(is_device_array(r) for r in x):
+            x = [r.get() if is_device_array(r) else r for r in x]  # the baseline and the CPU
+        for r in x:  # on the GPU, device rows (GPU preprocessing) may sit beside host rows
             if (
-                not (is_device_array(r) if on_device else isinstance(r, np.ndarray))
+                not (is_device_array(r) or isinstance(r, np.ndarray))
                 or tuple(r.shape) != item
                 or r.dtype != spec.np_dtype
             ):
@@ -121,10 +116,12 @@ def check_input(p: PreparedBatch, x: Any, backend: Backend) -> np.ndarray | list
 
 
 def stage(dst: np.ndarray, x: np.ndarray | list[np.ndarray], n: int) -> None:
-    """Copy ``n`` rows into ``dst`` (a bucket's worth) and zero the padding after them."""
+    """Copy ``n`` host rows into ``dst`` (a bucket's worth) and zero the padding after
+    them; device rows in a list are skipped (the commit copies them on the device)."""
     if isinstance(x, list):
         for i, r in enumerate(x):
-            dst[i] = r
+            if isinstance(r, np.ndarray):  # device rows are copied on the device
+                dst[i] = r
     else:
         dst[:n] = x
     if n < len(dst):

@@ -145,6 +145,24 @@ def test_digits_on_the_gpu_keeps_its_accuracy():
     ex.close()
 
 
+def test_a_batch_mixing_device_and_host_rows_equals_the_host_batch():
+    """Device rows (GPU preprocessing) beside host rows: the host rows go up on the copy
+    stream, the device rows are copied on the device; nothing is fetched to the host."""
+    import cupy
+
+    _, _, xte, _ = digits.load_split()
+    ex = executor(buckets=(1, 8, 16))
+    ex.load_model("digits", "digits")
+    rows = list(xte[:11])
+    want = ex.commit(ex.prepare("digits", 11), np.stack(rows)).wait(30)
+    mixed = [cupy.asarray(r) if i % 3 else r for i, r in enumerate(rows)]
+    got = ex.commit(ex.prepare("digits", 11), mixed).wait(30)
+    np.testing.assert_array_equal(got, want)
+    every = ex.commit(ex.prepare("digits", 11), [cupy.asarray(r) for r in rows]).wait(30)
+    np.testing.assert_array_equal(every, want)
+    ex.close()
+
+
 def test_50_threads_committing_concurrently():
     ex = executor(buckets=(1, 2, 4, 8, 16), max_in_flight=3)
     ex.load_model("r", "resnet50", seed=0)
