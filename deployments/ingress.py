@@ -36,7 +36,7 @@ from pipeline.errors import (
 from pipeline.imaging import plan_decode
 from pipeline.models.repository import model_card, random_weights
 
-from . import ingress_http, triton, v2
+from . import ingress_http, triton, triton_encoded, v2
 from .http_errors import request_id_of, unwrap
 from .ingress_http import app, deadline_of, multipart_image, priority_of
 from .messages import PostSpec, RequestMeta, Rows
@@ -101,6 +101,7 @@ class Ingress:
         self.models = {m.name: m for m in self.cfg.models}
         self.cards = {m.name: model_card(m) for m in self.cfg.models}
         self._signatures: dict[str, v2.Signature] = {}
+        self.encoded_views = triton_encoded.views(self.models)  # v2 name -> model
         self.targets = {name: card.target() for name, card in self.cards.items()}
         ic = self.cfg.ingress
         self._coalescers: dict[tuple[str, str], Coalescer] = {}
@@ -142,11 +143,18 @@ class Ingress:
             raise ModelNotFound("no such model", model=name, served=sorted(self.models))
         return name
 
+    def _v2_model(self, name: str) -> str:
+        """A model, or (v2 only) a model's encoded view; the model it runs."""
+        return self.encoded_views.get(name) or self._model(name)
+
     async def _classify_group(self, model: str, items: list[tuple]) -> list[Any]:
         t_send = time.perf_counter()
         encoded = [(d, ct) for d, ct, *_ in items]
         meta = [it[3] for it in items]
-        specs = [PostSpec("classify", top_k=it[2]) for it in items]
+        specs = [  # (a v2 request's encoded images come with their own spec)
+            it[2] if isinstance(it[2], PostSpec) else PostSpec("classify", top_k=it[2])
+            for it in items
+        ]
         fused = specs if self.post is None else None  # inference answers itself
         if self.encoded_to_inf:  # decoding happens in (or is driven by) the inference replica
             inf = self.inf.encoded.remote(model, encoded, meta, fused)
@@ -290,15 +298,17 @@ class Ingress:
 
     @app.get("/v2/models/stats")  # (before /v2/models/{model}, which would take it)
     async def all_model_stats(self) -> dict[str, Any]:
-        return triton.STATS.model_stats(list(self.models))
+        return triton.STATS.model_stats([*self.models, *sorted(self.encoded_views)])
 
     @app.get("/v2/models/{model}")
     async def model_metadata(self, model: str) -> dict[str, Any]:
+        if model in self.encoded_views:  # the model's outputs, a BYTES input
+            return triton_encoded.metadata(model, await self.model_metadata(self._v2_model(model)))
         return v2.model_metadata(model, await self._signature(model), self.cards[model].engine)
 
     @app.get("/v2/models/{model}/ready")
     async def model_ready(self, model: str) -> Response:
-        self._model(model)
+        self._v2_model(model)
         ok = await self._ready()
         return JSONResponse({"name": model, "ready": ok}, status_code=200 if ok else 503)
 
@@ -306,15 +316,23 @@ class Ingress:
     async def infer(self, model: str, request: Request) -> Response:
         t0 = time.perf_counter()
         rid = request_id_of(request)
-        sig = await self._signature(model)
+        base = self._v2_model(model)
+        sig = await self._signature(base)
         body = await self.uploads.read(request, self.cfg.ingress.max_body_bytes)
         hl = header_int(request.headers.get(v2.HEADER_LEN), "Inference-Header-Content-Length")
-        req = v2.parse_infer(
-            body,
-            hl,
-            sig,
-            self.cfg.batching.max_queue,  # rows form GPU batches of up to the largest bucket
-        )
+        rows = self.cfg.batching.max_queue  # rows form GPU batches of up to the largest bucket
+        encoded = model in self.encoded_views
+        if encoded:  # JPEG/PNG files, each checked from its header before any decoding
+            req: Any = triton_encoded.parse(body, hl, sig.output_names, rows)
+            ic = self.cfg.ingress
+            triton_encoded.checked(
+                req.images,
+                lambda d: plan_decode(
+                    d, None, self.targets[base], ic.max_pixels, ic.max_image_work_bytes
+                ),
+            )
+        else:
+            req = v2.parse_infer(body, hl, sig, rows)
         opts = triton.request_options(body if hl is None else body[:hl], time.time())
         meta = RequestMeta(
             rid,
@@ -322,10 +340,21 @@ class Ingress:
             opts.priority_high or priority_of(request),
         )
         spec = PostSpec("v2", outputs=req.outputs, names=tuple(o.name for o in sig.outputs))
-        result = await self._await(
-            self._coalescer(model, "v2").submit((req.images, meta, spec)), rid
-        )
-        total = _finish_timings(result, t0)
+        if encoded:  # every image by the classify path, batched with the rest
+            c = self._coalescer(base, "classify")
+
+            async def one(data: bytes) -> dict[str, Any]:
+                r = await c.submit((data, None, spec, meta))
+                _finish_timings(r, t0)
+                return r
+
+            result = await self._await(triton_encoded.answer(req.images, one), rid)
+        else:
+            result = await self._await(
+                self._coalescer(model, "v2").submit((req.images, meta, spec)), rid
+            )
+            _finish_timings(result, t0)
+        total = result["timings_ms"]["total"]
         triton.STATS.record(model, True, total, result["timings_ms"], len(req.images))
         extra = {
             "request_id": rid,
@@ -335,7 +364,7 @@ class Ingress:
         }
         outputs = dict(result["outputs"])
         for name, k in opts.classification.items():  # Triton's classification extension
-            outputs[name] = triton.classify(outputs[name], k, self.cards[model].label)
+            outputs[name] = triton.classify(outputs[name], k, self.cards[base].label)
         payload, headers = triton.encode(model, req.id, outputs, req.binary_outputs, extra)
         return Response(payload, headers=headers)
 
@@ -348,7 +377,7 @@ class Ingress:
         return triton.model_config(
             model,
             meta,
-            self.cards[model].engine,
+            self.cards[self._v2_model(model)].engine,
             b.max_queue,
             self.cfg.executor.buckets,
             b.max_wait_ms,
@@ -356,11 +385,20 @@ class Ingress:
 
     @app.get("/v2/models/{model}/stats")
     async def model_stats(self, model: str) -> dict[str, Any]:
-        return triton.STATS.model_stats([self._model(model)])
+        self._v2_model(model)
+        return triton.STATS.model_stats([model])
 
     @app.post("/v2/repository/index")
     async def repository_index(self) -> list[dict[str, str]]:
-        return triton.repository_index(list(self.models))
+        return triton.repository_index([*self.models, *sorted(self.encoded_views)])
+
+    @app.post("/v2/repository/models/{model}/load")
+    async def load_model(self, model: str) -> None:
+        triton.model_control(model, "load")
+
+    @app.post("/v2/repository/models/{model}/unload")
+    async def unload_model(self, model: str) -> None:
+        triton.model_control(model, "unload")
 
     @app.get("/v2/models/{model}/versions/{version}")
     async def version_metadata(self, model: str, version: str) -> dict[str, Any]:

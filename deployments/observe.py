@@ -78,7 +78,7 @@ class RequestMetrics:
             import deployments.ingress_http as ingress_http
 
             active = ingress_http.ACTIVE
-            if active is not None and model not in active.models:
+            if active is not None and model not in (*active.models, *active.encoded_views):
                 model = "?"
         status = [500]
 

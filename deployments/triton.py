@@ -94,6 +94,18 @@ def model_config(
     }
 
 
+def model_control(model: str, action: str) -> None:
+    """Ferry runs in Triton's model-control mode NONE: the models are the config's, loaded
+    when the replicas start, the same on every replica. A load or unload is refused with a
+    JSON error, as Triton refuses it in that mode (a new config is a ``serve deploy``)."""
+    raise InvalidInput(
+        f"explicit model {action} is not allowed: model control mode is NONE (the served "
+        "models are the config's; change it and redeploy)",
+        model=model[:64],
+        action=action,
+    )
+
+
 def repository_index(models: list[str]) -> list[dict[str, str]]:
     return [{"name": m, "version": VERSION, "state": "READY"} for m in models]
 

@@ -71,20 +71,24 @@ class InferRequest:
     binary_outputs: frozenset[str]
 
 
+def split_body(body: bytes, header_length: int | None) -> tuple[bytes, memoryview]:
+    """The JSON header and the binary part of a body (binary tensor data extension)."""
+    if header_length is None:
+        return body, memoryview(b"")
+    if header_length < 0 or header_length > len(body):
+        raise InvalidInput(
+            "Inference-Header-Content-Length exceeds the body",
+            header_length=header_length,
+            body_bytes=len(body),
+        )
+    return body[:header_length], memoryview(body)[header_length:]
+
+
 def parse_infer(
     body: bytes, header_length: int | None, sig: Signature, max_batch: int
 ) -> InferRequest:
     """Decode a v2 infer request and check it against the model's own input tensor."""
-    if header_length is not None:
-        if header_length < 0 or header_length > len(body):
-            raise InvalidInput(
-                "Inference-Header-Content-Length exceeds the body",
-                header_length=header_length,
-                body_bytes=len(body),
-            )
-        head, binary = body[:header_length], memoryview(body)[header_length:]
-    else:
-        head, binary = body, memoryview(b"")
+    head, binary = split_body(body, header_length)
     req = json_loads(head)
     if (
         not isinstance(req, dict)
@@ -160,12 +164,12 @@ def parse_infer(
                 "pixel values must lie in [0, 255]", min=float(f.min()), max=float(f.max())
             )
         arr = np.rint(f).astype(np.uint8)
-    outputs, binary_out = _requested(req.get("outputs"), sig.output_names)
+    outputs, binary_out = requested(req.get("outputs"), sig.output_names)
     rid = optional_str(req.get("id"), "id")
     return InferRequest(rid, np.ascontiguousarray(arr), outputs, binary_out)
 
 
-def _requested(spec: Any, known: tuple[str, ...]) -> tuple[tuple[str, ...], frozenset[str]]:
+def requested(spec: Any, known: tuple[str, ...]) -> tuple[tuple[str, ...], frozenset[str]]:
     if spec is None:  # every output
         return known, frozenset()
     names, binary = [], set()

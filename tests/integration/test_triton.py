@@ -58,7 +58,9 @@ def test_server_metadata_config_and_repository_index(client):
     index = client.get_model_repository_index()
     assert sorted((m["name"], m["state"]) for m in index) == [
         ("digits", "READY"),
+        ("digits_encoded", "READY"),
         ("resnet50", "READY"),
+        ("resnet50_encoded", "READY"),
     ]
     assert client.is_model_ready("digits", model_version="1")
     assert client.get_model_metadata("digits", model_version="1")["name"] == "digits"
@@ -137,7 +139,111 @@ def test_statistics_count_successes_failures_and_durations(client):
         assert s1[k]["ns"] >= s0[k]["ns"], k
     assert s1["compute_infer"]["ns"] > s0["compute_infer"]["ns"]
     both = client.get_inference_statistics()["model_stats"]
-    assert {m["name"] for m in both} == {"digits", "resnet50"}
+    assert {m["name"] for m in both} == {"digits", "resnet50", "digits_encoded", "resnet50_encoded"}
+
+
+def pictures(n: int, size: int, channels: int, seed: int = 0) -> list[bytes]:
+    """Real image files: JPEGs and PNGs, alternately, of random pixels."""
+    from pipeline.imaging import encode_jpeg, encode_png
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        a = rng.integers(0, 256, (size, size + 3, channels), dtype=np.uint8)
+        out.append(encode_jpeg(a) if i % 2 else encode_png(a))
+    return out
+
+
+def infer_encoded(client, model, blobs, binary=True, outputs=None):
+    import base64
+
+    import tritonclient.http as th
+
+    i = th.InferInput("image_bytes", [len(blobs), 1], "BYTES")
+    if binary:  # each element: 4-byte little-endian length, the file's bytes
+        i.set_data_from_numpy(np.array(blobs, dtype=object).reshape(-1, 1), binary_data=True)
+    else:  # JSON: a string an element, the file in base64
+        b64 = [base64.b64encode(b) for b in blobs]
+        i.set_data_from_numpy(np.array(b64, dtype=object).reshape(-1, 1), binary_data=False)
+    return client.infer(f"{model}_encoded", [i], outputs=outputs)
+
+
+def classify_v1(model, blob, k):
+    r = httpx.post(f"{BASE}/v1/models/{model}/classify?top_k={k}", content=blob, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()["top_k"]
+
+
+def test_encoded_views_are_advertised_as_bytes_models(client):
+    meta = client.get_model_metadata("resnet50_encoded")
+    assert meta["inputs"] == [{"name": "image_bytes", "datatype": "BYTES", "shape": [-1, 1]}]
+    assert {o["name"] for o in meta["outputs"]} == {
+        o["name"] for o in client.get_model_metadata("resnet50")["outputs"]
+    }
+    cfg = client.get_model_config("digits_encoded", model_version="1")
+    assert cfg["input"] == [{"name": "image_bytes", "data_type": "TYPE_STRING", "dims": [1]}]
+    assert client.is_model_ready("digits_encoded")
+    names = {m["name"] for m in client.get_model_repository_index()}
+    assert {"digits_encoded", "resnet50_encoded"} <= names
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_jpeg_and_png_bytes_answer_as_v1_classify_does(client, binary):
+    for model, size, channels in (("digits", 8, 1), ("resnet50", 64, 3)):
+        blobs = pictures(2, size, channels, seed=11)
+        probs = infer_encoded(client, model, blobs, binary).as_numpy("probabilities")
+        assert probs.shape[0] == 2
+        for blob, p in zip(blobs, probs, strict=True):
+            top = classify_v1(model, blob, 5)
+            assert [t["class"] for t in top] == list(np.argsort(-p, kind="stable")[:5])
+            np.testing.assert_allclose([t["score"] for t in top], np.sort(p)[::-1][:5], atol=1e-6)
+
+
+def test_classification_of_encoded_images_and_bad_images_are_ferry_4xx(client):
+    import tritonclient.http as th
+    from tritonclient.utils import InferenceServerException
+
+    blobs = pictures(3, 8, 1, seed=2)
+    out = [th.InferRequestedOutput("probabilities", binary_data=True, class_count=2)]
+    top = infer_encoded(client, "digits", blobs, outputs=out).as_numpy("probabilities")
+    for blob, row in zip(blobs, top, strict=True):
+        want = classify_v1("digits", blob, 2)
+        assert [int(e.decode().split(":")[1]) for e in row] == [t["class"] for t in want]
+    with pytest.raises(InferenceServerException) as e:
+        infer_encoded(client, "digits", [blobs[0], b"GIF89a not a JPEG or PNG"])
+    assert e.value.status() == "415"
+    i = th.InferInput("image_bytes", [2, 1], "BYTES")
+    i.set_data_from_numpy(np.array([[blobs[0]], [b"GIF89a"]], dtype=object), binary_data=True)
+    body, hl = th.InferenceServerClient.generate_request_body([i])
+    r = httpx.post(
+        f"{BASE}/v2/models/digits_encoded/infer",
+        content=body,
+        headers={"Inference-Header-Content-Length": str(hl)},
+        timeout=30,
+    )
+    assert r.status_code == 415 and r.json()["detail"]["element"] == 1, r.text
+    body = {"inputs": [{"name": "x", "shape": [1, 1], "datatype": "BYTES", "data": ["%%"]}]}
+    r = httpx.post(f"{BASE}/v2/models/digits_encoded/infer", json=body, timeout=30)
+    assert r.status_code == 400 and "base64" in r.json()["error"], r.text
+
+
+def test_a_v2_batch_of_1024_images_is_answered(client):
+    blobs = pictures(1024, 8, 1, seed=4)
+    probs = infer_encoded(client, "digits", blobs).as_numpy("probabilities")
+    assert probs.shape == (1024, 10)
+    for i in (0, 513, 1023):
+        top = classify_v1("digits", blobs[i], 3)
+        assert [t["class"] for t in top] == list(np.argsort(-probs[i], kind="stable")[:3])
+
+
+def test_load_and_unload_are_refused_as_in_model_control_mode_none(client):
+    from tritonclient.utils import InferenceServerException
+
+    for call in (client.load_model, client.unload_model):
+        with pytest.raises(InferenceServerException) as e:
+            call("digits")
+        assert e.value.status() == "400" and "model control mode is NONE" in str(e.value)
+    assert client.is_model_ready("digits")
 
 
 def _perf_analyzer() -> str | None:
@@ -151,37 +257,77 @@ def _perf_analyzer() -> str | None:
     return None
 
 
-@pytest.mark.skipif(
+needs_pa = pytest.mark.skipif(
     _perf_analyzer() is None,
     reason="no perf_analyzer (bash ../shared/tools/get-perf-analyzer.sh; or FERRY_PERF_ANALYZER)",
 )
-def test_perf_analyzer_runs_unchanged(client, tmp_path):
-    out = tmp_path / "pa.csv"
+
+
+def run_perf_analyzer(tmp_path, model: str, *args: str) -> list[str]:
+    """perf_analyzer as a Triton user runs it, its CSV rows (the header first)."""
+    out = tmp_path / f"{model}.csv"
     r = subprocess.run(
-        [
-            _perf_analyzer(),
-            "-m",
-            "digits",
-            "-u",
-            f"127.0.0.1:{PORT}",
-            "-i",
-            "http",
-            "--concurrency-range",
-            "1:8:2",
-            "-p",
-            "2000",
-            "-s",  # stability within 50% (a shared 2-core machine is noisy)
-            "50",
-            "-f",
-            str(out),
-        ],
+        [_perf_analyzer(), "-m", model, "-u", f"127.0.0.1:{PORT}", "-i", "http", *args]
+        + ["-f", str(out)],
         capture_output=True,
         text=True,
         timeout=240,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     rows = out.read_text().splitlines()
-    assert rows[0].startswith("Concurrency") and len(rows) == 1 + 4  # 1, 3, 5, 7
+    assert rows[0].startswith("Concurrency")
     for line in rows[1:]:
         assert float(line.split(",")[1]) > 0  # inferences/s
-    json.dumps(rows)
+    return rows
+
+
+@needs_pa
+def test_perf_analyzer_runs_unchanged(client, tmp_path):
+    # -s: stability within 50% (a shared 2-core machine is noisy)
+    rows = run_perf_analyzer(
+        tmp_path, "digits", "--concurrency-range", "1:8:2", "-p", "2000", "-s", "50"
+    )
+    assert len(rows) == 1 + 4  # 1, 3, 5, 7
+
+
+@needs_pa
+def test_perf_analyzer_sends_jpeg_bytes_to_resnet50(client, tmp_path):
+    """--input-data as Triton documents it for a BYTES input: base64 of the serialised
+    element (4-byte length, then the JPEG)."""
+    import base64
+
+    from tritonclient.utils import serialize_byte_tensor
+
+    jpegs = [b for b in pictures(4, 96, 3, seed=8) if b[:2] == b"\xff\xd8"]
+    data = {
+        "data": [
+            {
+                "image_bytes": {
+                    "b64": base64.b64encode(
+                        serialize_byte_tensor(np.array([j], dtype=object)).item()
+                    ).decode()
+                }
+            }
+            for j in jpegs
+        ]
+    }
+    (tmp_path / "jpegs.json").write_text(json.dumps(data))
+    before = client.get_inference_statistics("resnet50_encoded")["model_stats"][0]
+    rows = run_perf_analyzer(
+        tmp_path,
+        "resnet50_encoded",
+        "--input-data",
+        str(tmp_path / "jpegs.json"),
+        "--concurrency-range",
+        "2",
+        "-p",
+        "3000",
+        "-s",
+        "50",
+    )
+    assert len(rows) == 1 + 1
+    after = client.get_inference_statistics("resnet50_encoded")["model_stats"][0]
+    assert (
+        after["inference_stats"]["success"]["count"] > before["inference_stats"]["success"]["count"]
+    )
+    assert after["inference_stats"]["fail"]["count"] == before["inference_stats"]["fail"]["count"]
