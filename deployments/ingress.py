@@ -41,6 +41,7 @@ from .http_errors import request_id_of, unwrap
 from .ingress_http import app, deadline_of, multipart_image, priority_of
 from .messages import PostSpec, RequestMeta, Rows
 from .preprocess import PreprocessCore
+from .triton_routes import TritonRoutes
 from .uploads import UploadGate
 from .validate import header_int
 
@@ -80,7 +81,7 @@ def _finish_timings(result: Any, t0: float) -> float:
 
 @serve.deployment
 @serve.ingress(app)
-class Ingress:
+class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_routes.py)
     def __init__(
         self, config: dict[str, Any], preprocess: Any, inference: Any, postprocess: Any
     ) -> None:
@@ -142,10 +143,6 @@ class Ingress:
         if name not in self.models:
             raise ModelNotFound("no such model", model=name, served=sorted(self.models))
         return name
-
-    def _v2_model(self, name: str) -> str:
-        """A model, or (v2 only) a model's encoded view; the model it runs."""
-        return self.encoded_views.get(name) or self._model(name)
 
     async def _classify_group(self, model: str, items: list[tuple]) -> list[Any]:
         t_send = time.perf_counter()
@@ -296,10 +293,6 @@ class Ingress:
             self._signatures.update(await self.inf.signatures.remote())
         return self._signatures[model]
 
-    @app.get("/v2/models/stats")  # (before /v2/models/{model}, which would take it)
-    async def all_model_stats(self) -> dict[str, Any]:
-        return triton.STATS.model_stats([*self.models, *sorted(self.encoded_views)])
-
     @app.get("/v2/models/{model}")
     async def model_metadata(self, model: str) -> dict[str, Any]:
         if model in self.encoded_views:  # the model's outputs, a BYTES input
@@ -367,60 +360,3 @@ class Ingress:
             outputs[name] = triton.classify(outputs[name], k, self.cards[base].label)
         payload, headers = triton.encode(model, req.id, outputs, req.binary_outputs, extra)
         return Response(payload, headers=headers)
-
-    # ------------------------------------------------------------------ Triton's extensions
-    # (deployments/triton.py; every model route also under /versions/{version}, version "1")
-    @app.get("/v2/models/{model}/config")
-    async def model_config(self, model: str) -> dict[str, Any]:
-        meta = await self.model_metadata(model)
-        b = self.cfg.batching
-        return triton.model_config(
-            model,
-            meta,
-            self.cards[self._v2_model(model)].engine,
-            b.max_queue,
-            self.cfg.executor.buckets,
-            b.max_wait_ms,
-        )
-
-    @app.get("/v2/models/{model}/stats")
-    async def model_stats(self, model: str) -> dict[str, Any]:
-        self._v2_model(model)
-        return triton.STATS.model_stats([model])
-
-    @app.post("/v2/repository/index")
-    async def repository_index(self) -> list[dict[str, str]]:
-        return triton.repository_index([*self.models, *sorted(self.encoded_views)])
-
-    @app.post("/v2/repository/models/{model}/load")
-    async def load_model(self, model: str) -> None:
-        triton.model_control(model, "load")
-
-    @app.post("/v2/repository/models/{model}/unload")
-    async def unload_model(self, model: str) -> None:
-        triton.model_control(model, "unload")
-
-    @app.get("/v2/models/{model}/versions/{version}")
-    async def version_metadata(self, model: str, version: str) -> dict[str, Any]:
-        triton.check_version(model, version)
-        return await self.model_metadata(model)
-
-    @app.get("/v2/models/{model}/versions/{version}/ready")
-    async def version_ready(self, model: str, version: str) -> Response:
-        triton.check_version(model, version)
-        return await self.model_ready(model)
-
-    @app.get("/v2/models/{model}/versions/{version}/config")
-    async def version_config(self, model: str, version: str) -> dict[str, Any]:
-        triton.check_version(model, version)
-        return await self.model_config(model)
-
-    @app.get("/v2/models/{model}/versions/{version}/stats")
-    async def version_stats(self, model: str, version: str) -> dict[str, Any]:
-        triton.check_version(model, version)
-        return await self.model_stats(model)
-
-    @app.post("/v2/models/{model}/versions/{version}/infer")
-    async def version_infer(self, model: str, version: str, request: Request) -> Response:
-        triton.check_version(model, version)
-        return await self.infer(model, request)
