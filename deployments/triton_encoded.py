@@ -127,13 +127,7 @@ def parse(
         raise InvalidInput("batch size out of range", batch=n, max_batch=max_images)
     params = params_of(t, "inputs[0]")
     if "binary_data_size" in params:
-        size = params["binary_data_size"]
-        if type(size) is not int or size != len(binary):
-            raise InvalidInput(
-                "binary_data_size does not match the binary part of the body",
-                binary_data_size=size,
-                binary_bytes=len(binary),
-            )
+        v2.binary_size(params, binary)
         images = _elements(binary, n)
     else:
         if t.get("data") is None:

@@ -84,6 +84,18 @@ def split_body(body: bytes, header_length: int | None) -> tuple[bytes, memoryvie
     return body[:header_length], memoryview(body)[header_length:]
 
 
+def binary_size(params: dict[str, Any], binary: memoryview) -> int:
+    """An input's ``binary_data_size``, which must be the whole binary part (one input)."""
+    size = params["binary_data_size"]
+    if type(size) is not int or size != len(binary):
+        raise InvalidInput(
+            "binary_data_size does not match the binary part of the body",
+            binary_data_size=size,
+            binary_bytes=len(binary),
+        )
+    return size
+
+
 def parse_infer(
     body: bytes, header_length: int | None, sig: Signature, max_batch: int
 ) -> InferRequest:
@@ -115,13 +127,7 @@ def parse_infer(
     count = element_count(shape)
     params = params_of(t, "inputs[0]")
     if "binary_data_size" in params:
-        size = params["binary_data_size"]
-        if type(size) is not int or size != len(binary):
-            raise InvalidInput(
-                "binary_data_size does not match the binary part of the body",
-                binary_data_size=size,
-                binary_bytes=len(binary),
-            )
+        size = binary_size(params, binary)
         if size != count * dt.itemsize:
             raise InvalidInput(
                 "byte count does not match the shape and datatype",
