@@ -1,7 +1,7 @@
 """The ``ferry`` command: ``python -m pipeline``'s commands plus those that need Serve.
 
     ferry classify IMAGE ...          # as python -m pipeline classify
-    ferry models                      # as python -m pipeline models
+    ferry models [FILE ...] [--no-load] [--json]   # list and check a config's model repository
     ferry config check FILE [FILE...] [--gpus N]   # Serve's and Ferry's validation, in one go
 
 ``config check`` takes a Serve config file (``serve run`` / ``serve deploy``; checked with
@@ -112,6 +112,10 @@ def _config(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["models"]:
+        from .cli_models import main as models_main
+
+        return models_main(argv[1:])
     if argv[:1] != ["config"]:
         from pipeline.__main__ import main as pipeline_main
 

@@ -1,0 +1,156 @@
+"""``ferry models [FILE ...] [--no-load] [--json]``: list and check a model repository.
+
+The repository is a config's ``models`` list (``pipeline/models/repository.py``): FILE is a
+Serve config (every application that imports Ferry) or a bare pipeline config; with no FILE,
+the default config's. For each entry: its engine and source, the input it is prepared for
+(size, channels, layout, resize, dtype), its labels, its batch limits (the largest GPU batch
+and the rows a v2 request may carry), the v2 names it answers to, and -- unless
+``--no-load`` -- whether it loads: the engine is built and checked against the entry
+exactly as the inference replica does at startup (``load_entry``), and its own tensors are
+printed. Exit status 1 when any entry fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+
+def configs_of(path: str | None) -> list[tuple[str, Any]]:
+    """(where, PipelineConfig) of every Ferry application a file holds."""
+    from deployments.app import load_config
+    from pipeline.config import PipelineConfig
+
+    from .cli import FERRY_APP, _load
+
+    if path is None:
+        return [("default config", PipelineConfig())]
+    raw = _load(path)
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: not a mapping")
+    if "applications" not in raw:
+        return [(path, load_config({"config": raw}))]
+    out = []
+    base = os.path.dirname(os.path.abspath(path))
+    for app in raw["applications"]:
+        if app.get("import_path") != FERRY_APP:
+            continue
+        args = dict(app.get("args") or {})
+        cfg = args.get("config")
+        if isinstance(cfg, str) and not os.path.isabs(cfg):  # as `serve run` from its dir
+            args["config"] = os.path.join(base, cfg)
+        out.append((f"{path}: application {app.get('name', '?')!r}", load_config(args)))
+    return out
+
+
+def describe(config: Any, entry: Any, load: bool) -> dict[str, Any]:
+    """One entry of the repository, checked."""
+    from pipeline.models.repository import load_entry, model_card, random_weights
+
+    from .triton_encoded import SUFFIX
+
+    card = model_card(entry)
+    i = card.image
+    buckets = [
+        b for b in config.executor.buckets if entry.max_batch is None or b <= entry.max_batch
+    ]
+    row: dict[str, Any] = {
+        "name": entry.name,
+        "engine": entry.engine,
+        "source": entry.source,
+        "weights": entry.weights or ("random" if random_weights(entry) else "bundled"),
+        "input": {
+            "height": i.height,
+            "width": i.width,
+            "channels": i.channels,
+            "layout": i.layout,
+            "resize": i.resize,
+            "dtype": card.input_dtype,
+        },
+        "labels": (
+            {"count": len(card.labels), "from": entry.labels or "built-in"}
+            if card.labels
+            else {"count": None, "from": "class numbers"}
+        ),
+        "max_batch": {
+            "gpu": max(buckets) if buckets else None,
+            "buckets": buckets,
+            "v2_request_rows": config.batching.max_queue,
+        },
+        "v2_names": [entry.name, entry.name + SUFFIX],
+    }
+    if not load:
+        return row
+    try:
+        eng = load_entry(entry).engine
+    except Exception as exc:  # the reason, as the replica would log it at startup
+        row["loads"] = False
+        row["error"] = f"{type(exc).__name__}: {exc}"[:500]
+        return row
+    row["loads"] = True
+
+    def spec(t: Any) -> dict[str, Any]:
+        import numpy as np
+
+        return {"name": t.name, "dtype": np.dtype(t.dtype).name, "shape": list(t.shape)}
+
+    row["tensors"] = {
+        "inputs": [spec(t) for t in eng.inputs],
+        "outputs": [spec(t) for t in eng.outputs],
+    }
+    return row
+
+
+def text(row: dict[str, Any]) -> str:
+    i, lab, mb = row["input"], row["labels"], row["max_batch"]
+    state = {True: "ok, loads", False: "FAILS to load", None: "not loaded (--no-load)"}
+    lines = [
+        f"{row['name']}: {state[row.get('loads')]}",
+        f"  engine {row['engine']}, source {row['source']}, weights {row['weights']}",
+        f"  input {i['height']}x{i['width']}x{i['channels']} {i['layout']}, resize "
+        f"{i['resize']}, {i['dtype']}",
+        f"  labels: {lab['count'] or 'none'} ({lab['from']})",
+        f"  max batch: {mb['gpu']} on the GPU (buckets {mb['buckets']}), "
+        f"{mb['v2_request_rows']} rows a v2 request",
+        f"  v2: {', '.join(row['v2_names'])}",
+    ]
+    for kind, ts in row.get("tensors", {}).items():
+        lines.append(
+            f"  {kind}: " + ", ".join(f"{t['name']} {t['dtype']} {t['shape']}" for t in ts)
+        )
+    if "error" in row:
+        lines.append(f"  error: {row['error']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(
+        prog="ferry models",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "files", nargs="*", help="Serve or pipeline config files (default: the default config)"
+    )
+    ap.add_argument("--no-load", action="store_true", help="list only; do not build the engines")
+    ap.add_argument("--json", action="store_true", help="one JSON object: {where: [entries]}")
+    args = ap.parse_args(argv)
+    out: dict[str, list[dict[str, Any]]] = {}
+    try:
+        for path in args.files or [None]:
+            for where, config in configs_of(path):
+                out[where] = [describe(config, m, not args.no_load) for m in config.models]
+    except (OSError, ValueError) as exc:  # an unreadable or invalid config (pydantic's too)
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        for where, rows in out.items():
+            print(f"# {where}")
+            for row in rows:
+                print(text(row))
+    return 1 if any(r.get("loads") is False for rows in out.values() for r in rows) else 0
