@@ -6,9 +6,9 @@ The activations an imported model needs, each with up to two float parameters (a
     min(1, a*x + b))), hardswish (x * relu6(x + 3) / 6), tanh, erf, gelu (exact, with erf),
     gelu_tanh (the tanh approximation), silu (x * sigmoid(x))
 
-``epilogue_cuda`` / ``epilogue_host`` are the fused pass the conv and GEMM ops call when
-their ``act`` is one of these (``relu`` and ``none`` keep the original bias_act kernels).
-``Activation`` is the same pass as an op of its own (no bias, no residual).
+``epilogue_cuda`` / ``epilogue_host`` are the one fused pass (bias, residual, activation)
+the conv and GEMM ops run after their product (``run_epilogue``) and ``bias_act`` /
+``add_relu`` run as ops; ``Activation`` is the same pass alone (no bias, no residual).
 """
 
 from __future__ import annotations
@@ -129,6 +129,16 @@ def epilogue_cuda(
     else:
         k = _cuda.kernel(SOURCE, "epilogue_scalar", x.dtype)
         _cuda.launch(k, n, (y, x, dummy_f, dummy_r, np.int64(n), *args))
+
+
+def run_epilogue(plan: OpPlan, out: Any, bias: Any, residual: Any | None, cuda: bool) -> None:
+    """out = act(out + bias + residual) in place, with the plan's ``act`` / ``alpha`` /
+    ``beta``; nothing to do for ``none`` without a bias or a residual."""
+    act = plan.attr("act", "none")
+    if act == "none" and bias is None and residual is None:
+        return
+    a, b = plan.attr("alpha", 0.0), plan.attr("beta", 0.0)
+    (epilogue_cuda if cuda else epilogue_host)(out, out, bias, residual, act, a, b)
 
 
 def _erf(v: np.ndarray, out: np.ndarray) -> np.ndarray:

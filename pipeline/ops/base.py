@@ -181,6 +181,13 @@ def check_positive(op: str, what: str, spec: TensorSpec) -> None:
         raise InvalidInput(f"{op}: {what} has an empty dimension", shape=spec.shape)
 
 
+def check_tensor(op: str, what: str, spec: TensorSpec, rank: int, allowed: Sequence[str]) -> None:
+    """``spec`` has ``rank`` dimensions, none empty, and one of the ``allowed`` dtypes."""
+    check_rank(op, what, spec, rank)
+    check_positive(op, what, spec)
+    check_dtype(op, what, spec, allowed)
+
+
 def workspace_view(workspace: Any, offset: int, shape: tuple[int, ...], dtype: Any) -> Any:
     """A typed view of part of a flat uint8 workspace (no allocation)."""
     dt = np.dtype(dtype)

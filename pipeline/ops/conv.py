@@ -24,21 +24,15 @@ import numpy as np
 
 from ..errors import InvalidInput
 from . import _cuda
-from .activation import check_act, epilogue_cuda, epilogue_host
-from .base import (
-    FLOAT_DTYPES,
-    Op,
-    OpPlan,
-    TensorSpec,
-    align,
-    check_dtype,
-    check_positive,
-    check_rank,
-    workspace_view,
+from ._conv_common import (
+    DEFAULT_MAX_WORKSPACE,
+    check_inputs,
+    check_residual,
+    cuda_rows,
+    pair,
 )
-from .elementwise import bias_act_cuda, bias_act_host
-
-DEFAULT_MAX_WORKSPACE = 256 << 20
+from .activation import check_act, run_epilogue
+from .base import Op, OpPlan, TensorSpec, align, check_rank, workspace_view
 
 SOURCE = r"""
 extern "C" __global__ void im2col_vec(const T* __restrict__ x, T* __restrict__ cols,
@@ -118,15 +112,6 @@ def padded_k(kh: int, kw: int, c: int) -> int:
     return (kh * kw * c + 7) // 8 * 8
 
 
-def _pair(v: Any, what: str) -> tuple[int, int]:
-    if isinstance(v, int | np.integer):
-        return int(v), int(v)
-    t = tuple(int(e) for e in v)
-    if len(t) != 2:
-        raise InvalidInput(f"conv2d: {what} must be an int or a pair", value=v)
-    return t  # type: ignore[return-value]
-
-
 @dataclass(frozen=True)
 class ConvGeometry:
     n: int
@@ -160,19 +145,13 @@ class Conv2d(Op):
     planning_attrs = ("target", "max_workspace_bytes")
 
     def _plan(self, specs: tuple[TensorSpec, ...], attrs: dict[str, Any]) -> OpPlan:
-        x, w, b = specs[0], specs[1], specs[2]
-        check_rank(self.name, "x", x, 4)
-        check_positive(self.name, "x", x)
-        check_dtype(self.name, "x", x, FLOAT_DTYPES)
+        x, w, b = check_inputs(self.name, specs)
         check_rank(self.name, "w", w, 2)
-        if w.dtype != x.dtype:
-            raise InvalidInput("conv2d: weights must have the input's dtype", x=x.dtype, w=w.dtype)
-        check_dtype(self.name, "bias", b, ("float32",))
         if "kernel" not in attrs:
             raise InvalidInput("conv2d: the 'kernel' attribute (kh, kw) is required")
-        kh, kw = _pair(attrs["kernel"], "kernel")
-        sh, sw = _pair(attrs.get("stride", 1), "stride")
-        ph, pw = _pair(attrs.get("padding", 0), "padding")
+        kh, kw = pair(self.name, attrs["kernel"], "kernel")
+        sh, sw = pair(self.name, attrs.get("stride", 1), "stride")
+        ph, pw = pair(self.name, attrs.get("padding", 0), "padding")
         if min(kh, kw, sh, sw) < 1 or min(ph, pw) < 0:
             raise InvalidInput(
                 "conv2d: kernel and stride must be >= 1, padding >= 0",
@@ -208,10 +187,7 @@ class Conv2d(Op):
         if b.shape != (cout,):
             raise InvalidInput("conv2d: bias must be [Cout]", bias=b.shape, cout=cout)
         out = TensorSpec((n, oh, ow, cout), x.dtype)
-        if len(specs) == 4 and specs[3] != out:
-            raise InvalidInput(
-                "conv2d: residual must match the output", residual=str(specs[3]), output=str(out)
-            )
+        check_residual(self.name, specs, out)
 
         item = x.np_dtype.itemsize
         max_ws = int(attrs.get("max_workspace_bytes", DEFAULT_MAX_WORKSPACE))
@@ -222,9 +198,7 @@ class Conv2d(Op):
         if direct:
             rows, ws = m, 0
         elif target == "cuda":
-            rows = max(1, min(m, max_ws // (kp * item)))
-            if rows < m:
-                rows = max(64, rows // 64 * 64)
+            rows = cuda_rows(m, kp, item, max_ws)
             ws = rows * kp * item
         else:  # host: chunks of whole images, plus a zero-padded copy of the input
             per_img = oh * ow * kp * item
@@ -299,11 +273,7 @@ class Conv2d(Op):
                 )
                 np.copyto(dst, src)
                 np.matmul(cols[:r], w, out=out2[n0 * g.oh * g.ow : n0 * g.oh * g.ow + r])
-        act = plan.attr("act", "none")
-        if act in ("relu", "none"):
-            bias_act_host(out, out, b, res, act == "relu")
-        else:
-            epilogue_host(out, out, b, res, act, plan.attr("alpha", 0.0), plan.attr("beta", 0.0))
+        run_epilogue(plan, out, b, res, cuda=False)
 
     # -- CUDA
     def _run_cuda(
@@ -358,11 +328,7 @@ class Conv2d(Op):
                 _cuda.gemm_rowmajor(
                     stream, cols_ptr, w_ptr, out_ptr + row0 * g.cout * item, rows, g.cout, g.kp, dt
                 )
-        act = plan.attr("act", "none")
-        if act in ("relu", "none"):
-            bias_act_cuda(out, out, b, res, act == "relu")
-        else:
-            epilogue_cuda(out, out, b, res, act, plan.attr("alpha", 0.0), plan.attr("beta", 0.0))
+        run_epilogue(plan, out, b, res, cuda=True)
 
 
 CONV2D = Conv2d()

@@ -25,21 +25,16 @@ import numpy as np
 
 from ..errors import InvalidInput
 from . import _cuda
-from ._conv_grouped_host import conv_grouped_host
-from .activation import ACT_DEVICE, ACTIVATIONS, check_act, epilogue_cuda, epilogue_host
-from .base import (
-    FLOAT_DTYPES,
-    Op,
-    OpPlan,
-    TensorSpec,
-    align,
-    check_dtype,
-    check_positive,
-    check_rank,
-    workspace_view,
+from ._conv_common import (
+    DEFAULT_MAX_WORKSPACE,
+    check_inputs,
+    check_residual,
+    cuda_rows,
+    pair,
 )
-
-DEFAULT_MAX_WORKSPACE = 256 << 20
+from ._conv_grouped_host import conv_grouped_host
+from .activation import ACT_DEVICE, ACTIVATIONS, check_act, run_epilogue
+from .base import Op, OpPlan, TensorSpec, align, workspace_view
 
 SOURCE = (
     ACT_DEVICE
@@ -103,15 +98,6 @@ extern "C" __global__ void im2col_grouped(const T* __restrict__ x, T* __restrict
 )
 
 
-def _pair(v: Any, what: str) -> tuple[int, int]:
-    if isinstance(v, int | np.integer):
-        return int(v), int(v)
-    t = tuple(int(e) for e in v)
-    if len(t) != 2:
-        raise InvalidInput(f"conv2d_grouped: {what} must be an int or a pair", value=v)
-    return t  # type: ignore[return-value]
-
-
 def grouped_weights(w_oihw: np.ndarray, groups: int) -> np.ndarray:
     """PyTorch/ONNX [Cout, Cin/G, KH, KW] -> this op's weights (see the module docstring)."""
     cout, cg, kh, kw = w_oihw.shape
@@ -158,16 +144,10 @@ class Conv2dGrouped(Op):
     planning_attrs = ("target", "max_workspace_bytes")
 
     def _plan(self, specs: tuple[TensorSpec, ...], attrs: dict[str, Any]) -> OpPlan:
-        x, w, b = specs[0], specs[1], specs[2]
-        check_rank(self.name, "x", x, 4)
-        check_positive(self.name, "x", x)
-        check_dtype(self.name, "x", x, FLOAT_DTYPES)
-        if w.dtype != x.dtype:
-            raise InvalidInput(f"{self.name}: weights must have x's dtype", x=x.dtype, w=w.dtype)
-        check_dtype(self.name, "bias", b, ("float32",))
-        kh, kw = _pair(attrs.get("kernel", 1), "kernel")
-        sh, sw = _pair(attrs.get("stride", 1), "stride")
-        dh, dw = _pair(attrs.get("dilation", 1), "dilation")
+        x, w, b = check_inputs(self.name, specs)
+        kh, kw = pair(self.name, attrs.get("kernel", 1), "kernel")
+        sh, sw = pair(self.name, attrs.get("stride", 1), "stride")
+        dh, dw = pair(self.name, attrs.get("dilation", 1), "dilation")
         pads = tuple(int(p) for p in attrs.get("pads", (0, 0, 0, 0)))
         groups = int(attrs.get("groups", 1))
         if len(pads) != 4 or min(pads) < 0 or min(kh, kw, sh, sw, dh, dw, groups) < 1:
@@ -200,12 +180,7 @@ class Conv2dGrouped(Op):
                 f"{self.name}: weights have the wrong shape", w=w.shape, expected=want
             )
         out = TensorSpec((n, oh, ow, cout), x.dtype)
-        if len(specs) == 4 and specs[3] != out:
-            raise InvalidInput(
-                f"{self.name}: residual must match the output",
-                residual=str(specs[3]),
-                output=str(out),
-            )
+        check_residual(self.name, specs, out)
         item = x.np_dtype.itemsize
         max_ws = int(attrs.get("max_workspace_bytes", DEFAULT_MAX_WORKSPACE))
         m = n * oh * ow
@@ -214,9 +189,7 @@ class Conv2dGrouped(Op):
         rows = m
         if target == "cuda":
             if not depthwise:
-                rows = max(1, min(m, max_ws // (ktot * item)))
-                if rows < m:
-                    rows = max(64, rows // 64 * 64)
+                rows = cuda_rows(m, ktot, item, max_ws)
                 cols_bytes = rows * ktot * item
         else:
             if pt or pl or pb or pr:
@@ -269,15 +242,7 @@ class Conv2dGrouped(Op):
     ) -> None:
         res = inputs[3] if len(inputs) == 4 else None
         conv_grouped_host(plan.detail, inputs[0], inputs[1], outputs[0], workspace)
-        epilogue_host(
-            outputs[0],
-            outputs[0],
-            inputs[2],
-            res,
-            plan.attr("act"),
-            plan.attr("alpha", 0.0),
-            plan.attr("beta", 0.0),
-        )
+        run_epilogue(plan, outputs[0], inputs[2], res, cuda=False)
 
     # -- CUDA
     def _run_cuda(
@@ -368,7 +333,7 @@ class Conv2dGrouped(Op):
                     ldb=cog,
                     ldc=g.cout,
                 )
-        epilogue_cuda(out, out, b, res, act, a, bb)
+        run_epilogue(plan, out, b, res, cuda=True)
 
 
 CONV2D_GROUPED = Conv2dGrouped()

@@ -1,4 +1,4 @@
-"""GEMM through cuBLAS (``cublasGemmEx``, fp32 accumulation), with a fused bias/ReLU epilogue.
+"""GEMM through cuBLAS (``cublasGemmEx``, fp32 accumulation), with the fused epilogue (bias, activation).
 
 A is [M, K], B is [K, N] (weights are stored pre-transposed at load time), both row-major;
 an optional float32 bias [N]; ``act`` is relu / none or any activation of ``activation.py``.
@@ -14,9 +14,8 @@ import numpy as np
 
 from ..errors import InvalidInput
 from . import _cuda
-from .activation import check_act, epilogue_cuda, epilogue_host
+from .activation import check_act, run_epilogue
 from .base import FLOAT_DTYPES, Op, OpPlan, TensorSpec, check_dtype, check_positive, check_rank
-from .elementwise import bias_act_cuda, bias_act_host
 
 
 class Gemm(Op):
@@ -57,12 +56,7 @@ class Gemm(Op):
     ) -> None:
         out = outputs[0]
         np.matmul(inputs[0], inputs[1], out=out)
-        bias = inputs[2] if len(inputs) == 3 else None
-        act = plan.attr("act", "none")
-        if act not in ("relu", "none"):
-            epilogue_host(out, out, bias, None, act, plan.attr("alpha", 0.0), plan.attr("beta", 0.0))
-        elif bias is not None or act == "relu":
-            bias_act_host(out, out, bias, None, act == "relu")
+        run_epilogue(plan, out, inputs[2] if len(inputs) == 3 else None, None, cuda=False)
 
     def _run_cuda(
         self,
@@ -76,12 +70,7 @@ class Gemm(Op):
         m, k = plan.inputs[0].shape
         n = plan.inputs[1].shape[1]
         _cuda.gemm_rowmajor(stream, _cuda.ptr(a), _cuda.ptr(b), _cuda.ptr(out), m, n, k, a.dtype)
-        bias = inputs[2] if len(inputs) == 3 else None
-        act = plan.attr("act", "none")
-        if act not in ("relu", "none"):
-            epilogue_cuda(out, out, bias, None, act, plan.attr("alpha", 0.0), plan.attr("beta", 0.0))
-        elif bias is not None or act == "relu":
-            bias_act_cuda(out, out, bias, None, act == "relu")
+        run_epilogue(plan, out, inputs[2] if len(inputs) == 3 else None, None, cuda=True)
 
 
 GEMM = Gemm()

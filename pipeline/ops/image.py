@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import InvalidInput
 from . import _cuda
-from .base import Op, OpPlan, TensorSpec, check_dtype, check_positive, check_rank
+from .base import Op, OpPlan, TensorSpec, check_tensor
 
 SOURCE = r"""
 // per-channel scale s and shift t come by value (at most 4 channels): no table, no copy
@@ -47,9 +47,7 @@ class Normalize(Op):
 
     def _plan(self, specs: tuple[TensorSpec, ...], attrs: dict[str, Any]) -> OpPlan:
         (x,) = specs
-        check_rank(self.name, "x", x, 4)
-        check_positive(self.name, "x", x)
-        check_dtype(self.name, "x", x, ("uint8",))
+        check_tensor(self.name, "x", x, 4, ("uint8",))
         n, h, w, c = x.shape
         if c > 4:
             raise InvalidInput("normalize: images have 1 to 4 channels", channels=c)

@@ -4,8 +4,8 @@
 (top, left, bottom, right) and ``ceil_mode`` (PyTorch's rule: a last window that would
 start in the bottom/right padding is dropped). Average pooling divides by the window's
 elements inside the input (``count_include_pad`` false) or inside the padded input
-(true); padding never takes part in a max. ``pool.py`` keeps the square max pool the
-native ResNet-50 uses.
+(true); padding never takes part in a max. ``pool.py``'s square max pool (the native
+ResNet-50's) is this op with its attributes.
 
 ``reduce_mean``: the mean over axes ``[a0, a1)`` of x, seen as [outer, R, inner]; the
 output drops those axes (a global average pool over H, W of NHWC is axes [1, 3)).
@@ -20,7 +20,15 @@ import numpy as np
 
 from ..errors import InvalidInput
 from . import _cuda
-from .base import FLOAT_DTYPES, Op, OpPlan, TensorSpec, check_dtype, check_positive, check_rank
+from .base import (
+    FLOAT_DTYPES,
+    Op,
+    OpPlan,
+    TensorSpec,
+    check_dtype,
+    check_positive,
+    check_tensor,
+)
 
 SOURCE = r"""
 extern "C" __global__ void pool2d_nhwc(const T* __restrict__ x, T* __restrict__ y,
@@ -79,9 +87,7 @@ class Pool2d(Op):
 
     def _plan(self, specs: tuple[TensorSpec, ...], attrs: dict[str, Any]) -> OpPlan:
         (x,) = specs
-        check_rank(self.name, "x", x, 4)
-        check_positive(self.name, "x", x)
-        check_dtype(self.name, "x", x, FLOAT_DTYPES)
+        check_tensor(self.name, "x", x, 4, FLOAT_DTYPES)
         kind = attrs.get("kind", "max")
         if kind not in ("max", "avg"):
             raise InvalidInput("pool2d: kind must be 'max' or 'avg'", kind=kind)

@@ -31,7 +31,13 @@ import numpy as np
 from ..errors import InvalidInput
 from ..resize_plan import Target, plan_resize
 from . import _cuda
-from .base import Op, OpPlan, TensorSpec, align, check_dtype, check_positive, check_rank
+from .base import (
+    Op,
+    OpPlan,
+    TensorSpec,
+    align,
+    check_tensor,
+)
 
 GEO_FIELDS = 11  # H, W, pitch, RH, RW, top, left, pad_top, pad_left, window h, window w
 MAX_IMAGES = 4096
@@ -104,9 +110,7 @@ class ResizeCrop(Op):
         target = _target(attrs)
         c = None
         for i, s in enumerate(specs):
-            check_rank(self.name, f"image {i}", s, 3)
-            check_positive(self.name, f"image {i}", s)
-            check_dtype(self.name, f"image {i}", s, ("uint8",))
+            check_tensor(self.name, f"image {i}", s, 3, ("uint8",))
             if s.shape[2] != target.channels:
                 raise InvalidInput(
                     "resize_crop: an image has the wrong channel count",

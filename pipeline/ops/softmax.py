@@ -13,7 +13,13 @@ import numpy as np
 
 from ..errors import InvalidInput
 from . import _cuda
-from .base import FLOAT_DTYPES, Op, OpPlan, TensorSpec, check_dtype, check_positive, check_rank
+from .base import (
+    FLOAT_DTYPES,
+    Op,
+    OpPlan,
+    TensorSpec,
+    check_tensor,
+)
 
 MAX_K = 64
 
@@ -82,9 +88,7 @@ class Softmax(Op):
 
     def _plan(self, specs: tuple[TensorSpec, ...], attrs: dict[str, Any]) -> OpPlan:
         (x,) = specs
-        check_rank(self.name, "x", x, 2)
-        check_positive(self.name, "x", x)
-        check_dtype(self.name, "x", x, FLOAT_DTYPES)
+        check_tensor(self.name, "x", x, 2, FLOAT_DTYPES)
         out = TensorSpec(x.shape, "float32")
         return OpPlan(
             self.name, specs, (out,), 0, flops=x.size * 5, bytes_moved=2 * x.nbytes + out.nbytes
@@ -138,9 +142,7 @@ class TopK(Op):
 
     def _plan(self, specs: tuple[TensorSpec, ...], attrs: dict[str, Any]) -> OpPlan:
         (x,) = specs
-        check_rank(self.name, "x", x, 2)
-        check_positive(self.name, "x", x)
-        check_dtype(self.name, "x", x, FLOAT_DTYPES)
+        check_tensor(self.name, "x", x, 2, FLOAT_DTYPES)
         k = attrs.get("k")
         n, c = x.shape
         if not isinstance(k, int | np.integer) or not 1 <= int(k) <= min(c, MAX_K):
