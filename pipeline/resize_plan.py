@@ -1,6 +1,6 @@
 """The resize plan: how an image of a given size becomes a model's input, worked out from
 its header before any pixel is decoded. Pure arithmetic, shared by the CPU resizer
-(``imaging.fit``, Pillow) and the GPU one (``deployments.preprocess_gpu``, one kernel):
+(``imaging.fit``, Pillow) and the GPU one (``ops.resize_crop``, one kernel for a batch):
 both compute only the output window, reading the source pixels under it, so no aspect
 ratio makes either allocate the whole resized image.
 """
