@@ -27,6 +27,22 @@ template <> __device__ __forceinline__ float tof<__half>(__half v) {{ return __h
 __device__ __forceinline__ T fromf(float v) {{ return static_cast<T>(v); }}
 template <int V> struct alignas(16) VecT {{ T v[V]; }};
 constexpr int VEC = 16 / sizeof(T);
+// the grid-stride loop every elementwise kernel runs over [0, total)
+#define FERRY_FOR(i, total) \
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (total); \
+       i += (long long)gridDim.x * blockDim.x)
+// (n, oh, ow, c) of a flat index into an NHWC tensor [N, OH, OW, C]
+struct NhwcIdx {{ long long n; int oh, ow, c; }};
+__device__ __forceinline__ NhwcIdx nhwc_index(long long i, int OH, int OW, int C) {{
+  NhwcIdx r;
+  r.c = (int)(i % C);
+  long long t = i / C;
+  r.ow = (int)(t % OW);
+  t /= OW;
+  r.oh = (int)(t % OH);
+  r.n = t / OH;
+  return r;
+}}
 """
 
 _CTYPE = {"float16": "__half", "float32": "float"}

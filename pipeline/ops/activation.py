@@ -62,8 +62,7 @@ extern "C" __global__ void epilogue_vec(T* __restrict__ y, const T* __restrict__
     const float* __restrict__ bias, const T* __restrict__ res,
     long long nvec, int C, int has_bias, int has_res, int act, float a, float b) {
   typedef VecT<VEC> V;
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < nvec;
-       i += (long long)gridDim.x * blockDim.x) {
+  FERRY_FOR(i, nvec) {
     V u = reinterpret_cast<const V*>(x)[i];
     V r;
     if (has_res) r = reinterpret_cast<const V*>(res)[i];
@@ -82,8 +81,7 @@ extern "C" __global__ void epilogue_vec(T* __restrict__ y, const T* __restrict__
 extern "C" __global__ void epilogue_scalar(T* __restrict__ y, const T* __restrict__ x,
     const float* __restrict__ bias, const T* __restrict__ res,
     long long n, int C, int has_bias, int has_res, int act, float a, float b) {
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-       i += (long long)gridDim.x * blockDim.x) {
+  FERRY_FOR(i, n) {
     float v = tof(x[i]);
     if (has_bias) v += bias[i % C];
     if (has_res) v += tof(res[i]);

@@ -32,8 +32,7 @@ extern "C" __global__ void binary_bcast(const T* __restrict__ a, const T* __rest
   const long long dd[6] = {d0, d1, d2, d3, d4, d5};
   const long long sa[6] = {a0, a1, a2, a3, a4, a5};
   const long long sb[6] = {b0, b1, b2, b3, b4, b5};
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-       i += (long long)gridDim.x * blockDim.x) {
+  FERRY_FOR(i, total) {
     long long t = i, ia = 0, ib = 0;
     for (int k = 0; k < rank; ++k) {
       long long c = t % dd[k];

@@ -44,8 +44,7 @@ extern "C" __global__ void im2col_vec(const T* __restrict__ x, T* __restrict__ c
   const long long total = rows * KV;
   const V* xv = reinterpret_cast<const V*>(x);
   V* cv_out = reinterpret_cast<V*>(cols);
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-       i += (long long)gridDim.x * blockDim.x) {
+  FERRY_FOR(i, total) {
     int cv = (int)(i % CV);
     long long t = i / CV;
     int kw = (int)(t % KW); t /= KW;
@@ -79,8 +78,7 @@ extern "C" __global__ void im2col_gather(const T* __restrict__ x, T* __restrict_
   const int K = KH * KW * C;
   const int KV = Kp / VEC;
   const long long total = rows * KV;
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-       i += (long long)gridDim.x * blockDim.x) {
+  FERRY_FOR(i, total) {
     int k0 = (int)(i % KV) * VEC;
     long long gr = i / KV + row0;
     int ow = (int)(gr % OW);

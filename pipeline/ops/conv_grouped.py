@@ -43,13 +43,10 @@ extern "C" __global__ void dwconv_nhwc(const T* __restrict__ x, const T* __restr
     const float* __restrict__ bias, const T* __restrict__ res, T* __restrict__ y,
     long long total, int H, int W, int C, int KH, int KW, int SH, int SW, int PT, int PL,
     int DH, int DW, int OH, int OW, int has_res, int act, float a, float b) {
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-       i += (long long)gridDim.x * blockDim.x) {
-    int c = (int)(i % C);
-    long long t = i / C;
-    int ow = (int)(t % OW); t /= OW;
-    int oh = (int)(t % OH);
-    long long n = t / OH;
+  FERRY_FOR(i, total) {
+    const NhwcIdx q = nhwc_index(i, OH, OW, C);
+    const int c = q.c, ow = q.ow, oh = q.oh;
+    const long long n = q.n;
     float acc = 0.f;
     for (int kh = 0; kh < KH; ++kh) {
       int ih = oh * SH - PT + kh * DH;
@@ -73,8 +70,7 @@ extern "C" __global__ void im2col_grouped(const T* __restrict__ x, T* __restrict
   const int Cg = C / G;
   const long long K = (long long)KH * KW * C;
   const long long total = rows * K;
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-       i += (long long)gridDim.x * blockDim.x) {
+  FERRY_FOR(i, total) {
     long long r = i / K;
     int k = (int)(i % K);
     int cg = k % Cg;

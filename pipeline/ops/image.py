@@ -22,8 +22,7 @@ extern "C" __global__ void normalize_u8(const unsigned char* __restrict__ x, T* 
     long long total, int HW, int C, int Cp, int nchw) {
   const float s[4] = {s0, s1, s2, s3};
   const float t[4] = {t0, t1, t2, t3};
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-       i += (long long)gridDim.x * blockDim.x) {
+  FERRY_FOR(i, total) {
     int c; long long p;  // output channel, pixel index n*HW + hw
     if (nchw) { long long q = i / HW; c = (int)(q % Cp); p = (q / Cp) * HW + i % HW; }
     else { c = (int)(i % Cp); p = i / Cp; }

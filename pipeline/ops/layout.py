@@ -27,8 +27,7 @@ extern "C" __global__ void transpose_f32_in(const float* __restrict__ x, T* __re
     long long d3, long long s3, long long d4, long long s4, long long d5, long long s5) {
   const long long dd[6] = {d0, d1, d2, d3, d4, d5};
   const long long ss[6] = {s0, s1, s2, s3, s4, s5};
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-       i += (long long)gridDim.x * blockDim.x) {
+  FERRY_FOR(i, total) {
     long long t = i, src = 0;
     for (int k = 0; k < rank; ++k) { src += (t % dd[k]) * ss[k]; t /= dd[k]; }
     y[i] = fromf(x[src]);
@@ -41,8 +40,7 @@ extern "C" __global__ void transpose_same(const T* __restrict__ x, T* __restrict
     long long d3, long long s3, long long d4, long long s4, long long d5, long long s5) {
   const long long dd[6] = {d0, d1, d2, d3, d4, d5};
   const long long ss[6] = {s0, s1, s2, s3, s4, s5};
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-       i += (long long)gridDim.x * blockDim.x) {
+  FERRY_FOR(i, total) {
     long long t = i, src = 0;
     for (int k = 0; k < rank; ++k) { src += (t % dd[k]) * ss[k]; t /= dd[k]; }
     y[i] = x[src];
@@ -54,8 +52,7 @@ extern "C" __global__ void copy_block(const T* __restrict__ src, T* __restrict__
     long long outer, long long mid, long long inner, long long src_mid, long long src_off,
     long long dst_mid, long long dst_off) {
   const long long total = outer * mid * inner;
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-       i += (long long)gridDim.x * blockDim.x) {
+  FERRY_FOR(i, total) {
     long long k = i % inner;
     long long t = i / inner;
     long long m = t % mid;

@@ -45,8 +45,7 @@ extern "C" __global__ void layer_norm_rows(const T* __restrict__ x, const float*
 
 extern "C" __global__ void channel_affine(const T* __restrict__ x, const float* __restrict__ s,
     const float* __restrict__ t, T* __restrict__ y, long long n, int C, int act, float a, float b) {
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-       i += (long long)gridDim.x * blockDim.x) {
+  FERRY_FOR(i, n) {
     int c = (int)(i % C);
     y[i] = fromf(ferry_act(tof(x[i]) * s[c] + t[c], act, a, b));
   }

@@ -22,8 +22,7 @@ from .pool2d import Pool2d
 SOURCE = r"""
 extern "C" __global__ void gap_nhwc(const T* __restrict__ x, T* __restrict__ y,
     long long total, int HW, int C) {
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-       i += (long long)gridDim.x * blockDim.x) {
+  FERRY_FOR(i, total) {
     int c = (int)(i % C);
     long long n = i / C;
     const T* p = x + n * (long long)HW * C + c;

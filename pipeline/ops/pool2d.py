@@ -34,13 +34,10 @@ SOURCE = r"""
 extern "C" __global__ void pool2d_nhwc(const T* __restrict__ x, T* __restrict__ y,
     long long total, int H, int W, int C, int KH, int KW, int SH, int SW, int PT, int PL,
     int PB, int PR, int OH, int OW, int is_max, int include_pad) {
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-       i += (long long)gridDim.x * blockDim.x) {
-    int c = (int)(i % C);
-    long long t = i / C;
-    int ow = (int)(t % OW); t /= OW;
-    int oh = (int)(t % OH);
-    long long n = t / OH;
+  FERRY_FOR(i, total) {
+    const NhwcIdx q = nhwc_index(i, OH, OW, C);
+    const int c = q.c, ow = q.ow, oh = q.oh;
+    const long long n = q.n;
     int h0 = oh * SH - PT, w0 = ow * SW - PL;
     int h1 = min(h0 + KH, H + PB), w1 = min(w0 + KW, W + PR);
     int padded = (h1 - h0) * (w1 - w0);
@@ -62,8 +59,7 @@ extern "C" __global__ void pool2d_nhwc(const T* __restrict__ x, T* __restrict__ 
 extern "C" __global__ void mean_mid(const T* __restrict__ x, T* __restrict__ y,
     long long outer, long long R, long long inner) {
   const long long total = outer * inner;
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-       i += (long long)gridDim.x * blockDim.x) {
+  FERRY_FOR(i, total) {
     long long k = i % inner, o = i / inner;
     const T* p = x + o * R * inner + k;
     float s = 0.f;

@@ -76,13 +76,10 @@ __device__ __forceinline__ unsigned char aa_sample(const unsigned char* __restri
 extern "C" __global__ void resize_crop_u8(const unsigned long long* __restrict__ srcs,
     const int* __restrict__ geo, const float* __restrict__ scale,
     unsigned char* __restrict__ y, long long total, int OH, int OW, int C) {
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-       i += (long long)gridDim.x * blockDim.x) {
-    int c = (int)(i % C);
-    long long t = i / C;
-    int ox = (int)(t % OW); t /= OW;
-    int oy = (int)(t % OH);
-    long long n = t / OH;
+  FERRY_FOR(i, total) {
+    const NhwcIdx q = nhwc_index(i, OH, OW, C);
+    const int c = q.c, ox = q.ow, oy = q.oh;
+    const long long n = q.n;
     const int* g = geo + n * 11;
     int H = g[0], W = g[1], pitch = g[2], RH = g[3], RW = g[4];
     int wy = oy - g[7], wx = ox - g[8];
