@@ -6,7 +6,7 @@
 
 ``prepare`` plans the resize (``ops.resize_crop``: per-image geometry, the workspace
 table), lays out the host images and the table (``plan.plan_staging``), reserves the
-device bytes from the hard-limited pool (``ResourceExhausted`` at once past its limit) and
+device bytes (in power-of-two size classes, ``size_class``) from the hard-limited pool (``ResourceExhausted`` at once past its limit) and
 takes the pinned slots from the ring (waiting up to ``timeout_s`` for the fits before it
 to hand theirs back, then ``ResourceExhausted``). ``commit`` writes the host bytes into
 the slots, enqueues one copy per slot on the copy stream, makes the compute stream wait
@@ -120,7 +120,7 @@ class GpuFitter:
         the bytes come back when the last view of the batch is dropped, after the work
         the caller marks with ``lease.after`` (the last commit's event)."""
         spec = TensorSpec((n, target.height, target.width, target.channels), "uint8")
-        lease = _Lease(self.pool.reserve(spec.nbytes), self.watcher)
+        lease = _Lease(self.pool.reserve(size_class(spec.nbytes)), self.watcher)
         if not self.backend.is_cuda:
             flat = np.asarray(lease)  # base is the lease
             return flat[: spec.nbytes].reshape(spec.shape), lease
@@ -168,7 +168,7 @@ class GpuFitter:
                 slots=self.ring.slots,
                 slot_bytes=self.ring.slot_bytes,
             )
-        res = self.pool.reserve(staging.nbytes)
+        res = self.pool.reserve(size_class(staging.nbytes))
         slots: list[PinnedSlot] = []
         try:
             for _ in range(staging.slots):
@@ -231,6 +231,14 @@ class GpuFitter:
     def _stage(slots: list[PinnedSlot], st: StagingPlan, offset: int, src: np.ndarray) -> None:
         for k, o, s, n in st.pieces(offset, src.nbytes):
             slots[k].view(o, (n,), np.uint8)[...] = src[s : s + n]
+
+
+def size_class(nbytes: int) -> int:
+    """The bytes reserved for ``nbytes``: the next power of two (4 KiB at least). Fits vary
+    in size call by call, and the pool keeps returned blocks by exact size, so a few size
+    classes are what lets its free lists hand the same blocks out again (at most twice
+    the bytes, never a driver call in the steady state)."""
+    return max(4096, 1 << (max(int(nbytes), 1) - 1).bit_length())
 
 
 def _on_device(img: Any) -> bool:

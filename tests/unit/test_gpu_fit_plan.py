@@ -14,7 +14,7 @@ from pipeline.imaging import fit
 from pipeline.memory import PinnedRing, make_pool
 from pipeline.ops.base import TensorSpec, align, eager
 from pipeline.ops.resize_crop import RESIZE_CROP, table_offsets, target_attrs
-from pipeline.preprocess_gpu.fitter import GpuFitter
+from pipeline.preprocess_gpu.fitter import GpuFitter, size_class
 from pipeline.preprocess_gpu.plan import plan_staging, split_parts
 from pipeline.resize_plan import Target
 
@@ -127,7 +127,7 @@ def test_fitter_prepare_reserves_commit_returns_and_rows_match():
     p = f.prepare(t, imgs, out)
     assert p.staging.slots == 2 and len(p.slots) == 2 and f.ring.available() == 1
     assert f.pool.bytes_in_use == held + p.reservation.nbytes
-    assert p.reservation.nbytes >= p.staging.nbytes
+    assert p.reservation.nbytes == size_class(p.staging.nbytes) >= p.staging.nbytes
     lease.after = f.commit(p)
     assert f.ring.available() == 3 and f.pool.bytes_in_use == held  # back when done
     (want,) = eager(RESIZE_CROP, *imgs, **target_attrs(t))
@@ -182,3 +182,9 @@ def test_fitter_parts_split_a_batch_bigger_than_the_ring():
         row += len(part)
     (want,) = eager(RESIZE_CROP, *imgs[:3], **target_attrs(t))
     np.testing.assert_array_equal(out, want)
+
+
+def test_size_classes_are_powers_of_two_from_4_kib():
+    assert [size_class(n) for n in (0, 1, 4096, 4097, 100_000, 1 << 20)] == [
+        4096, 4096, 4096, 8192, 131072, 1 << 20,
+    ]  # fmt: skip
