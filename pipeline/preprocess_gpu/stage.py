@@ -309,8 +309,8 @@ class PreprocessGpuCore:
 
     def make_and_send(self, model: str, imgs: list[Any], to: dict) -> tuple[Any, list, dict]:
         out, keep, refused = self.batch(model, imgs)
-        if not keep:
-            raise InvalidInput("no image of the call could be fitted", refused=len(refused))
+        if not keep:  # every image refused: nothing to send, each request has its error
+            return None, keep, refused
         with self.stream:  # the send starts when this stream reaches it
             return self._sender(to).send(out, {"model": model}), keep, refused
 
