@@ -451,7 +451,43 @@ def render() -> str:
     rel = load("reliability.json")
     if rel:
         out += ["## Reliability (`reliability.py`)", "", *reliability_section(rel), ""]
+    pa = load("perf_analyzer.json")
+    if pa:
+        out += ["## Triton's perf_analyzer beside loadgen (`bench_perf_analyzer.py`)", ""]
+        out += [*perf_analyzer_section(pa), ""]
     return "\n".join(out)
+
+
+def perf_analyzer_section(pa: dict) -> list[str]:
+    """perf_analyzer.json: both generators' figures for the same v2 requests, and the ratio."""
+    rows = [
+        {
+            "model": r["model"],
+            "conc": r["concurrency"],
+            "pa": r["perf_analyzer"].get("infer_s", "failed"),
+            "pa_p99": r["perf_analyzer"].get("p99_ms", ""),
+            "lg": r["loadgen"]["img_s"],
+            "lg_p99": r["loadgen"]["p99_ms"],
+            "ratio": r["ratio"],
+            "v1": r.get("loadgen_v1_classify", {}).get("img_s", ""),
+        }
+        for r in pa["rows"]
+    ]
+    cols = [
+        ("model", "model"),
+        ("concurrency", "conc"),
+        ("perf_analyzer infer/s", "pa"),
+        ("its p99 ms", "pa_p99"),
+        ("loadgen img/s", "lg"),
+        ("its p99 ms", "lg_p99"),
+        ("ratio", "ratio"),
+        ("loadgen v1 classify img/s", "v1"),
+    ]
+    return [
+        f"{pa['machine']}; {pa['date']}; `{pa['config']}`. {pa['ratio']}; {pa['loadgen']}.",
+        "",
+        md_table(rows, cols),
+    ]
 
 
 def reliability_section(rel: dict) -> list[str]:

@@ -1,0 +1,267 @@
+"""Triton's perf_analyzer against Ferry, beside Ferry's own load generator, same requests,
+same concurrency.
+
+    python benchmarks/bench_perf_analyzer.py [--config serve_config.gpu.yaml]
+        [--concurrency 16,64] [--seconds 4] [--out benchmarks/results/perf_analyzer.json]
+
+Starts the config with ``serve run`` (HAProxy and Serve's throughput-optimized mode, as
+bench_e2e), then for each workload and concurrency runs ``perf_analyzer`` exactly as a
+Triton user would, and ``benchmarks/loadgen.py`` (aiohttp, closed loop) sending the same
+v2 request body:
+
+* ``digits``: ``perf_analyzer -m digits -i http`` with its default random input (one UINT8
+  8x8x1 tensor a request, binary); loadgen posts that request, binary.
+* ``resnet50_encoded``: one JPEG (loadtest's ``chelsea``, 451x300) a request as a BYTES
+  tensor, ``--input-data`` the base64 of the serialised element as Triton documents it;
+  loadgen posts the same binary request. Beside it, loadgen's ``/v1/models/resnet50/classify``
+  with that JPEG as the raw body: Ferry's own route for the same work.
+
+Each row has both figures and ``ratio`` = perf_analyzer's inferences/s over loadgen's. The
+binary: ``$FERRY_PERF_ANALYZER``, else ``~/.cache/perf-analyzer/pa``, else the packed copy
+in ``.pa/`` (``bash scripts/pack_perf_analyzer.sh``: xz'd, with libcudart and libb64)
+unpacked to /tmp.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import csv
+import json
+import lzma
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from benchmarks import loadgen  # noqa: E402
+from benchmarks.bench_e2e import FERRY_ENV, commit  # noqa: E402
+from benchmarks.common import machine, today, write_json  # noqa: E402
+from loadtest.corpus import corpus  # noqa: E402
+from loadtest.run import start_app, stop_app, venv_bin, wait_ok  # noqa: E402
+
+HOST = "127.0.0.1:8000"
+BASE = f"http://{HOST}"
+
+
+def perf_analyzer() -> str:
+    """The perf_analyzer command: installed, or unpacked from ``.pa/``."""
+    for p in (
+        os.environ.get("FERRY_PERF_ANALYZER"),
+        os.path.expanduser("~/.cache/perf-analyzer/pa"),
+    ):
+        if p and os.access(p, os.X_OK):
+            return p
+    packed = os.path.join(ROOT, ".pa")
+    if not os.path.exists(os.path.join(packed, "perf_analyzer.xz")):
+        raise SystemExit(
+            "no perf_analyzer: set FERRY_PERF_ANALYZER or run scripts/pack_perf_analyzer.sh"
+        )
+    to = os.path.join(tempfile.gettempdir(), "ferry-pa")
+    os.makedirs(os.path.join(to, "lib"), exist_ok=True)
+    for name in os.listdir(packed) + [
+        os.path.join("lib", n) for n in os.listdir(os.path.join(packed, "lib"))
+    ]:
+        src = os.path.join(packed, name)
+        if os.path.isfile(src):
+            dst = os.path.join(to, name[:-3] if name.endswith(".xz") else name)
+            with (
+                (lzma.open if name.endswith(".xz") else open)(src, "rb") as f,
+                open(dst, "wb") as g,
+            ):
+                shutil.copyfileobj(f, g)
+    os.chmod(os.path.join(to, "perf_analyzer"), 0o755)
+    wrapper = os.path.join(to, "pa")
+    with open(wrapper, "w") as f:
+        f.write(
+            f"#!/usr/bin/env bash\nLD_LIBRARY_PATH={to}/lib${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}} "
+            f'exec {to}/perf_analyzer "$@"\n'
+        )
+    os.chmod(wrapper, 0o755)
+    return wrapper
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """The app this run started, its Ray, and the HAProxy it left on port 8000 (by pid)."""
+    stop_app(proc, timeout=45)
+    subprocess.run([venv_bin("ray"), "stop", "--force"], capture_output=True, timeout=60)
+    try:
+        r = subprocess.run(["ss", "-ltnpH", "sport = :8000"], capture_output=True, text=True)
+    except OSError:  # no ss here: nothing to find
+        return
+    for pid in {int(p) for p in re.findall(r"pid=(\d+)", r.stdout)}:
+        os.kill(pid, signal.SIGTERM)
+
+
+def v2_body(
+    inputs: list[dict[str, Any]], blobs: list[bytes], outputs: list[str]
+) -> tuple[bytes, int]:
+    """A binary-extension request: JSON header, then each input's bytes."""
+    for t, b in zip(inputs, blobs, strict=True):
+        t["parameters"] = {"binary_data_size": len(b)}
+    head = json.dumps(
+        {
+            "inputs": inputs,
+            "outputs": [{"name": o, "parameters": {"binary_data": True}} for o in outputs],
+        }
+    ).encode()
+    return head + b"".join(blobs), len(head)
+
+
+def run_pa(
+    pa: str, model: str, n: int, args: argparse.Namespace, extra: list[str], tmp: str
+) -> dict[str, Any]:
+    out = os.path.join(tmp, f"{model}_{n}.csv")
+    cmd = [pa, "-m", model, "-u", HOST, "-i", "http", "--concurrency-range", str(n)]
+    cmd += [
+        "-p",
+        str(int(args.pa_window_ms)),
+        "-s",
+        str(args.pa_stability),
+        "-r",
+        "8",
+        "-f",
+        out,
+        *extra,
+    ]
+    t0 = time.time()
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if r.returncode != 0 or not os.path.exists(out):
+        return {"error": (r.stdout[-800:] + r.stderr[-800:]).strip(), "command": " ".join(cmd[1:])}
+    (row,) = list(csv.DictReader(open(out)))
+    return {
+        "infer_s": round(float(row["Inferences/Second"]), 1),
+        "p50_ms": round(float(row["p50 latency"]) / 1e3, 2),
+        "p99_ms": round(float(row["p99 latency"]) / 1e3, 2),
+        "server_queue_ms": round(float(row["Server Queue"]) / 1e3, 3),
+        "server_compute_infer_ms": round(float(row["Server Compute Infer"]) / 1e3, 3),
+        "wall_s": round(time.time() - t0, 1),
+        "command": " ".join(["perf_analyzer", *cmd[1:]]).replace(tmp + "/", ""),
+    }
+
+
+def run_loadgen(
+    url: str, body: bytes, ct: str, n: int, args: argparse.Namespace, hl: int | None
+) -> dict[str, Any]:
+    headers = {"inference-header-content-length": str(hl)} if hl is not None else None
+    r = loadgen.run(url, body, ct, n, args.seconds, warmup=1.0, extra_headers=headers)
+    return {k: r[k] for k in ("img_s", "p50_ms", "p99_ms", "errors", "loadgen_procs")}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--config", default="serve_config.gpu.yaml")
+    ap.add_argument("--concurrency", default="16,64")
+    ap.add_argument("--seconds", type=float, default=4.0, help="loadgen's measured seconds a level")
+    ap.add_argument("--pa-window-ms", type=float, default=2000, help="perf_analyzer's -p")
+    ap.add_argument("--pa-stability", type=int, default=25, help="perf_analyzer's -s (percent)")
+    ap.add_argument("--no-haproxy", action="store_true", help="Serve's default proxy")
+    ap.add_argument("--workloads", default="digits,resnet50_encoded")
+    ap.add_argument("--out", default="benchmarks/results/perf_analyzer.json")
+    args = ap.parse_args()
+    pa = perf_analyzer()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    jpeg = corpus("chelsea").bodies[0]
+    digits = np.random.default_rng(0).integers(0, 256, 64, dtype=np.uint8).tobytes()
+    tmp = tempfile.mkdtemp(prefix="bench_pa_")
+    element = len(jpeg).to_bytes(4, "little") + jpeg  # a BYTES element, serialised
+    with open(os.path.join(tmp, "jpeg.json"), "w") as f:
+        json.dump({"data": [{"image_bytes": {"b64": base64.b64encode(element).decode()}}]}, f)
+    work = {
+        "digits": (
+            [],
+            v2_body(
+                [{"name": "image", "shape": [1, 8, 8, 1], "datatype": "UINT8"}],
+                [digits],
+                ["logits", "probabilities"],
+            ),
+        ),
+        "resnet50_encoded": (
+            ["--input-data", os.path.join(tmp, "jpeg.json")],
+            v2_body(
+                [{"name": "image_bytes", "shape": [1, 1], "datatype": "BYTES"}],
+                [element],
+                ["logits", "probabilities"],
+            ),
+        ),
+    }
+    log = os.path.join(tmp, "serve.log")
+    t0 = time.time()
+    proc = start_app(os.path.join(ROOT, args.config), log, {} if args.no_haproxy else FERRY_ENV)
+    rows: list[dict[str, Any]] = []
+    try:
+        up = wait_ok(
+            f"{BASE}/v1/models/resnet50/classify",
+            600,
+            proc,
+            jpeg,
+            {"content-type": "image/jpeg"},
+            10,
+        )
+        if not up:
+            print(open(log).read()[-3000:])
+            return 1
+        startup = round(time.time() - t0, 1)
+        print(f"up in {startup} s", flush=True)
+        for name in args.workloads.split(","):
+            extra, (body, hl) = work[name]
+            url = f"{BASE}/v2/models/{name}/infer"
+            loadgen.run(
+                url,
+                body,
+                "application/octet-stream",
+                16,
+                2,
+                warmup=0.5,
+                extra_headers={"inference-header-content-length": str(hl)},
+            )
+            for n in levels:
+                row: dict[str, Any] = {"model": name, "concurrency": n}
+                row["perf_analyzer"] = run_pa(pa, name, n, args, extra, tmp)
+                row["loadgen"] = run_loadgen(url, body, "application/octet-stream", n, args, hl)
+                if name == "resnet50_encoded":  # Ferry's own route, the same JPEG
+                    row["loadgen_v1_classify"] = run_loadgen(
+                        f"{BASE}/v1/models/resnet50/classify", jpeg, "image/jpeg", n, args, None
+                    )
+                got, ours = row["perf_analyzer"].get("infer_s"), row["loadgen"]["img_s"]
+                row["ratio"] = round(got / ours, 3) if got and ours else None
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    finally:
+        stop(proc)
+    write_json(
+        args.out,
+        {
+            "benchmark": "perf_analyzer against Ferry beside Ferry's loadgen, same v2 requests",
+            "date": today(),
+            "commit": commit(),
+            "machine": machine(),
+            "config": args.config,
+            "startup_s": startup,
+            "perf_analyzer": "tritonclient 2.34.0's binary, HTTP, closed loop at each concurrency",
+            "loadgen": "benchmarks/loadgen.py (aiohttp), closed loop, the same request body",
+            "ratio": "perf_analyzer inferences/s over loadgen img/s (1 image a request)",
+            "rows": rows,
+        },
+    )
+    from benchmarks.report import perf_analyzer_section
+
+    print("\n".join(perf_analyzer_section(json.load(open(args.out)))))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
