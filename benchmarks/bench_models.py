@@ -1,21 +1,28 @@
 """Models benchmark: the 13 torchvision classifiers (random weights, randomised batch norms) at
-batch 1, 32 and 128, fp16 on one GPU, from host uint8 batches, three batches in flight.
+batch 1, 32 and 128, fp16 on one GPU, from pinned host uint8 batches, three batches in flight.
 
-Systems (rows ``{"model", "batch", "system", "img_s", "top1_agree"}``):
+Systems (rows ``{"model", "batch", "system", "img_s", "top1_agree", "spread"}``):
 
 * ``ferry_torch``   -- Ferry's executor with the torch engine: torch.compile (default mode,
-  freezing) in Ferry's CUDA graphs on Ferry's streams, fed from Ferry's pinned ring.
-* ``torch_compile`` -- the same compiled module (the very kernels ferry_torch runs: it is
-  compiled once per model and batch and shared) in torch's own CUDA graphs, one per stream,
-  3 streams, each fed from its own pinned uint8 buffer: the harness every torch peer gets.
+  freezing) in Ferry's CUDA graphs on Ferry's streams (3 compute streams, one per in-flight
+  arena), fed from Ferry's pinned ring.
+* ``torch_compile`` -- the same compiled function (the very kernels ferry_torch runs: one
+  compile per model and batch, shared) in torch's own CUDA graphs, one per stream, 3
+  streams, each fed from its own pinned uint8 buffer.
 * ``torch_eager``   -- the module in fp16 channels-last, eager, same 3-stream harness.
 * ``ferry_native``  -- Ferry's own op graph, where a native build exists (resnet50).
 * ``ferry_onnx``    -- the onnx engine on the model exported with torch.onnx (opt-in).
 
+Every harness (``bench_models_harness.py``) is driven by one thread with 3 batches out.
 ``top1_agree`` is the share of real photos (loadtest.corpus, through Ferry's CPU image
-path) whose top-1 equals torch fp32's. torch.compile takes ~10-20 s per model and batch, so
-the whole matrix takes longer than one 10-minute command on an H200: restrict it with
-``--models``/``--batches`` and add to the same JSON (``--merge``, the default).
+path) whose top-1 equals torch fp32's.
+
+Cost: torch.compile takes ~10-40 s per model and batch. With ``--jobs N`` (default: all
+models at once) each model gets its own process: the processes build and compile in
+parallel (the CPU cores), then each times its systems in turn while the others wait idle
+(nothing else runs on the GPU or the cores during a timed window). ``--diagnose`` adds, for
+the first model, the harness and executor variants that explain the ratio (``diagnostics``
+in the JSON). Results merge into the JSON (``--no-merge`` replaces it).
 
     python benchmarks/bench_models.py --models resnet50,mobilenet_v3_large --batches 1,32,128
 """
@@ -23,68 +30,37 @@ the whole matrix takes longer than one 10-minute command on an H200: restrict it
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
-from collections import deque
 from typing import Any
-
-import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks import bench_models_harness as H  # noqa: E402
 from benchmarks.common import machine, table, today, write_json  # noqa: E402
 from benchmarks.model_zoo import MODELS, make, normalised, photo_pixels  # noqa: E402
 
 SYSTEMS = ("ferry_torch", "torch_compile", "torch_eager", "ferry_native")
 OPTIONAL = ("ferry_onnx",)
 NATIVE = {"resnet50"}  # architectures Ferry builds natively
-IN_FLIGHT = 3
+COLS = ["model", "batch", "system", "img_s", "top1_agree", "spread"]
 
 
-def _timed(step: Any, drain: Any, batch: int, seconds: float) -> float:
-    """img/s of ``step()`` (enqueues one batch, keeps ``IN_FLIGHT`` out) over ``seconds``."""
-    t_end = time.perf_counter() + 0.3
-    while time.perf_counter() < t_end:
-        step()
-    drain()
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        step()
-        n += 1
-    drain()
-    return n * batch / (time.perf_counter() - t0)
-
-
-def _agree(top1: np.ndarray, ref: np.ndarray) -> float:
-    return round(float((top1 == ref).mean()), 4)
-
-
-def _chunks(u8: np.ndarray, b: int) -> list[np.ndarray]:
-    """The photos in batches of exactly ``b`` (the last padded with the first photos)."""
-    n = -(-len(u8) // b) * b
-    padded = np.concatenate([u8, u8[np.arange(n - len(u8)) % len(u8)]])
-    return [padded[i : i + b] for i in range(0, n, b)]
-
-
-# ----------------------------------------------------------------------------- Ferry
-
-
-COMPUTE_STREAMS = [1]  # Ferry's compute streams (--compute-streams; the executor's default 1)
-
-
-def ferry_executor(entry: Any, batch: int) -> Any:
+def ferry_executor(entry: Any, batches: list[int], compute_streams: int) -> Any:
     from pipeline.config import ExecutorConfig
     from pipeline.executor import GpuExecutor
 
     ex = GpuExecutor(
         ExecutorConfig(
             backend="cupy",
-            buckets=(batch,),
-            max_in_flight=IN_FLIGHT,
-            compute_streams=COMPUTE_STREAMS[0],
-            pool_limit_fraction=0.5,
+            buckets=tuple(sorted(batches)),
+            max_in_flight=H.IN_FLIGHT,
+            compute_streams=compute_streams,
+            pool_limit_fraction=0.4,
         )
     )
     if hasattr(entry, "engine") and hasattr(entry, "graph"):  # a LoadedModel (native)
@@ -95,179 +71,214 @@ def ferry_executor(entry: Any, batch: int) -> Any:
     return ex
 
 
-def run_ferry(ex: Any, name: str, batch: int, u8: np.ndarray, ref: np.ndarray, seconds: float):
-    """Batches go in as the inference stage sends them: prepare + commit (the copy into the
-    pinned slot included) from a pool of submit threads, ``IN_FLIGHT`` batches out."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    x = np.random.default_rng(0).integers(0, 256, (batch, 224, 224, 3), dtype=np.uint8)
-    out: deque = deque()
-    pool = ThreadPoolExecutor(IN_FLIGHT, thread_name_prefix="bench-submit")
-
-    def step() -> None:
-        if len(out) >= IN_FLIGHT:
-            out.popleft().result().wait(60)
-        out.append(pool.submit(lambda: ex.commit(ex.prepare(name, batch), x)))
-
-    def drain() -> None:
-        while out:
-            out.popleft().result().wait(60)
-
-    img_s = _timed(step, drain, batch, seconds)
-    pool.shutdown()
-    top = [ex.infer(name, c).argmax(1) for c in _chunks(u8, batch)]
-    return img_s, _agree(np.concatenate(top)[: len(u8)], ref)
-
-
-# ----------------------------------------------------------------------------- torch peers
-
-
-def torch_harness(fn: Any, batch: int, seconds: float, graphs: bool, u8: np.ndarray, ref):
-    """3 streams, each with a pinned uint8 buffer, a device input and (``graphs``) a CUDA graph
-    of copy-normalise-model; batches round-robin, one in flight per stream."""
-    import torch
-
-    dev = torch.device("cuda")
-    streams = [torch.cuda.Stream() for _ in range(IN_FLIGHT)]
-    rng = np.random.default_rng(0)
-    host = [
-        torch.from_numpy(rng.integers(0, 256, (batch, 224, 224, 3), dtype=np.uint8)).pin_memory()
-        for _ in streams
-    ]
-    dev_in = [torch.empty_like(h, device=dev) for h in host]
-    outs, replays = [], []
-    with torch.inference_mode():
-        for k, s in enumerate(streams):
-            with torch.cuda.stream(s):
-                dev_in[k].copy_(host[k], non_blocking=True)
-                y = fn(dev_in[k]).float()
-            torch.cuda.synchronize()
-            if graphs:
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, stream=s, capture_error_mode="thread_local"):
-                    y = fn(dev_in[k]).float()
-                replays.append(g.replay)
-            else:
-                replays.append(lambda k=k: outs[k].copy_(fn(dev_in[k]).float()))
-            outs.append(y)
-    out_host = [torch.empty(o.shape, dtype=o.dtype).pin_memory() for o in outs]
-    events = [torch.cuda.Event() for _ in streams]
-    state = {"i": 0}
-
-    def step() -> None:
-        k = state["i"] % IN_FLIGHT
-        state["i"] += 1
-        events[k].synchronize()
-        with torch.inference_mode(), torch.cuda.stream(streams[k]):
-            dev_in[k].copy_(host[k], non_blocking=True)
-            replays[k]()
-            out_host[k].copy_(outs[k], non_blocking=True)
-            events[k].record()
-
-    def drain() -> None:
-        torch.cuda.synchronize()
-
-    img_s = _timed(step, drain, batch, seconds)
-    top = []
-    with torch.inference_mode():
-        for c in _chunks(u8, batch):
-            top.append(fn(torch.from_numpy(c).to(dev)).argmax(1).cpu().numpy())
-    return img_s, _agree(np.concatenate(top)[: len(u8)], ref)
-
-
-def eager_fn(model: Any) -> Any:
-    import torch
-
-    m = model.half().to(memory_format=torch.channels_last).eval()
-    mean = torch.tensor([v * 255 for v in (0.485, 0.456, 0.406)], device="cuda").view(1, 3, 1, 1)
-    scale = torch.tensor([1 / (v * 255) for v in (0.229, 0.224, 0.225)], device="cuda").view(
-        1, 3, 1, 1
-    )
-
-    def fn(x: Any) -> Any:
-        y = ((x.permute(0, 3, 1, 2).float() - mean) * scale).half()
-        return m(y.contiguous(memory_format=torch.channels_last))
-
-    return fn
-
-
-# ----------------------------------------------------------------------------- main
-
-
-def bench_model(name: str, batches: list[int], systems: list[str], seconds: float, tmp: str):
-    import torch
-
-    from pipeline.config import ModelConfig
-
-    rows, compile_s = [], {}
-    u8 = photo_pixels(20)
-    model = make(name, device="cuda")
-    with torch.inference_mode():
-        ref = model(torch.from_numpy(normalised(u8)).cuda()).argmax(1).cpu().numpy()
-    sd_path = os.path.join(tmp, f"{name}.pt")
-    torch.save({k: v.cpu() for k, v in model.state_dict().items()}, sd_path)
-    entry = ModelConfig(name=name, engine="torch", source=name, weights=sd_path)
-    for b in batches:
-        shared = None
-        if "ferry_torch" in systems or "torch_compile" in systems:
-            t0 = time.perf_counter()
-            ex = ferry_executor(entry, b)
-            compile_s[f"{name}@{b}"] = round(time.perf_counter() - t0, 1)
-            shared = ex.models[name].engine.fn["image"]
-            if "ferry_torch" in systems:
-                rows.append(_row(name, b, "ferry_torch", *run_ferry(ex, name, b, u8, ref, seconds)))
-            if "torch_compile" in systems:
-                r = torch_harness(shared, b, seconds, True, u8, ref)
-                rows.append(_row(name, b, "torch_compile", *r))
-            ex.close()
-        if "torch_eager" in systems:
-            fn = eager_fn(make(name, device="cuda"))
-            rows.append(
-                _row(name, b, "torch_eager", *torch_harness(fn, b, seconds, False, u8, ref))
-            )
-        if "ferry_native" in systems and name in NATIVE:
-            from pipeline.models import resnet50
-            from pipeline.models.registry import LoadedModel, model_info
-
-            sd = {k: v.cpu().numpy() for k, v in model.state_dict().items()}
-            lm = LoadedModel(name, model_info("resnet50"), resnet50.build(sd, name), False, "zoo")
-            ex = ferry_executor(lm, b)
-            rows.append(_row(name, b, "ferry_native", *run_ferry(ex, name, b, u8, ref, seconds)))
-            ex.close()
-        if "ferry_onnx" in systems:  # the onnx engine (pipeline/engines/onnx.py) on an export
-            path = os.path.join(tmp, f"{name}.onnx")
-            if not os.path.exists(path):
-                x = torch.zeros(1, 3, 224, 224, device="cuda")
-                torch.onnx.export(
-                    model.float(),
-                    (x,),
-                    path,
-                    dynamic_axes={"input": {0: "batch"}},
-                    input_names=["input"],
-                    dynamo=False,
-                )
-            ex = ferry_executor(ModelConfig(name=name, engine="onnx", source=path), b)
-            rows.append(_row(name, b, "ferry_onnx", *run_ferry(ex, name, b, u8, ref, seconds)))
-            ex.close()
-        torch.cuda.empty_cache()
-        print(
-            table(
-                [r for r in rows if r["batch"] == b],
-                ["model", "batch", "system", "img_s", "top1_agree"],
-            ),
-            flush=True,
-        )
-    return rows, compile_s
-
-
-def _row(model: str, batch: int, system: str, img_s: float, agree: float) -> dict:
+def _row(model: str, batch: int, system: str, img_s: float, agree: float, spread: float):
     return {
         "model": model,
         "batch": batch,
         "system": system,
         "img_s": round(img_s, 1),
         "top1_agree": agree,
+        "spread": round(spread, 3),
     }
+
+
+# ----------------------------------------------------------------------------- one model
+
+
+class ModelBench:
+    """Everything of one model built and compiled (``build``), then timed (``time``)."""
+
+    def __init__(self, name: str, batches: list[int], systems: list[str], args: Any) -> None:
+        self.name, self.batches, self.systems, self.args = name, batches, systems, args
+        self.exs: dict[str, Any] = {}
+        self.compile_s: dict[str, float] = {}
+
+    def build(self, tmp: str) -> None:
+        import torch
+
+        from pipeline.config import ModelConfig
+
+        name, systems = self.name, self.systems
+        self.u8 = photo_pixels(20)
+        model = make(name, device="cuda")
+        with torch.inference_mode():
+            x = torch.from_numpy(normalised(self.u8)).cuda()
+            self.ref = model(x).argmax(1).cpu().numpy()
+        sd = {k: v.cpu() for k, v in model.state_dict().items()}
+        if "ferry_torch" in systems or "torch_compile" in systems:
+            sd_path = os.path.join(tmp, f"{name}.pt")
+            torch.save(sd, sd_path)
+            t0 = time.perf_counter()
+            entry = ModelConfig(name=name, engine="torch", source=name, weights=sd_path)
+            self.exs["torch"] = ferry_executor(entry, self.batches, self.args.compute_streams)
+            self.compile_s[name] = round(time.perf_counter() - t0, 1)
+        if "ferry_native" in systems and name in NATIVE:
+            from pipeline.models import resnet50
+            from pipeline.models.registry import LoadedModel, model_info
+
+            npsd = {k: v.numpy() for k, v in sd.items()}
+            lm = LoadedModel(name, model_info("resnet50"), resnet50.build(npsd, name), False, "zoo")
+            self.exs["native"] = ferry_executor(lm, self.batches, self.args.compute_streams)
+        if "ferry_onnx" in systems:
+            path = os.path.join(tmp, f"{name}.onnx")
+            torch.onnx.export(
+                model.float(),
+                (torch.zeros(1, 3, 224, 224, device="cuda"),),
+                path,
+                dynamic_axes={"input": {0: "batch"}},
+                input_names=["input"],
+                dynamo=False,
+            )
+            entry = ModelConfig(name=name, engine="onnx", source=path)
+            self.exs["onnx"] = ferry_executor(entry, self.batches, self.args.compute_streams)
+        self.eager = H.eager_fn(model) if "torch_eager" in systems else None
+        torch.cuda.empty_cache()
+
+    def time(self) -> tuple[list[dict], list[dict]]:
+        import torch
+
+        name, rows, diags = self.name, [], []
+        secs = self.args.seconds
+        ferry = {"torch": "ferry_torch", "native": "ferry_native", "onnx": "ferry_onnx"}
+        for b in self.batches:
+            for kind, system in ferry.items():
+                ex = self.exs.get(kind)
+                if ex is None or system not in self.systems:
+                    continue
+                img_s, spread, facts = H.run_ferry(ex, name, b, secs)
+                agree = H.agree(H.ferry_top1(ex, name, b, self.u8), self.ref)
+                rows.append(_row(name, b, system, img_s, agree, spread))
+                diags.append({"model": name, "batch": b, "system": system, **facts})
+            ex = self.exs.get("torch")
+            if ex is not None and "torch_compile" in self.systems:
+                fn = ex.models[name].engine.fn["image"]
+                img_s, spread = H.torch_harness(fn, b, secs, True)
+                agree = H.agree(H.torch_top1(fn, b, self.u8), self.ref)
+                rows.append(_row(name, b, "torch_compile", img_s, agree, spread))
+            if self.eager is not None:
+                img_s, spread = H.torch_harness(self.eager, b, secs, False)
+                agree = H.agree(H.torch_top1(self.eager, b, self.u8), self.ref)
+                rows.append(_row(name, b, "torch_eager", img_s, agree, spread))
+            if self.args.diagnose and ex is not None:
+                diags += self.diagnose(ex, b)
+            torch.cuda.empty_cache()
+            print(table([r for r in rows if r["batch"] == b], COLS), file=sys.stderr, flush=True)
+        return rows, diags
+
+    def diagnose(self, ex: Any, b: int) -> list[dict]:
+        """What the ratio is made of: the GPU alone on Ferry's graphs, then the harness and
+        executor variants (the earlier round-robin streams, submit threads, the host copy
+        into pinned memory, spinning instead of blocking on the completion event)."""
+        import pipeline.device as device
+
+        name, secs, out = self.name, self.args.seconds, []
+        out.append({"model": name, "batch": b, "variant": "gpu_only"})
+        out[-1].update(H.ferry_graphs_only(ex, name, b))
+        variants = [
+            ("round_robin_streams_pool_copy", dict(staged=False, pool=True), True, False),
+            ("pool_copy", dict(staged=False, pool=True), False, False),
+            ("loop_copy", dict(staged=False), False, False),
+            ("loop_staged_spin", dict(), False, True),
+        ]
+        for label, kw, rr, spin in variants:
+            saved_for, saved_rec = ex.streams.compute_for, device.Stream.record
+            if rr:
+                ex.streams.compute_for = lambda key: ex.streams.next_compute()
+            if spin:
+                device.Stream.record = _spin_record
+            try:
+                img_s, spread, facts = H.run_ferry(ex, name, b, secs, **kw)
+            finally:
+                ex.streams.compute_for, device.Stream.record = saved_for, saved_rec
+            out.append(
+                {"model": name, "batch": b, "variant": label, "img_s": round(img_s, 1)}
+                | {"spread": round(spread, 3), **facts}
+            )
+            print(out[-1], file=sys.stderr, flush=True)
+        return out
+
+    def close(self) -> None:
+        for ex in self.exs.values():
+            ex.close()
+
+
+def _spin_record(self: Any) -> Any:
+    import cupy
+
+    from pipeline.device import COMPLETE, Event
+
+    if self._raw is None:
+        return COMPLETE
+    ev = cupy.cuda.Event(block=False, disable_timing=True)
+    ev.record(self._raw)
+    return Event(ev)
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+def worker(args: Any) -> int:
+    """One model in its own process: build, say READY, wait for GO, time, write the rows."""
+    proto = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # everything else this process prints goes to its log
+    bench = ModelBench(args.worker, _ints(args.batches), args.systems.split(","), args)
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        bench.build(tmp)
+        print(f"{args.worker}: built in {time.perf_counter() - t0:.1f} s", flush=True)
+        proto.write("READY\n")
+        proto.flush()
+        if sys.stdin.readline().strip() != "GO":
+            return 1
+        t0 = time.perf_counter()
+        rows, diags = bench.time()
+        print(f"{args.worker}: timed in {time.perf_counter() - t0:.1f} s", flush=True)
+        with open(args.rows_out, "w") as f:
+            json.dump({"rows": rows, "diagnostics": diags, "compile_s": bench.compile_s}, f)
+        bench.close()
+    return 0
+
+
+def run_models(args: Any, models: list[str], save: Any) -> None:
+    """Waves of ``--jobs`` processes: all build at once, then each times alone in turn."""
+    env = dict(os.environ)
+    if args.jobs > 1:
+        env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "4")  # the processes share the cores
+    with tempfile.TemporaryDirectory() as tmp:
+        for w in range(0, len(models), args.jobs):
+            procs = {}
+            for i, name in enumerate(models[w : w + args.jobs]):
+                cmd = [sys.executable, os.path.abspath(__file__), "--worker", name]
+                cmd += ["--batches", args.batches, "--systems", args.systems]
+                cmd += ["--seconds", str(args.seconds), "--compute-streams"]
+                cmd += [str(args.compute_streams), "--rows-out", f"{tmp}/{name}.json"]
+                cmd += ["--diagnose"] if args.diagnose and w + i == 0 else []
+                log = open(f"{tmp}/{name}.log", "w")
+                procs[name] = (
+                    subprocess.Popen(
+                        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env
+                    ),
+                    log,
+                )
+            t0 = time.perf_counter()
+            ready = {n: p.stdout.readline().strip() == b"READY" for n, (p, _) in procs.items()}
+            print(f"wave built in {time.perf_counter() - t0:.0f} s: {ready}", flush=True)
+            for name, (p, log) in procs.items():
+                if ready[name]:
+                    p.stdin.write(b"GO\n")
+                    p.stdin.flush()
+                p.stdin.close()
+                rc = p.wait()
+                log.close()
+                with open(f"{tmp}/{name}.log") as f:
+                    print(f"----- {name} (rc {rc})\n{f.read()[-6000:]}", flush=True)
+                if rc == 0:
+                    with open(f"{tmp}/{name}.json") as f:
+                        save(json.load(f))
+
+
+def _ints(s: str) -> list[int]:
+    return [int(b) for b in s.split(",") if b]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -277,52 +288,59 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--batches", default="1,32,128")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"of {SYSTEMS + OPTIONAL}")
-    ap.add_argument("--seconds", type=float, default=2.0)
+    ap.add_argument("--seconds", type=float, default=1.2, help="timed seconds per row (3 windows)")
+    ap.add_argument("--jobs", type=int, default=0, help="model processes at once (0: all)")
+    ap.add_argument("--diagnose", action="store_true", help="variants for the first model")
     ap.add_argument(
         "--out", default=os.path.join(os.path.dirname(__file__), "results", "models.json")
     )
     ap.add_argument("--no-merge", action="store_true", help="replace the file instead of adding")
-    ap.add_argument("--compute-streams", type=int, default=1, help="Ferry's compute streams")
+    ap.add_argument("--compute-streams", type=int, default=H.IN_FLIGHT)
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--rows-out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    import json
-
-    COMPUTE_STREAMS[0] = args.compute_streams
-
+    if args.worker:
+        return worker(args)
     models = [m for m in args.models.split(",") if m]
-    batches = [int(b) for b in args.batches.split(",")]
-    systems = args.systems.split(",")
-    old: dict = {"rows": [], "compile_s": {}}
+    args.jobs = args.jobs or len(models)
+    doc: dict = {"rows": [], "compile_s": {}, "diagnostics": []}
     if os.path.exists(args.out) and not args.no_merge:
         with open(args.out) as f:
-            old = json.load(f)
-    rows, compile_s = [], dict(old.get("compile_s", {}))
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in models:
-            r, c = bench_model(name, batches, systems, args.seconds, tmp)
-            rows += r
-            compile_s.update(c)
-    keys = {(r["model"], r["batch"], r["system"]) for r in rows}
-    kept = [r for r in old.get("rows", []) if (r["model"], r["batch"], r["system"]) not in keys]
+            doc = json.load(f)
     order = {m: i for i, m in enumerate(MODELS)}
-    all_rows = sorted(
-        kept + rows, key=lambda r: (order.get(r["model"], 99), r["batch"], r["system"])
-    )
-    write_json(
-        args.out,
-        {
-            "benchmark": "bench_models",
-            "date": today(),
-            "machine": machine(),
-            "setup": "fp16, host uint8 [N,224,224,3] batches, 3 in flight; random weights with "
-            "randomised batch norms; top1_agree against torch fp32 on 20 photos; torch_compile "
-            "shares ferry_torch's compiled module (same kernels), in torch's CUDA graphs on 3 "
-            "streams with pinned inputs; Ferry submits from 3 threads as its inference stage "
-            f"does; Ferry compute streams: {args.compute_streams}",
-            "rows": all_rows,
-            "compile_s": compile_s,
-        },
-    )
-    print(table(all_rows, ["model", "batch", "system", "img_s", "top1_agree"]))
+
+    def save(part: dict) -> None:
+        keys = {(r["model"], r["batch"], r["system"]) for r in part["rows"]}
+        kept = [r for r in doc["rows"] if (r["model"], r["batch"], r["system"]) not in keys]
+        doc["rows"] = sorted(
+            kept + part["rows"], key=lambda r: (order.get(r["model"], 99), r["batch"], r["system"])
+        )
+        rerun = {r["model"] for r in part["rows"]}
+        varied = {d["model"] for d in part["diagnostics"] if "variant" in d}
+        doc["diagnostics"] = [
+            d
+            for d in doc.get("diagnostics", [])
+            if d["model"] not in (varied if "variant" in d else rerun)
+        ] + part["diagnostics"]
+        doc["compile_s"] = {  # per model now (all its batches); drop the old model@batch keys
+            k: v for k, v in doc.get("compile_s", {}).items() if k.split("@")[0] not in rerun
+        }
+        doc.setdefault("compile_s", {}).update(part["compile_s"])
+        doc.update(
+            benchmark="bench_models",
+            date=today(),
+            machine=machine(),
+            setup="fp16, pinned host uint8 [N,224,224,3] batches, 3 in flight from one "
+            "thread for every system; random weights with randomised batch norms; top1_agree "
+            "against torch fp32 on 20 photos; torch_compile shares ferry_torch's compiled "
+            "function (same kernels), in torch's CUDA graphs on 3 streams; Ferry: "
+            f"{args.compute_streams} compute streams, one per in-flight arena; img_s the "
+            f"median of 3 windows over {args.seconds} s, spread (max-min)/median",
+        )
+        write_json(args.out, doc)
+
+    run_models(args, models, save)
+    print(table(doc["rows"], COLS))
     return 0
 
 

@@ -289,11 +289,29 @@ class StreamSet:
         self.compute = [Stream(f"compute{i}", self.backend) for i in range(self.n_compute)]
         self.d2h = Stream("d2h", self.backend)
 
+    _pinned: dict = field(default_factory=dict, init=False)
+
     def next_compute(self) -> Stream:
         with self._lock:
             s = self.compute[self._rr % len(self.compute)]
             self._rr += 1
             return s
+
+    def compute_for(self, key: Any) -> Stream:
+        """The compute stream that ``key`` (an arena) always runs on: streams are handed
+        out round-robin at a key's first sight, then kept. A CUDA graph is captured per
+        arena and stream (it uses that stream's cuBLAS workspace), so a stable pairing means
+        one graph per in-flight arena, all captured at warm-up, while the in-flight arenas
+        still spread over the streams; round-robin per batch paired them anew and kept
+        capturing during serving."""
+        with self._lock:
+            i = self._pinned.get(key)
+            if i is None:
+                if len(self._pinned) >= 4096:  # arenas come from a bounded pool; a guard
+                    self._pinned.clear()
+                i = self._pinned[key] = self._rr % len(self.compute)
+                self._rr += 1
+            return self.compute[i]
 
     def all(self) -> list[Stream]:
         return [self.h2d, *self.compute, self.d2h]

@@ -284,7 +284,7 @@ class GpuExecutor:
         streams = self.streams
         with self._lock:
             self.backend.activate()
-            compute = streams.next_compute()
+            compute = streams.compute_for(p.reservation.ptr)  # one stream per arena
             bound, cuda_graph = self._bound.get(p, compute, self._model(p.model).engine)
             if on_device:  # rows already on this device (GPU preprocessing): d2d copies
                 with compute:

@@ -67,6 +67,15 @@ class PreparedBatch:
     def released(self) -> bool:
         return self._released
 
+    def staging(self) -> np.ndarray | None:
+        """The pinned slot's input rows ``[n, *item]``: a producer may write the batch here
+        and commit this very array, which then skips the host copy into pinned memory
+        (None in naive mode, which has no slot)."""
+        if self.slot is None:
+            return None
+        spec = self.plan.input_spec
+        return self.slot.view(0, spec.shape, spec.dtype)[: self.n]
+
     def __enter__(self) -> PreparedBatch:
         return self
 
@@ -118,7 +127,9 @@ def check_input(p: PreparedBatch, x: Any, backend: Backend) -> np.ndarray | list
 def stage(dst: np.ndarray, x: np.ndarray | list[np.ndarray], n: int) -> None:
     """Copy ``n`` host rows into ``dst`` (a bucket's worth) and zero the padding after
     them; device rows in a list are skipped (the commit copies them on the device)."""
-    if isinstance(x, list):
+    if isinstance(x, np.ndarray) and x.ctypes.data == dst.ctypes.data:
+        pass  # written into the slot by the caller (``PreparedBatch.staging``): no copy
+    elif isinstance(x, list):
         for i, r in enumerate(x):
             if isinstance(r, np.ndarray):  # device rows are copied on the device
                 dst[i] = r

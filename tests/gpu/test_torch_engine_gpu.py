@@ -81,6 +81,43 @@ def test_torch_engine_runs_in_ferrys_graphs_on_ferrys_streams_counted_by_its_poo
     small.close()
 
 
+def test_three_compute_streams_one_graph_per_arena_no_capture_after_warmup(tmp_path):
+    """Each in-flight arena keeps its compute stream: warm-up captures one graph per arena,
+    serving 3 in flight over the 3 streams captures nothing more, and batches staged in the
+    pinned slots (no host copy) answer as a copied batch does."""
+    path, _ = _state_file(tmp_path, "resnet18")
+    entry = ModelConfig(name="r18", engine="torch", source="resnet18", weights=path)
+    ex = GpuExecutor(
+        ExecutorConfig(
+            backend="cupy",
+            buckets=(4,),
+            max_in_flight=3,
+            compute_streams=3,
+            pool_limit_fraction=0.3,
+        )
+    )
+    ex.load_entry(entry)
+    ex.warmup()
+    s = ex.stats()
+    u8 = photo_pixels(4)
+    want = ex.infer("r18", u8)
+    pending = []
+    for _ in range(30):
+        if len(pending) >= 3:
+            np.testing.assert_array_equal(pending.pop(0).wait(30), want)
+        p = ex.prepare("r18", 4)
+        p.staging()[:] = u8
+        pending.append(ex.commit(p, p.staging()))
+    for r in pending:
+        np.testing.assert_array_equal(r.wait(30), want)
+    after = ex.stats()
+    streams = {k[4] for k, (_, g) in ex._bound.items() if g is not None and k[2] == "image"}
+    print(f"captures at warm-up {s['captures']}, after 31 batches {after['captures']}; {streams}")
+    assert after["captures"] == s["captures"] and after["eager_runs"] == s["eager_runs"]
+    assert len(streams) == 3  # the 3 arenas spread over the 3 compute streams
+    ex.close()
+
+
 @pytest.fixture(scope="module")
 def zoo_app(tmp_path_factory):
     import ray

@@ -1,0 +1,227 @@
+"""The timing harnesses of ``bench_models.py``: Ferry's executor and the torch peers, each
+from pinned host uint8 batches with ``IN_FLIGHT`` batches out, driven by one thread.
+
+* ``run_ferry``: prepare + commit in a loop, waiting on the oldest result once
+  ``IN_FLIGHT`` are out. ``staged`` (the default) writes the batch into each pinned slot
+  once and commits the slot's own rows (``PreparedBatch.staging``), as the peers replay from
+  their pinned buffers; unstaged copies a numpy batch into the slot per commit (what a
+  producer without access to the slot pays). ``pool=True`` submits from ``IN_FLIGHT``
+  threads as the inference stage does (the earlier harness; kept for the diagnostics).
+* ``torch_harness``: ``IN_FLIGHT`` torch streams, each with a pinned uint8 buffer, a device
+  input and (``graphs``) a CUDA graph of copy-normalise-model; round-robin, one batch in
+  flight per stream.
+
+Each rate is the median of three timed windows after a short warm-up; ``spread`` is
+(max - min) / median of the three.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+IN_FLIGHT = 3
+WARM_S = 0.25
+
+
+def timed(step: Any, drain: Any, batch: int, seconds: float) -> tuple[float, float]:
+    """(median img/s, spread) of ``step()`` over three windows of ``seconds / 3``."""
+    t_end = time.perf_counter() + WARM_S
+    while time.perf_counter() < t_end:
+        step()
+    drain()
+    rates = []
+    for _ in range(3):
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds / 3:
+            step()
+            n += 1
+        drain()
+        rates.append(n * batch / (time.perf_counter() - t0))
+    rates.sort()
+    return rates[1], (rates[2] - rates[0]) / rates[1]
+
+
+def agree(top1: np.ndarray, ref: np.ndarray) -> float:
+    return round(float((top1 == ref).mean()), 4)
+
+
+def chunks(u8: np.ndarray, b: int) -> list[np.ndarray]:
+    """The photos in batches of exactly ``b`` (the last padded with the first photos)."""
+    n = -(-len(u8) // b) * b
+    padded = np.concatenate([u8, u8[np.arange(n - len(u8)) % len(u8)]])
+    return [padded[i : i + b] for i in range(0, n, b)]
+
+
+def random_batch(batch: int) -> np.ndarray:
+    return np.random.default_rng(0).integers(0, 256, (batch, 224, 224, 3), dtype=np.uint8)
+
+
+def run_ferry(
+    ex: Any, name: str, batch: int, seconds: float, staged: bool = True, pool: bool = False
+) -> tuple[float, float, dict]:
+    """(img/s, spread, facts) of Ferry's executor at ``batch``; facts: captures and eager
+    runs during the timed run (0 once warmed up) and the host time of prepare + commit."""
+    x = random_batch(batch)
+    if staged:  # every slot of the ring gets the batch once; it stays there
+        held = [ex.prepare(name, batch) for _ in range(ex.ring.slots)]
+        for p in held:
+            p.staging()[:] = x
+        for r in [ex.commit(p, p.staging()) for p in held]:
+            r.wait(60)
+    before = ex.stats()
+    out: deque = deque()
+    host = [0.0, 0]
+
+    def submit() -> Any:
+        t0 = time.perf_counter()
+        p = ex.prepare(name, batch)
+        r = ex.commit(p, p.staging() if staged else x)
+        host[0] += time.perf_counter() - t0
+        host[1] += 1
+        return r
+
+    if pool:
+        from concurrent.futures import ThreadPoolExecutor
+
+        workers = ThreadPoolExecutor(IN_FLIGHT, thread_name_prefix="bench-submit")
+
+        def step() -> None:
+            if len(out) >= IN_FLIGHT:
+                out.popleft().result().wait(60)
+            out.append(workers.submit(submit))
+
+        def drain() -> None:
+            while out:
+                out.popleft().result().wait(60)
+    else:
+
+        def step() -> None:
+            if len(out) >= IN_FLIGHT:
+                out.popleft().wait(60)
+            out.append(submit())
+
+        def drain() -> None:
+            while out:
+                out.popleft().wait(60)
+
+    img_s, spread = timed(step, drain, batch, seconds)
+    if pool:
+        workers.shutdown()
+    after = ex.stats()
+    facts = {
+        "captures_timed": after["captures"] - before["captures"],
+        "eager_runs_timed": after["eager_runs"] - before["eager_runs"],
+        "host_us_per_batch": round(1e6 * host[0] / max(host[1], 1), 1),
+    }
+    return img_s, spread, facts
+
+
+def ferry_top1(ex: Any, name: str, batch: int, u8: np.ndarray) -> np.ndarray:
+    top = [ex.infer(name, c).argmax(1) for c in chunks(u8, batch)]
+    return np.concatenate(top)[: len(u8)]
+
+
+def torch_harness(fn: Any, batch: int, seconds: float, graphs: bool) -> tuple[float, float]:
+    import torch
+
+    dev = torch.device("cuda")
+    streams = [torch.cuda.Stream() for _ in range(IN_FLIGHT)]
+    host = [torch.from_numpy(random_batch(batch)).pin_memory() for _ in streams]
+    dev_in = [torch.empty_like(h, device=dev) for h in host]
+    outs, replays = [], []
+    with torch.inference_mode():
+        for k, s in enumerate(streams):
+            with torch.cuda.stream(s):
+                dev_in[k].copy_(host[k], non_blocking=True)
+                y = fn(dev_in[k]).float()
+            torch.cuda.synchronize()
+            if graphs:
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, stream=s, capture_error_mode="thread_local"):
+                    y = fn(dev_in[k]).float()
+                replays.append(g.replay)
+            else:
+                replays.append(lambda k=k: outs[k].copy_(fn(dev_in[k]).float()))
+            outs.append(y)
+    out_host = [torch.empty(o.shape, dtype=o.dtype).pin_memory() for o in outs]
+    events = [torch.cuda.Event() for _ in streams]
+    state = {"i": 0}
+
+    def step() -> None:
+        k = state["i"] % IN_FLIGHT
+        state["i"] += 1
+        events[k].synchronize()
+        with torch.inference_mode(), torch.cuda.stream(streams[k]):
+            dev_in[k].copy_(host[k], non_blocking=True)
+            replays[k]()
+            out_host[k].copy_(outs[k], non_blocking=True)
+            events[k].record()
+
+    return timed(step, torch.cuda.synchronize, batch, seconds)
+
+
+def torch_top1(fn: Any, batch: int, u8: np.ndarray) -> np.ndarray:
+    import torch
+
+    top = []
+    with torch.inference_mode():
+        for c in chunks(u8, batch):
+            top.append(fn(torch.from_numpy(c).to("cuda")).argmax(1).cpu().numpy())
+    return np.concatenate(top)[: len(u8)]
+
+
+def eager_fn(model: Any) -> Any:
+    import torch
+
+    m = model.half().to(memory_format=torch.channels_last).eval()
+    mean = torch.tensor([v * 255 for v in (0.485, 0.456, 0.406)], device="cuda").view(1, 3, 1, 1)
+    scale = torch.tensor([1 / (v * 255) for v in (0.229, 0.224, 0.225)], device="cuda").view(
+        1, 3, 1, 1
+    )
+
+    def fn(x: Any) -> Any:
+        y = ((x.permute(0, 3, 1, 2).float() - mean) * scale).half()
+        return m(y.contiguous(memory_format=torch.channels_last))
+
+    return fn
+
+
+def ferry_graphs_only(ex: Any, name: str, batch: int, reps: int = 60) -> dict:
+    """The GPU alone: Ferry's captured graphs of ``batch`` replayed back to back, one stream
+    (serial) and each on its own stream (as many as are captured), timed with events."""
+    import torch
+
+    streams = {s.name: s for s in ex.streams.compute}
+    graphs = [
+        (streams[k[4]], g)
+        for k, (_, g) in ex._bound.items()
+        if k[0] == name and k[1] == batch and k[2] == "image" and g is not None
+    ]
+    if not graphs:
+        return {}
+    ex.streams.synchronize()
+    s0, g0 = graphs[0]
+    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    ext = torch.cuda.ExternalStream(s0.raw.ptr)
+    t0.record(ext)
+    for _ in range(reps):
+        g0.launch(s0.raw)
+    t1.record(ext)
+    t1.synchronize()
+    serial = reps * batch / (t0.elapsed_time(t1) / 1e3)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(reps):
+        for s, g in graphs:
+            g.launch(s.raw)
+    torch.cuda.synchronize()
+    spread = reps * len(graphs) * batch / (time.perf_counter() - t)
+    return {
+        "graph_serial_img_s": round(serial, 1),
+        "graphs_on_own_streams_img_s": round(spread, 1),
+        "graphs": len(graphs),
+    }
