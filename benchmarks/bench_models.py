@@ -11,7 +11,8 @@ Systems (rows ``{"model", "batch", "system", "img_s", "top1_agree", "spread"}``)
   streams, each fed from its own pinned uint8 buffer.
 * ``torch_eager``   -- the module in fp16 channels-last, eager, same 3-stream harness.
 * ``ferry_native``  -- Ferry's own op graph, where a native build exists (resnet50).
-* ``ferry_onnx``    -- the onnx engine on the model exported with torch.onnx (opt-in).
+* ``ferry_onnx``    -- the onnx engine on the model exported with torch.onnx (opt-in;
+  ``--onnx-models``, resnet50 by default).
 
 Every harness (``bench_models_harness.py``) is driven by one thread with 3 batches out.
 ``top1_agree`` is the share of real photos (loadtest.corpus, through Ferry's CPU image
@@ -119,7 +120,7 @@ class ModelBench:
             npsd = {k: v.numpy() for k, v in sd.items()}
             lm = LoadedModel(name, model_info("resnet50"), resnet50.build(npsd, name), False, "zoo")
             self.exs["native"] = ferry_executor(lm, self.batches, self.args.compute_streams)
-        if "ferry_onnx" in systems:
+        if "ferry_onnx" in systems and name in self.args.onnx_models.split(","):
             path = os.path.join(tmp, f"{name}.onnx")
             torch.onnx.export(
                 model.float(),
@@ -250,7 +251,8 @@ def run_models(args: Any, models: list[str], save: Any) -> None:
             for i, name in enumerate(models[w : w + args.jobs]):
                 cmd = [sys.executable, os.path.abspath(__file__), "--worker", name]
                 cmd += ["--batches", args.batches, "--systems", args.systems]
-                cmd += ["--seconds", str(args.seconds), "--compute-streams"]
+                cmd += ["--seconds", str(args.seconds), "--onnx-models", args.onnx_models]
+                cmd += ["--compute-streams"]
                 cmd += [str(args.compute_streams), "--rows-out", f"{tmp}/{name}.json"]
                 cmd += ["--diagnose"] if args.diagnose and w + i == 0 else []
                 log = open(f"{tmp}/{name}.log", "w")
@@ -289,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default="1,32,128")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"of {SYSTEMS + OPTIONAL}")
     ap.add_argument("--seconds", type=float, default=1.2, help="timed seconds per row (3 windows)")
+    ap.add_argument("--onnx-models", default="resnet50", help="models that get ferry_onnx")
     ap.add_argument("--jobs", type=int, default=0, help="model processes at once (0: all)")
     ap.add_argument("--diagnose", action="store_true", help="variants for the first model")
     ap.add_argument(
