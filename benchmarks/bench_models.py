@@ -163,7 +163,8 @@ class ModelBench:
             if self.args.diagnose and ex is not None:
                 diags += self.diagnose(ex, b)
             torch.cuda.empty_cache()
-            print(table([r for r in rows if r["batch"] == b], COLS), file=sys.stderr, flush=True)
+            if rows:
+                print(table([r for r in rows if r["batch"] == b], COLS), file=sys.stderr)
         return rows, diags
 
     def diagnose(self, ex: Any, b: int) -> list[dict]:
@@ -343,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
         write_json(args.out, doc)
 
     run_models(args, models, save)
-    print(table(doc["rows"], COLS))
+    if doc["rows"]:
+        print(table(doc["rows"], COLS))
     return 0
 
 
