@@ -136,30 +136,36 @@ class ModelBench:
         torch.cuda.empty_cache()
 
     def time(self) -> tuple[list[dict], list[dict]]:
+        """Per batch size, every system's driver is set up, then all are timed window by
+        window in turn (``interleaved``), then each one's top-1 is checked."""
         import torch
 
         name, rows, diags = self.name, [], []
-        secs = self.args.seconds
         ferry = {"torch": "ferry_torch", "native": "ferry_native", "onnx": "ferry_onnx"}
         for b in self.batches:
+            drivers, facts, top1 = {}, {}, {}
             for kind, system in ferry.items():
                 ex = self.exs.get(kind)
-                if ex is None or system not in self.systems:
-                    continue
-                img_s, spread, facts = H.run_ferry(ex, name, b, secs)
-                agree = H.agree(H.ferry_top1(ex, name, b, self.u8), self.ref)
-                rows.append(_row(name, b, system, img_s, agree, spread))
-                diags.append({"model": name, "batch": b, "system": system, **facts})
+                if ex is not None and system in self.systems:
+                    drivers[system], facts[system] = H.ferry_driver(ex, name, b)
+                    top1[system] = lambda ex=ex, b=b: H.ferry_top1(ex, name, b, self.u8)
             ex = self.exs.get("torch")
             if ex is not None and "torch_compile" in self.systems:
                 fn = ex.models[name].engine.fn["image"]
-                img_s, spread = H.torch_harness(fn, b, secs, True)
-                agree = H.agree(H.torch_top1(fn, b, self.u8), self.ref)
-                rows.append(_row(name, b, "torch_compile", img_s, agree, spread))
+                drivers["torch_compile"] = H.torch_driver(fn, b, True)
+                top1["torch_compile"] = lambda fn=fn, b=b: H.torch_top1(fn, b, self.u8)
             if self.eager is not None:
-                img_s, spread = H.torch_harness(self.eager, b, secs, False)
-                agree = H.agree(H.torch_top1(self.eager, b, self.u8), self.ref)
-                rows.append(_row(name, b, "torch_eager", img_s, agree, spread))
+                drivers["torch_eager"] = H.torch_driver(self.eager, b, False)
+                top1["torch_eager"] = lambda b=b: H.torch_top1(self.eager, b, self.u8)
+            rates = H.interleaved(drivers, b, self.args.seconds)
+            for system, (img_s, spread) in rates.items():
+                agree = H.agree(top1[system](), self.ref)
+                rows.append(_row(name, b, system, img_s, agree, spread))
+            for system, f in facts.items():
+                diags.append({"model": name, "batch": b, "system": system, **f()})
+            for d in drivers.values():
+                d.close()
+            del drivers, top1
             if self.args.diagnose and ex is not None:
                 diags += self.diagnose(ex, b)
             torch.cuda.empty_cache()
@@ -189,7 +195,10 @@ class ModelBench:
             if spin:
                 device.Stream.record = _spin_record
             try:
-                img_s, spread, facts = H.run_ferry(ex, name, b, secs, **kw)
+                d, facts_of = H.ferry_driver(ex, name, b, **kw)
+                img_s, spread = H.timed(d, b, secs)
+                d.close()
+                facts = facts_of()
             finally:
                 ex.streams.compute_for, device.Stream.record = saved_for, saved_rec
             out.append(
@@ -339,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
             "against torch fp32 on 20 photos; torch_compile shares ferry_torch's compiled "
             "function (same kernels), in torch's CUDA graphs on 3 streams; Ferry: "
             f"{args.compute_streams} compute streams, one per in-flight arena; img_s the "
-            f"median of 3 windows over {args.seconds} s, spread (max-min)/median",
+            f"median of 3 windows over {args.seconds} s, the systems of a batch size "
+            "timed window by window in turn; spread (max-min)/median",
         )
         write_json(args.out, doc)
 

@@ -1,17 +1,18 @@
 """The timing harnesses of ``bench_models.py``: Ferry's executor and the torch peers, each
 from pinned host uint8 batches with ``IN_FLIGHT`` batches out, driven by one thread.
 
-* ``run_ferry``: prepare + commit in a loop, waiting on the oldest result once
+* ``ferry_driver``: prepare + commit in a loop, waiting on the oldest result once
   ``IN_FLIGHT`` are out. ``staged`` (the default) writes the batch into each pinned slot
   once and commits the slot's own rows (``PreparedBatch.staging``), as the peers replay from
   their pinned buffers; unstaged copies a numpy batch into the slot per commit (what a
   producer without access to the slot pays). ``pool=True`` submits from ``IN_FLIGHT``
   threads as the inference stage does (the earlier harness; kept for the diagnostics).
-* ``torch_harness``: ``IN_FLIGHT`` torch streams, each with a pinned uint8 buffer, a device
+* ``torch_driver``: ``IN_FLIGHT`` torch streams, each with a pinned uint8 buffer, a device
   input and (``graphs``) a CUDA graph of copy-normalise-model; round-robin, one batch in
   flight per stream.
 
-Each rate is the median of three timed windows after a short warm-up; ``spread`` is
+``interleaved`` times several systems at one batch size window by window in turn: each
+rate is the median of its three windows after a short warm-up; ``spread`` is
 (max - min) / median of the three.
 """
 
@@ -27,22 +28,43 @@ IN_FLIGHT = 3
 WARM_S = 0.25
 
 
-def timed(step: Any, drain: Any, batch: int, seconds: float) -> tuple[float, float]:
-    """(median img/s, spread) of ``step()`` over three windows of ``seconds / 3``."""
-    t_end = time.perf_counter() + WARM_S
-    while time.perf_counter() < t_end:
-        step()
-    drain()
-    rates = []
-    for _ in range(3):
-        n, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < seconds / 3:
-            step()
-            n += 1
-        drain()
-        rates.append(n * batch / (time.perf_counter() - t0))
-    rates.sort()
-    return rates[1], (rates[2] - rates[0]) / rates[1]
+class Driver:
+    """One system's loop: ``step()`` enqueues a batch (waiting on the oldest once
+    ``IN_FLIGHT`` are out), ``drain()`` waits for all, ``close()`` tidies up."""
+
+    def __init__(self, step: Any, drain: Any, close: Any = None) -> None:
+        self.step, self.drain, self.close = step, drain, close or (lambda: None)
+
+
+def interleaved(drivers: dict[str, Driver], batch: int, seconds: float) -> dict:
+    """{name: (median img/s, spread)}: each driver warmed up, then three rounds in which
+    every driver runs one window of ``seconds / 3`` in turn (the order rotating), so a
+    drift of the GPU's clocks falls on every system alike."""
+    names = list(drivers)
+    for d in drivers.values():
+        t_end = time.perf_counter() + WARM_S
+        while time.perf_counter() < t_end:
+            d.step()
+        d.drain()
+    rates: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(3):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            d = drivers[name]
+            n, t0 = 0, time.perf_counter()
+            while time.perf_counter() - t0 < seconds / 3:
+                d.step()
+                n += 1
+            d.drain()
+            rates[name].append(n * batch / (time.perf_counter() - t0))
+    out = {}
+    for name, rs in rates.items():
+        rs.sort()
+        out[name] = (rs[1], (rs[2] - rs[0]) / rs[1])
+    return out
+
+
+def timed(d: Driver, batch: int, seconds: float) -> tuple[float, float]:
+    return interleaved({"one": d}, batch, seconds)["one"]
 
 
 def agree(top1: np.ndarray, ref: np.ndarray) -> float:
@@ -60,11 +82,12 @@ def random_batch(batch: int) -> np.ndarray:
     return np.random.default_rng(0).integers(0, 256, (batch, 224, 224, 3), dtype=np.uint8)
 
 
-def run_ferry(
-    ex: Any, name: str, batch: int, seconds: float, staged: bool = True, pool: bool = False
-) -> tuple[float, float, dict]:
-    """(img/s, spread, facts) of Ferry's executor at ``batch``; facts: captures and eager
-    runs during the timed run (0 once warmed up) and the host time of prepare + commit."""
+def ferry_driver(
+    ex: Any, name: str, batch: int, staged: bool = True, pool: bool = False
+) -> tuple[Driver, Any]:
+    """Ferry's executor at ``batch``, and a function of the facts of the run so far: the
+    captures and eager runs since the start (0 once warmed up) and the host time of
+    prepare + commit per batch."""
     x = random_batch(batch)
     if staged:  # every slot of the ring gets the batch once; it stays there
         held = [ex.prepare(name, batch) for _ in range(ex.ring.slots)]
@@ -84,20 +107,15 @@ def run_ferry(
         host[1] += 1
         return r
 
-    if pool:
-        from concurrent.futures import ThreadPoolExecutor
+    def facts() -> dict:
+        after = ex.stats()
+        return {
+            "captures_timed": after["captures"] - before["captures"],
+            "eager_runs_timed": after["eager_runs"] - before["eager_runs"],
+            "host_us_per_batch": round(1e6 * host[0] / max(host[1], 1), 1),
+        }
 
-        workers = ThreadPoolExecutor(IN_FLIGHT, thread_name_prefix="bench-submit")
-
-        def step() -> None:
-            if len(out) >= IN_FLIGHT:
-                out.popleft().result().wait(60)
-            out.append(workers.submit(submit))
-
-        def drain() -> None:
-            while out:
-                out.popleft().result().wait(60)
-    else:
+    if not pool:
 
         def step() -> None:
             if len(out) >= IN_FLIGHT:
@@ -108,16 +126,21 @@ def run_ferry(
             while out:
                 out.popleft().wait(60)
 
-    img_s, spread = timed(step, drain, batch, seconds)
-    if pool:
-        workers.shutdown()
-    after = ex.stats()
-    facts = {
-        "captures_timed": after["captures"] - before["captures"],
-        "eager_runs_timed": after["eager_runs"] - before["eager_runs"],
-        "host_us_per_batch": round(1e6 * host[0] / max(host[1], 1), 1),
-    }
-    return img_s, spread, facts
+        return Driver(step, drain), facts
+    from concurrent.futures import ThreadPoolExecutor
+
+    workers = ThreadPoolExecutor(IN_FLIGHT, thread_name_prefix="bench-submit")
+
+    def pstep() -> None:
+        if len(out) >= IN_FLIGHT:
+            out.popleft().result().wait(60)
+        out.append(workers.submit(submit))
+
+    def pdrain() -> None:
+        while out:
+            out.popleft().result().wait(60)
+
+    return Driver(pstep, pdrain, workers.shutdown), facts
 
 
 def ferry_top1(ex: Any, name: str, batch: int, u8: np.ndarray) -> np.ndarray:
@@ -125,7 +148,7 @@ def ferry_top1(ex: Any, name: str, batch: int, u8: np.ndarray) -> np.ndarray:
     return np.concatenate(top)[: len(u8)]
 
 
-def torch_harness(fn: Any, batch: int, seconds: float, graphs: bool) -> tuple[float, float]:
+def torch_driver(fn: Any, batch: int, graphs: bool) -> Driver:
     import torch
 
     dev = torch.device("cuda")
@@ -161,7 +184,7 @@ def torch_harness(fn: Any, batch: int, seconds: float, graphs: bool) -> tuple[fl
             out_host[k].copy_(outs[k], non_blocking=True)
             events[k].record()
 
-    return timed(step, torch.cuda.synchronize, batch, seconds)
+    return Driver(step, torch.cuda.synchronize)
 
 
 def torch_top1(fn: Any, batch: int, u8: np.ndarray) -> np.ndarray:
