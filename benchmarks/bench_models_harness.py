@@ -221,7 +221,7 @@ def ferry_graphs_only(ex: Any, name: str, batch: int, reps: int = 60) -> dict:
     streams = {s.name: s for s in ex.streams.compute}
     graphs = [
         (streams[k[4]], g)
-        for k, (_, g) in ex._bound.items()
+        for k, (_, g) in getattr(ex._bound, "_bound", ex._bound).items()
         if k[0] == name and k[1] == batch and k[2] == "image" and g is not None
     ]
     if not graphs:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pipeline import executor as executor_mod
 from pipeline.config import ExecutorConfig
 from pipeline.device import Backend, StreamSet
-from pipeline import executor as executor_mod
 from pipeline.executor import GpuExecutor
 from pipeline.models import digits
 
