@@ -100,3 +100,54 @@ def test_a_burst_of_256_clients_is_answered_without_errors(shipped):
     ]
     sizes = [r.json()["batch_size"] for r in rs]
     assert max(sizes) > 1  # the burst rode in shared GPU batches
+
+
+def test_1024_jpegs_as_v2_bytes_decode_on_the_gpu_as_classify_does(shipped):
+    """resnet50_encoded: one request of 1,024 JPEG files (BYTES, binary extension: 4-byte
+    little-endian length + file), decoded by the GPU preprocess path of /v1 classify."""
+    import json
+
+    import httpx
+    import skimage.data
+
+    from pipeline.imaging import encode_jpeg
+
+    rng = np.random.default_rng(1)
+    base = skimage.data.chelsea()
+    files = [
+        encode_jpeg(base[y : y + 96, x : x + 128])
+        for y, x in zip(rng.integers(0, 200, 1024), rng.integers(0, 320, 1024), strict=True)
+    ]
+    data = b"".join(len(f).to_bytes(4, "little") + f for f in files)
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "image_bytes",
+                    "shape": [len(files), 1],
+                    "datatype": "BYTES",
+                    "parameters": {"binary_data_size": len(data)},
+                }
+            ],
+            "outputs": [{"name": "probabilities"}],
+        }
+    ).encode()
+    r = httpx.post(
+        URL + "/v2/models/resnet50_encoded/infer",
+        content=head + data,
+        headers={"inference-header-content-length": str(len(head))},
+        timeout=120,
+    )
+    assert r.status_code == 200, r.text[:2000]
+    (out,) = r.json()["outputs"]
+    probs = np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
+    assert probs.shape == (1024, 1000)
+    for i in (0, 511, 1023):
+        one = httpx.post(
+            URL + "/v1/models/resnet50/classify?top_k=5",
+            content=files[i],
+            headers={"content-type": "image/jpeg"},
+            timeout=60,
+        ).json()["top_k"]
+        for t in one:  # fp16 on the GPU: a batch of other sizes may differ in the last bits
+            assert abs(probs[i, t["class"]] - t["score"]) < 2e-3, (i, t)
