@@ -68,13 +68,14 @@ class InferenceCore:
             max_in_flight=config.executor.max_in_flight,
             retry_after_s=b.retry_after_s,
             on_batch=self._on_batch,
-            on_drop=lambda p, e: metrics.count_rejected("deadline"),
+            on_drop=lambda p, e: metrics.count_rejected(e.fields.get("reason", "deadline")),
             dispatch_when_idle=b.dispatch_when_idle,
         )
         self.submit_pool = thread_pool(config.executor.max_in_flight + 1, "ferry-submit")
         self.default_deadline_s = (
             None if b.default_deadline_ms is None else b.default_deadline_ms / 1e3
         )
+        self.budget_s = {m.name: b.policy_for(m.name).budget_s for m in config.models}
         self._pool_reported = 0.0
         self.post = None
         if config.fusion.postprocess_in_inference:
@@ -225,14 +226,21 @@ class InferenceCore:
                 deadline = now_mono + (m.deadline - now_epoch)
             elif self.default_deadline_s is not None:
                 deadline = now_mono + self.default_deadline_s
+            arrived = None if m.arrived is None else now_mono - (now_epoch - m.arrived)
             try:
                 futs.append(
                     self.scheduler.submit_nowait(
-                        images.data[i], key, m.priority, deadline, m.request_id
+                        images.data[i],
+                        key,
+                        m.priority,
+                        deadline,
+                        m.request_id,
+                        arrived,
+                        self.budget_s[model],
                     )
                 )
             except FerryError as exc:  # QueueFull: this request, not the whole call
-                metrics.count_rejected("queue_full")
+                metrics.count_rejected(exc.fields.get("reason", "queue_full"))
                 futs.append(None)
                 errors.setdefault(images.owner[i], exc)
         results = await asyncio.gather(*(f for f in futs if f is not None), return_exceptions=True)

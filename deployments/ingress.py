@@ -26,6 +26,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from ray import serve
 
+from pipeline import metrics
 from pipeline.coalescer import Coalescer
 from pipeline.config import PipelineConfig
 from pipeline.errors import (
@@ -136,6 +137,9 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
                 ic.max_coalesce,
                 max_in_flight=ic.max_groups_in_flight,
                 dispatch_when_idle=ic.dispatch_when_idle,
+                budget_s=self.cfg.batching.policy_for(model).budget_s,
+                retry_after_s=self.cfg.batching.retry_after_s,
+                on_reject=metrics.count_rejected,
             )
         return c
 
@@ -229,10 +233,13 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
         # 400 / 413 / 415 before anything is decoded: media type, pixels, the resize plan
         plan_decode(body, ct, self.targets[model], ic.max_pixels, ic.max_image_work_bytes)
         meta = RequestMeta(
-            rid, deadline_of(request, self.cfg.batching.default_deadline_ms), priority_of(request)
+            rid,
+            deadline_of(request, self.cfg.batching.default_deadline_ms),
+            priority_of(request),
+            time.time(),
         )
         result = await self._await(
-            self._coalescer(model, "classify").submit((body, ct, k, meta)), rid
+            self._coalescer(model, "classify").submit((body, ct, k, meta), rid), rid
         )
         total = _finish_timings(result, t0)  # (observe.RequestMetrics counts it and its total)
         triton.STATS.record(model, True, total, result["timings_ms"], 1)
@@ -331,20 +338,21 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
             rid,
             opts.deadline or deadline_of(request, self.cfg.batching.default_deadline_ms),
             opts.priority_high or priority_of(request),
+            time.time(),
         )
         spec = PostSpec("v2", outputs=req.outputs, names=tuple(o.name for o in sig.outputs))
         if encoded:  # every image by the classify path, batched with the rest
             c = self._coalescer(base, "classify")
 
             async def one(data: bytes) -> dict[str, Any]:
-                r = await c.submit((data, None, spec, meta))
+                r = await c.submit((data, None, spec, meta), rid)
                 _finish_timings(r, t0)
                 return r
 
             result = await self._await(triton_encoded.answer(req.images, one), rid)
         else:
             result = await self._await(
-                self._coalescer(model, "v2").submit((req.images, meta, spec)), rid
+                self._coalescer(model, "v2").submit((req.images, meta, spec), rid), rid
             )
             _finish_timings(result, t0)
         total = result["timings_ms"]["total"]

@@ -69,8 +69,13 @@ def model_config(
     max_batch_size: int,
     buckets: tuple[int, ...],
     max_wait_ms: float,
+    queue_timeout_ms: float | None = None,
+    max_queue_size: int = 0,
 ) -> dict[str, Any]:
-    """Triton's configuration of a model from its v2 metadata (``v2.model_metadata``)."""
+    """Triton's configuration of a model from its v2 metadata (``v2.model_metadata``);
+    ``queue_timeout_ms`` its queue-time budget (None: none; Triton's 0), ``max_queue_size``
+    the scheduler's queue bound (0: none). A request's own
+    ``parameters.timeout`` is its deadline (504), not an override of the budget."""
 
     def tensors(ts: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [
@@ -89,6 +94,12 @@ def model_config(
         "dynamic_batching": {
             "preferred_batch_size": list(buckets),
             "max_queue_delay_microseconds": int(round(max_wait_ms * 1e3)),
+            "default_queue_policy": {
+                "timeout_action": "REJECT",
+                "default_timeout_microseconds": int(round((queue_timeout_ms or 0) * 1e3)),
+                "allow_timeout_override": False,
+                "max_queue_size": max_queue_size,
+            },
         },
         "instance_group": [{"kind": "KIND_AUTO", "count": 1}],
     }

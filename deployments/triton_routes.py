@@ -39,6 +39,8 @@ class TritonRoutes:
             b.max_queue,
             self.cfg.executor.buckets,
             b.max_wait_ms,
+            b.policy_for(self._v2_model(model)).timeout_ms,
+            b.max_queue,
         )
 
     @app.get("/v2/models/{model}/stats")

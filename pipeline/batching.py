@@ -7,6 +7,10 @@
 * The queue is bounded: past ``max_queue`` items, ``submit`` answers ``QueueFull`` at once.
 * An item whose deadline has passed is dropped with ``DeadlineExceeded`` before it costs
   GPU time.
+* The queue-time budget (``queue_budget.py``): an item that brings ``dispatch_by`` (its
+  arrival plus its model's budget) is refused at once when the items ahead of it over the
+  key's measured drain rate say it would leave after that, and dropped with ``QueueFull``
+  (reason ``queue_timeout``) once that time passes while it still waits.
 * A batch is only formed when the runner has room (``max_in_flight``), so under load the
   queue grows while the GPU is busy and the next batch leaves full.
 
@@ -27,6 +31,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import queue_budget
 from .errors import DeadlineExceeded, QueueFull
 
 logger = logging.getLogger(__name__)
@@ -41,6 +46,8 @@ class Pending:
     deadline: float | None = None
     priority: bool = False
     request_id: str = ""
+    dispatch_by: float | None = None  # arrival + the model's queue budget (same clock)
+    budget_s: float | None = None
     seq: int = field(default_factory=lambda: next(_seq))
     future: Any = None  # set by the asyncio driver
 
@@ -78,6 +85,7 @@ class BatchQueue:
         self._normal: dict[str, deque[Pending]] = {}
         self._priority: dict[str, deque[Pending]] = {}
         self._size = 0
+        self.rates: dict[str, queue_budget.RateMeter] = {}  # per key, fed by the driver
 
     def __len__(self) -> int:
         return self._size
@@ -93,7 +101,12 @@ class BatchQueue:
         priority: bool = False,
         deadline: float | None = None,
         request_id: str = "",
+        arrived: float | None = None,
+        budget_s: float | None = None,
     ) -> Pending:
+        """Queue one item. ``arrived`` (this queue's clock; default ``now``) and
+        ``budget_s`` give its queue-time budget: ``QueueFull`` at once when the predicted
+        wait passes it."""
         if self._size >= self.max_queue:
             raise QueueFull(
                 "inference queue is full",
@@ -101,7 +114,25 @@ class BatchQueue:
                 max_queue=self.max_queue,
                 retry_after_s=self.retry_after_s,
             )
-        p = Pending(item, key, now, deadline, priority, request_id)
+        dispatch_by = None
+        if budget_s is not None:
+            start = now if arrived is None else min(arrived, now)
+            ahead = len(self._priority.get(key, ())) + (
+                0 if priority else len(self._normal.get(key, ()))
+            )
+            head = self._oldest(key)
+            queue_budget.admit(
+                now - start,
+                ahead,
+                self.rates.get(key),
+                None if head is None else now - head,
+                budget_s,
+                self.retry_after_s,
+                request_id,
+                "gpu",
+            )
+            dispatch_by = start + budget_s
+        p = Pending(item, key, now, deadline, priority, request_id, dispatch_by, budget_s)
         lanes = self._priority if priority else self._normal
         lanes.setdefault(key, deque()).append(p)
         self._size += 1
@@ -112,14 +143,14 @@ class BatchQueue:
         return self.buckets[min(i, len(self.buckets) - 1)]
 
     def expire(self, now: float) -> list[Pending]:
-        """Remove and return the items whose deadline has passed."""
+        """Remove and return the items whose deadline or queue budget has passed."""
         dead: list[Pending] = []
         for lanes in (self._priority, self._normal):
             for key, q in lanes.items():
-                if any(p.deadline is not None and p.deadline <= now for p in q):
+                if any(_due(p, now) for p in q):
                     keep = deque()
                     for p in q:
-                        (dead if p.deadline is not None and p.deadline <= now else keep).append(p)
+                        (dead if _due(p, now) else keep).append(p)
                     lanes[key] = keep
         self._size -= len(dead)
         return dead
@@ -162,6 +193,7 @@ class BatchQueue:
         for lanes in (self._normal, self._priority):
             for q in lanes.values():
                 times.extend(p.deadline for p in q if p.deadline is not None)
+                times.extend(p.dispatch_by for p in q if p.dispatch_by is not None)
         return min(times) if times else None
 
     def _oldest(self, key: str) -> float | None:
@@ -188,6 +220,12 @@ class BatchQueue:
                 items.append(q.popleft())
         self._size -= len(items)
         return Batch(key, items, self.bucket_for(len(items)), reason, now)
+
+
+def _due(p: Pending, now: float) -> bool:
+    return (p.deadline is not None and p.deadline <= now) or (
+        p.dispatch_by is not None and p.dispatch_by <= now
+    )
 
 
 RunBatch = Callable[[Batch], Awaitable[Sequence[Any]]]
@@ -237,12 +275,17 @@ class BatchScheduler:
         priority: bool = False,
         deadline: float | None = None,
         request_id: str = "",
+        arrived: float | None = None,
+        budget_s: float | None = None,
     ) -> asyncio.Future:
-        """Queue one item; the future completes with its result. ``QueueFull`` at once."""
+        """Queue one item; the future completes with its result. ``QueueFull`` at once (a
+        full queue, or a predicted wait past ``budget_s`` counted from ``arrived``)."""
         if self._closed:
             raise RuntimeError("scheduler is closed")
         loop = asyncio.get_running_loop()
-        p = self.queue.push(item, key, self.clock(), priority, deadline, request_id)
+        p = self.queue.push(
+            item, key, self.clock(), priority, deadline, request_id, arrived, budget_s
+        )
         p.future = loop.create_future()
         self._ensure_loop()
         assert self._wake is not None
@@ -263,11 +306,20 @@ class BatchScheduler:
         """Fail expired items, start every batch that is ready and fits; the next due time."""
         now = self.clock()
         for p in self.queue.expire(now):
-            err = DeadlineExceeded(
-                "deadline passed before the request reached the GPU",
-                waited_ms=round((now - p.enqueued) * 1e3, 3),
-                request_id=p.request_id,
-            )
+            if p.deadline is not None and p.deadline <= now:
+                err: Exception = DeadlineExceeded(
+                    "deadline passed before the request reached the GPU",
+                    waited_ms=round((now - p.enqueued) * 1e3, 3),
+                    request_id=p.request_id,
+                )
+            else:  # its queue budget ran out (timeout_action REJECT)
+                err = queue_budget.timed_out(
+                    now - p.dispatch_by + (p.budget_s or 0.0),
+                    p.budget_s or 0.0,
+                    self.queue.retry_after_s,
+                    p.request_id,
+                    "gpu",
+                )
             if self.on_drop:
                 self.on_drop(p, err)
             if p.future is not None and not p.future.done():
@@ -292,6 +344,9 @@ class BatchScheduler:
     async def _run(self, batch: Batch) -> None:
         try:
             results = await self.run_batch(batch)
+            meter = self.queue.rates.setdefault(batch.key, queue_budget.RateMeter())
+            busy = self.queue.depth(batch.key) > 0  # rows of its key still wait
+            meter.done(len(batch), batch.formed_at, self.clock(), busy)
             if len(results) != len(batch.items):
                 raise RuntimeError(
                     f"run_batch returned {len(results)} results for {len(batch.items)} items"

@@ -83,6 +83,8 @@ class PipelineConfig(Strict):
             raise ValueError(f"model names must be unique, got {names}")
         if not self.models:
             raise ValueError("at least one model is required")
+        if unknown := sorted(set(self.batching.model_queue_policy) - set(names)):
+            raise ValueError(f"batching.model_queue_policy names unknown models {unknown}")
         mb = self.batching.max_batch_size
         for m in self.models:
             if m.max_batch is not None and m.max_batch < self.executor.buckets[0]:

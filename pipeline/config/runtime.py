@@ -52,6 +52,24 @@ class ExecutorConfig(Strict):
         return tuple(v)
 
 
+class QueuePolicy(Strict):
+    """One model's queue policy, after Triton's ``dynamic_batching.default_queue_policy``
+    with ``timeout_action: REJECT`` (the size bound is ``batching.max_queue``, Triton's
+    ``max_queue_size``)."""
+
+    timeout_ms: float | None = Field(1000.0, gt=0.0, le=600_000.0)
+    """The queue-time budget (Triton's ``default_timeout_microseconds``): how long a request
+    may wait from the ingress's queue to the start of its GPU batch. A request predicted to
+    wait longer is refused at once with 503 + ``Retry-After``; one that waited past it is
+    dropped with 503 before its batch. ``None``: no budget (requests queue up to
+    ``batching.max_queue``). Set it to about the latency you accept at full load minus one
+    batch's time."""
+
+    @property
+    def budget_s(self) -> float | None:
+        return None if self.timeout_ms is None else self.timeout_ms / 1e3
+
+
 class BatchingConfig(Strict):
     """How the inference stage forms GPU batches: full, or the wait ran out."""
 
@@ -68,3 +86,10 @@ class BatchingConfig(Strict):
     dispatch_when_idle: bool = True
     """When no batch is running, the queue leaves at once instead of waiting ``max_wait_ms``
     (waiting buys nothing then); under load the full-or-timeout rule decides."""
+    queue_policy: QueuePolicy = Field(default_factory=QueuePolicy)
+    """Every model's queue-time budget (``pipeline/queue_budget.py``; Triton's queue policy)."""
+    model_queue_policy: dict[str, QueuePolicy] = Field(default_factory=dict)
+    """Per-model overrides of ``queue_policy``, by model name."""
+
+    def policy_for(self, model: str) -> QueuePolicy:
+        return self.model_queue_policy.get(model, self.queue_policy)
