@@ -60,6 +60,7 @@ class PreparedFit:
         for s in self.slots:
             s.release()
         self.reservation.release()
+        self.images, self.out = [], None  # the batch's bytes follow its rows, not this fit
 
 
 class _Lease:

@@ -94,6 +94,22 @@ class PreprocessGpuCore:
             self._init_senders()
         self._senders: dict[str, Any] = {}
         self._same_gpu_warned = False
+        if config.warmup:
+            self.warmup()
+
+    def warmup(self) -> None:
+        """Fit one image per model (and decode one JPEG when nvImageCodec decodes), so the
+        kernel is compiled and the decoder started before the first request: the time a
+        cold first batch takes counts against the queue budget of every request behind it."""
+        from ..imaging import encode_jpeg
+
+        for model, t in self.targets.items():
+            host = np.zeros((t.height + 3, t.width + 5, t.channels), np.uint8)
+            imgs: list[Any] = [host]
+            if self.decoder is not None:
+                imgs += self.decoder.decode([encode_jpeg(host)], t.channels, self.stream)
+            self.batch(model, [i for i in imgs if i is not None])
+            self.stream.synchronize()
 
     def _init_senders(self) -> None:
         from ..transport.base import nccl_available

@@ -91,6 +91,7 @@ def test_fit_equals_the_ops_cpu_reference_and_allocates_only_from_the_pool(kind)
     assert diff.max() <= 1 and diff.mean() < 0.01
     f.watcher.close()  # finishes what it watched: slots and the staging bytes come back
     assert f.ring.available() == 3 and f.pool.bytes_in_use == in_use
+    assert p.out is None  # a committed fit, done, holds nothing of the batch
     del out, lease, got
     assert f.pool.bytes_in_use == 0
 
