@@ -226,7 +226,6 @@ class InferenceCore:
                 deadline = now_mono + (m.deadline - now_epoch)
             elif self.default_deadline_s is not None:
                 deadline = now_mono + self.default_deadline_s
-            arrived = None if m.arrived is None else now_mono - (now_epoch - m.arrived)
             try:
                 futs.append(
                     self.scheduler.submit_nowait(
@@ -235,7 +234,7 @@ class InferenceCore:
                         m.priority,
                         deadline,
                         m.request_id,
-                        arrived,
+                        None,  # the budget counts this queue's own wait (Triton's rule)
                         self.budget_s[model],
                     )
                 )

@@ -236,7 +236,6 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
             rid,
             deadline_of(request, self.cfg.batching.default_deadline_ms),
             priority_of(request),
-            time.time(),
         )
         result = await self._await(
             self._coalescer(model, "classify").submit((body, ct, k, meta), rid), rid
@@ -338,7 +337,6 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
             rid,
             opts.deadline or deadline_of(request, self.cfg.batching.default_deadline_ms),
             opts.priority_high or priority_of(request),
-            time.time(),
         )
         spec = PostSpec("v2", outputs=req.outputs, names=tuple(o.name for o in sig.outputs))
         if encoded:  # every image by the classify path, batched with the rest

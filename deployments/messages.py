@@ -46,7 +46,6 @@ class RequestMeta:
     request_id: str
     deadline: float | None = None  # epoch seconds
     priority: bool = False
-    arrived: float | None = None  # epoch seconds: when the ingress queued it (queue budget)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,11 @@ class BoundGraphs:
     def __len__(self) -> int:
         return len(self._bound)
 
+    def items(self) -> list[tuple[tuple, tuple[BoundModel, Any]]]:
+        """(key, (bound plan, CUDA graph or None)) of every entry, oldest first: which arenas
+        and streams have graphs (tests and diagnostics read it)."""
+        return list(self._bound.items())
+
     @staticmethod
     def key(p: PreparedBatch, compute: Stream) -> tuple:
         assert p.reservation is not None

@@ -82,12 +82,12 @@ def test_a_burst_is_shed_with_quick_503s_and_the_accepted_stay_within_budget(app
         reasons.add((b["detail"]["queue"], b["detail"]["reason"]))
         assert dt < BUDGET_MS / 1e3 + 1.5, (dt, b)  # refused within the budget, not queued
     assert ("ingress", "queue_budget") in reasons, reasons  # most are refused on arrival
-    # an accepted request waited at most the budget before its batch left: the ingress's
-    # wait, decode and the GPU queue of its own timings (hops excluded) stay within it
+    # an accepted request waited at most the budget in each queue it passed: the ingress's
+    # coalescer and the GPU stage's scheduler (its decode is work, not waiting)
     for r in ok:
         t = r.json()["timings_ms"]
-        waited = t["ingress"] + t["preprocess"] + t["queue"]
-        assert waited < BUDGET_MS + 250, t
+        assert t["ingress"] < BUDGET_MS + 250, t
+        assert t["queue"] < BUDGET_MS + 250, t
     # and the service is itself again after the burst
     r = httpx.post(
         BASE + "/v1/models/resnet50/classify",
