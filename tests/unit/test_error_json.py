@@ -131,6 +131,8 @@ def test_an_error_whose_fields_hold_nan_deep_lists_and_huge_ints_renders():
 
 
 async def test_fastapi_404_and_405_are_ferry_json():
+    import deployments.ingress  # noqa: F401  (registers the routes on ingress_http's app)
+
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
         r = await c.get("/nope", headers={"x-request-id": "abc"})
