@@ -50,7 +50,7 @@ def describe(config: Any, entry: Any, load: bool) -> dict[str, Any]:
     """One entry of the repository, checked."""
     from pipeline.models.repository import load_entry, model_card, random_weights
 
-    from .triton_encoded import SUFFIX
+    from .triton_encoded import views
 
     card = model_card(entry)
     i = card.image
@@ -80,7 +80,8 @@ def describe(config: Any, entry: Any, load: bool) -> dict[str, Any]:
             "buckets": buckets,
             "v2_request_rows": config.batching.max_queue,
         },
-        "v2_names": [entry.name, entry.name + SUFFIX],
+        "v2_names": [entry.name]  # and its encoded view, unless a model has that name
+        + [v for v, m in views(e.name for e in config.models).items() if m == entry.name],
     }
     if not load:
         return row

@@ -49,3 +49,22 @@ def test_models_reads_a_serve_config_and_lists_without_loading(capsys):
     assert "application 'ferry'" in out and "not loaded" in out
     assert "resnet50: " in out and "v2: resnet50, resnet50_encoded" in out
     assert main(["models", "no/such/file.yaml"]) == 1
+
+
+def test_models_names_no_encoded_view_that_another_entry_already_is(tmp_path, capsys):
+    cfg = {  # "digits_encoded" is a model of its own: digits gets no encoded view
+        "models": [
+            {"name": "digits", "arch": "digits"},
+            {"name": "digits_encoded", "arch": "digits"},
+        ],
+        "executor": {"backend": "numpy", "buckets": [1, 2, 4, 8]},
+        "batching": {"max_batch_size": 8},
+    }
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["models", str(path), "--json", "--no-load"]) == 0
+    (rows,) = json.loads(capsys.readouterr().out).values()
+    assert [r["v2_names"] for r in rows] == [
+        ["digits"],
+        ["digits_encoded", "digits_encoded_encoded"],
+    ]
