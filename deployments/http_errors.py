@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pipeline import metrics
-from pipeline.errors import FerryError, InvalidInput, QueueFull
+from pipeline.errors import FerryError, InvalidInput, QueueFull, Unavailable
 
 logger = logging.getLogger("deployments.ingress")
 
@@ -156,11 +156,38 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
     return resp
 
 
+# Ray's errors for a replica that died or cannot be reached under a call: nothing of the
+# request is kept, inference has no side effects, so the client may simply retry (503)
+REPLICA_LOST = {
+    "RayActorError",
+    "ActorDiedError",
+    "ActorUnavailableError",
+    "DeploymentUnavailableError",
+}
+
+
+def _replica_lost(exc: BaseException | None) -> bool:
+    """A Ray actor error, or one that Serve wrapped with it as the cause (an upstream
+    replica that died under a chained call)."""
+    for _ in range(4):
+        if exc is None:
+            return False
+        if REPLICA_LOST & {c.__name__ for c in type(exc).__mro__}:
+            return True
+        exc = exc.__cause__
+    return False
+
+
 def unwrap(exc: BaseException) -> BaseException:
-    """The FerryError inside a Ray task error; Serve's back-pressure refusal as QueueFull."""
+    """The FerryError inside a Ray task error; Serve's back-pressure refusal as QueueFull;
+    a replica lost under the call as Unavailable (503: retry)."""
     cause = getattr(exc, "cause", None)
     if isinstance(cause, BaseException):
         exc = cause
     if type(exc).__name__ == "BackPressureError":
         return QueueFull("a pipeline stage is at its queue limit", retry_after_s=1.0)
+    if _replica_lost(exc):
+        return Unavailable(
+            "a replica stopped under this request; retry", cause=type(exc).__name__, retry_after_s=1
+        )
     return exc

@@ -5,7 +5,8 @@ batches: full, or the oldest row waited ``max_wait_ms``. Up to ``max_in_flight``
 are staged or running at once. Preparing a batch may wait for a staging slot and copying
 it into pinned memory takes time, so both run in a worker thread; the event loop only
 awaits. The replica loads its models and warms every bucket (capturing its CUDA graphs)
-in its constructor, so it reports healthy only when it is ready to serve.
+in its constructor; then ``check_health`` fails on a poisoned device, a wedged scheduler or
+a drain (``pipeline.health``), and Serve replaces the replica.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pipeline.batching import Batch, BatchScheduler
 from pipeline.config import PipelineConfig
 from pipeline.errors import FerryError, ModelNotFound
 from pipeline.executor import GpuExecutor
+from pipeline.health import ReplicaHealth
 from pipeline.threads import thread_pool
 
 from .messages import PostSpec, RequestMeta, Rows
@@ -87,7 +89,8 @@ class InferenceCore:
             self.local_pre = self._local_preprocess(config)
         self._init_transport()
         self._start_metrics()
-        self.ready = True
+        self.health = ReplicaHealth(config.health, self.executor, lambda: len(self.scheduler.queue))
+        self.health.set_ready()
 
     def _start_metrics(self) -> None:
         """Gauges from the start (a scrape before the first batch finds them) and, on a
@@ -215,6 +218,7 @@ class InferenceCore:
         key = model if feed == "image" else f"{model}{TENSORS}"
         if model not in self.random:
             raise ModelNotFound("no such model", model=model, served=sorted(self.random))
+        self.health.admit()  # a draining replica refuses at once (503: retry elsewhere)
         n = 0 if images.data is None else len(images.data)
         errors = dict(images.errors)
         futs = []
@@ -315,6 +319,8 @@ class InferenceCore:
         s["queue_depth"] = len(self.scheduler.queue)
         s["warmup_s"] = self.warmup_s
         s["models"] = {k: {"random_weights": v} for k, v in self.random.items()}
+        s["health"] = {**self.health.snapshot(), "ready": self.health.ready}
+        s["faults_injected"] = dict(self.executor.faults.injected)
         return s
 
 
@@ -365,9 +371,13 @@ class Inference:
     async def signatures(self) -> dict[str, Any]:
         return self.core.signatures()
 
+    async def drain(self, reason: str = "drain requested") -> dict[str, Any]:
+        """Stop taking work, finish what is in flight, fail health checks from now on."""
+        self.core.health.drain(reason)
+        return self.core.health.snapshot()
+
     def check_health(self) -> None:
-        if not self.core.ready:
-            raise RuntimeError("inference replica is not warmed up")
+        self.core.health.check()  # raises: Serve replaces this replica
 
 
 class _LocalMethod:
@@ -387,7 +397,7 @@ class LocalInference:
     no call leaves the process."""
 
     def __init__(self, config: dict[str, Any]) -> None:
-        replica = Inference.func_or_class(config)
+        replica = self.replica = Inference.func_or_class(config)
         self.encoded = _LocalMethod(replica.encoded)
         self.status = _LocalMethod(replica.status)
         self.signatures = _LocalMethod(replica.signatures)

@@ -281,11 +281,18 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
         if time.monotonic() - self._ready_at < 2.0:
             return True
         try:
-            await asyncio.wait_for(self.inf.status.remote(), 2.0)
+            status = await asyncio.wait_for(self.inf.status.remote(), 2.0)
         except Exception:
+            return False
+        if not status.get("health", {}).get("ready", True):  # draining, poisoned, wedged
             return False
         self._ready_at = time.monotonic()
         return True
+
+    def check_health(self) -> None:
+        """In the one-deployment form this replica holds the inference core: its health."""
+        if self.cfg.fusion.inference_in_ingress:  # (self.inf is a LocalInference)
+            self.inf.replica.check_health()
 
     @app.get("/v2/health/ready")
     async def ready(self) -> Response:

@@ -54,3 +54,8 @@ class PreprocessGPU:
 
     async def __call__(self, model: str, items: list[tuple[bytes, str | None]], to: dict) -> Rows:
         return await self.stage.run(model, items, to)
+
+    def check_health(self) -> None:
+        from pipeline.health import probe
+
+        probe(self.stage.core.backend)  # a lost CUDA context: Serve replaces the replica

@@ -125,6 +125,14 @@ class RequestTimeout(InvalidInput):
     closes_connection = True
 
 
+class Unavailable(FerryError):
+    """This replica cannot take work now (it is draining: its device failed, its
+    scheduler is wedged, or it was told to stop). Nothing was run: retry, on another
+    replica, after ``retry_after_s``."""
+
+    http_status = 503
+
+
 class DeadlineExceeded(FerryError):
     """The request's deadline passed before it reached the GPU."""
 
@@ -165,6 +173,7 @@ __all__ = [
     "QueueFull",
     "UploadsFull",
     "RequestTimeout",
+    "Unavailable",
     "DeadlineExceeded",
     "DeviceError",
     "TransportError",

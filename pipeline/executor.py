@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,12 +37,15 @@ import numpy as np
 
 from .async_result import AsyncResult, CompletionWatcher
 from .config import ExecutorConfig, Settings
-from .device import Backend, StreamSet, is_device_array, select_backend
+from .device import Backend, StreamSet, select_backend
 from .engines.base import Engine, EngineContext, EnginePlan, Feed
 from .errors import DeviceError, FerryError, InvalidInput, ModelNotFound
-from .executor_batch import PreparedBatch, check_input, stage
+from .executor_batch import PreparedBatch, check_input
+from .executor_commit import commit_real
 from .executor_graphs import BoundGraphs, warmup
 from .executor_naive import commit_naive
+from .faults import Injector, resolve
+from .health import as_ferry_error, probe
 from .memory import PinnedRing, make_pool, round_up
 from .models.registry import LoadedModel, load_model
 
@@ -81,8 +85,8 @@ class GpuExecutor:
         self.watcher = CompletionWatcher(f"ferry-completion-{self.backend.device_id}")
         self.ring: PinnedRing | None = None
         self._models: dict[str, _Model] = {}
-        self._lock = threading.Lock()  # held while enqueueing: streams and cuBLAS handles
-        self._bound = BoundGraphs(self.count)
+        self.enqueue_lock = threading.Lock()  # held while enqueueing: streams and cuBLAS handles
+        self.bound_graphs = BoundGraphs(self.count)
         self._stats_lock = threading.Lock()
         self._n = {
             "batches": 0,
@@ -97,6 +101,9 @@ class GpuExecutor:
         }
         self.warmed_up = False
         self._closed = False
+        self.faults = Injector(resolve(self.config.faults, Settings.from_env().faults))
+        self._device_error: DeviceError | None = None
+        self.last_progress = time.monotonic()  # when a batch last finished (health)
         logger.info(
             "executor on %s, dtype %s, mode %s, pool limit %.1f GiB",
             self.backend.describe(),
@@ -131,7 +138,7 @@ class GpuExecutor:
                 max_batch=max_batch,
                 buckets=self.config.buckets,
             )
-        with self._lock:
+        with self.enqueue_lock:
             self._models[loaded.name] = _Model(loaded, engine, wbytes, buckets)
             self._size_ring()
         logger.info(
@@ -228,11 +235,14 @@ class GpuExecutor:
         assert self.ring is not None
         slot = self.ring.acquire(self.config.staging_timeout_s if timeout is None else timeout)
         try:
+            faults = self.faults.next_batch()  # (an injected oom_reserve raises here)
             res = self.pool.reserve(plan.arena_bytes)
         except BaseException:
             slot.release()
             raise
-        return PreparedBatch(model, int(batch_size), bucket, plan, res, slot, False)
+        prepared = PreparedBatch(model, int(batch_size), bucket, plan, res, slot, False)
+        prepared.faults = faults
+        return prepared
 
     # ------------------------------------------------------------------ phase two
     def commit(
@@ -254,89 +264,11 @@ class GpuExecutor:
         if prepared.naive:
             return commit_naive(self, prepared, x, label)
         try:
-            return self._commit_real(prepared, x, label)
+            return commit_real(self, prepared, x, label)
         except BaseException as exc:
             prepared.release()
             self.count(failed=1)
-            err = (
-                exc if isinstance(exc, FerryError) else DeviceError(f"{type(exc).__name__}: {exc}")
-            )
-            return AsyncResult.failed(err, label)
-
-    def _commit_real(
-        self, p: PreparedBatch, x: np.ndarray | list[np.ndarray], label: str
-    ) -> AsyncResult:
-        plan, slot = p.plan, p.slot
-        assert slot is not None and p.reservation is not None
-        spec_in = plan.input_spec
-        stage_in = slot.view(0, spec_in.shape, spec_in.dtype)
-        rows_d = (
-            [(i, r) for i, r in enumerate(x) if is_device_array(r)] if isinstance(x, list) else []
-        )
-        on_device = bool(rows_d) and len(rows_d) == p.n  # rows already on this device, every one
-        if not on_device:
-            stage(stage_in, x, p.n)  # the host copy into pinned memory, in this thread
-        outs_host = []
-        off = round_up(spec_in.nbytes, 256)
-        for s in plan.output_specs:
-            outs_host.append(slot.view(off, s.shape, s.dtype))
-            off += round_up(s.nbytes, 256)
-        streams = self.streams
-        with self._lock:
-            self.backend.activate()
-            compute = streams.compute_for(p.reservation.ptr)  # one stream per arena
-            bound, cuda_graph = self._bound.get(p, compute, self._model(p.model).engine)
-            if on_device:  # rows already on this device (GPU preprocessing): d2d copies
-                with compute:
-                    for i, r in enumerate(x):
-                        bound.input[i] = r
-                    if p.n < p.bucket:
-                        bound.input[p.n :] = 0
-            else:  # host rows go up on the copy stream; device rows beside them d2d after
-                streams.h2d.copy_h2d(bound.input, stage_in)
-                compute.wait(streams.h2d.record())
-                with compute:
-                    for i, r in rows_d:
-                        bound.input[i] = r
-            if cuda_graph is not None:
-                cuda_graph.launch(compute.raw)
-                replay = True
-            else:
-                bound.run(compute)
-                replay = False
-                if self.backend.is_cuda and self.config.cuda_graphs:
-                    self._bound.capture(p, compute, bound)
-            streams.d2h.wait(compute.record())
-            for host, dev in zip(outs_host, bound.outputs, strict=True):
-                streams.d2h.copy_d2h(host, dev)
-            done = streams.d2h.record()
-        self.count(
-            batches=1,
-            items=p.n,
-            padded_items=p.bucket - p.n,
-            in_flight=1,
-            graph_replays=int(replay),
-            eager_runs=int(not replay),
-        )
-        n = p.n
-
-        keep = [r for _, r in rows_d]  # device rows live until the batch is done
-
-        def finish() -> Any:
-            keep.clear()
-            rows = [np.array(h[:n]) for h in outs_host]  # out of the slot before it is reused
-            p.release()
-            self.count(in_flight=-1)
-            return rows[0] if len(rows) == 1 else tuple(rows)
-
-        def failed(_exc: BaseException) -> None:
-            keep.clear()
-            p.release()
-            self.count(in_flight=-1, failed=1)
-
-        result: AsyncResult = AsyncResult(label or f"{p.model}[{p.n}]")
-        self.watcher.watch(done, finish, result, on_error=failed)
-        return result
+            return AsyncResult.failed(self.record_failure(exc), label)
 
     # ------------------------------------------------------------------ conveniences
     def infer(
@@ -357,9 +289,36 @@ class GpuExecutor:
 
     def warmup(self, models: list[str] | None = None) -> dict[str, float]:
         """Run every bucket of every model (``executor_graphs.warmup``); ready after it."""
+        self.faults.warmup_delay()
         times = warmup(self, models)
         self.warmed_up = True
+        self.faults.armed = True  # injected faults count batches from here
         return times
+
+    # ------------------------------------------------------------------ health
+    def record_failure(self, exc: BaseException) -> FerryError:
+        """A batch's failure as Ferry's error; a device error poisons the executor."""
+        err = as_ferry_error(exc)
+        self.last_progress = time.monotonic()
+        if isinstance(err, DeviceError) and self._device_error is None:
+            logger.error("device error, the executor is poisoned: %s", err)
+            self._device_error = err
+        return err
+
+    @property
+    def device_error(self) -> DeviceError | None:
+        """The error that poisoned the device, once a batch has had one."""
+        return self._device_error or self.faults.poisoned
+
+    @property
+    def in_flight(self) -> int:
+        return self._n["in_flight"]
+
+    def probe(self) -> None:
+        """``DeviceError`` when the device no longer answers (``health.probe``)."""
+        if self.faults.poisoned is not None:
+            raise self.faults.poisoned
+        probe(self.backend)
 
     # ------------------------------------------------------------------ stats
     def count(self, **deltas: int) -> None:
@@ -378,7 +337,7 @@ class GpuExecutor:
             mode=self.config.mode,
             warmed_up=self.warmed_up,
             pool=self.pool.stats().as_dict(),
-            bound_graphs=len(self._bound),
+            bound_graphs=len(self.bound_graphs),
             staging_waits=self.ring.waits if self.ring else 0,
             weights_bytes=sum(m.weights_bytes for m in self._models.values()),
         )
@@ -390,7 +349,7 @@ class GpuExecutor:
         self._closed = True
         self.watcher.close()
         self.streams.synchronize()
-        self._bound.clear()
+        self.bound_graphs.clear()
         for m in self._models.values():
             m.engine.close()
         self.streams.close()

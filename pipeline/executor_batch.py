@@ -29,6 +29,7 @@ class PreparedBatch:
         "_lock",
         "_released",
         "committed",
+        "faults",
     )
 
     def __init__(
@@ -51,6 +52,7 @@ class PreparedBatch:
         self._lock = threading.Lock()
         self._released = False
         self.committed = False
+        self.faults: frozenset[str] = frozenset()  # injected faults that hit it (faults.py)
 
     def release(self) -> None:
         """Give back the staging slot and the reservation; safe to call more than once."""

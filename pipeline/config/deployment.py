@@ -39,6 +39,13 @@ class DeploymentOptions(Strict):
     label_selector: dict[str, str] = Field(default_factory=dict)
     """Ray node labels the replicas must run on (``ray start --labels``; KubeRay sets
     ``ray.io/node-group``), e.g. ``{ray.io/node-group: cpu}`` for the ingress of the split form."""
+    health_check_period_s: float | None = Field(None, gt=0.0, le=3600.0)
+    """How often Serve calls the replica's ``check_health``; ``None``: Serve's 10 s."""
+    health_check_timeout_s: float | None = Field(None, gt=0.0, le=3600.0)
+    """A health check that takes longer fails; ``None``: Serve's 30 s."""
+    graceful_shutdown_timeout_s: float | None = Field(None, ge=0.0, le=3600.0)
+    """How long a stopping replica may finish its requests in flight (``serve deploy`` of a
+    changed config, ``serve shutdown``); ``None``: Serve's 20 s."""
     switch_interval_ms: float | None = Field(None, gt=0.0, le=100.0)
     """Python's GIL switch interval in the replica processes (``sys.setswitchinterval``);
     ``None`` keeps Python's 5 ms. A replica whose worker threads keep the GIL busy makes its
@@ -94,6 +101,9 @@ class DeploymentOptions(Strict):
             "max_queued_requests": self.max_queued_requests,
             "ray_actor_options": actor,
         }
+        for k in ("health_check_period_s", "health_check_timeout_s", "graceful_shutdown_timeout_s"):
+            if getattr(self, k) is not None:
+                opts[k] = getattr(self, k)
         if self.autoscaling_config is not None:
             opts["autoscaling_config"] = self.autoscaling_config
         else:

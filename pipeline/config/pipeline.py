@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
+from ..health import HealthConfig
 from .base import Strict
 from .deployment import DeploymentOptions
 from .models import ModelConfig
@@ -49,6 +50,8 @@ class PipelineConfig(Strict):
     gpus: Annotated[int, Field(ge=1, le=4096)] | Literal["auto"] = "auto"
     """GPUs the deployments with ``replicas_per_gpu`` spread over; ``auto``: all the cluster's
     GPUs when the application is built. Unused by deployments that give ``num_replicas``."""
+    health: HealthConfig = Field(default_factory=HealthConfig)
+    """What makes a replica that owns an executor fail its health check (pipeline/health.py)."""
     warmup: bool = True
     """Plan every bucket (and capture its CUDA graph) before the inference replica reports healthy."""
     access_log: bool | None = None
@@ -156,10 +159,12 @@ class Settings:
 
     backend: str | None  # FERRY_BACKEND: forces "cupy" or "numpy" where a config says "auto"
     auth_token: str | None  # FERRY_AUTH_TOKEN: the ingress's bearer token
+    faults: str | None = None  # FERRY_FAULTS: injected faults as JSON (pipeline/faults.py)
 
     @classmethod
     def from_env(cls) -> Settings:
         return cls(
             backend=os.environ.get("FERRY_BACKEND") or None,
             auth_token=os.environ.get("FERRY_AUTH_TOKEN") or None,
+            faults=os.environ.get("FERRY_FAULTS") or None,
         )

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from ..faults import FaultConfig
 from .base import Strict
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -39,6 +40,8 @@ class ExecutorConfig(Strict):
     """How long ``prepare`` waits for a free pinned staging slot before ``ResourceExhausted``."""
     dtype: Literal["auto", "float16", "float32"] = "auto"
     """Compute dtype: ``auto`` is float16 on the GPU, float32 on the CPU."""
+    faults: FaultConfig = Field(default_factory=FaultConfig)
+    """Injected faults (tests and chaos runs; none by default; ``FERRY_FAULTS`` wins)."""
 
     @field_validator("buckets")
     @classmethod
