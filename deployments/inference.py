@@ -5,8 +5,7 @@ batches: full, or the oldest row waited ``max_wait_ms``. Up to ``max_in_flight``
 are staged or running at once. Preparing a batch may wait for a staging slot and copying
 it into pinned memory takes time, so both run in a worker thread; the event loop only
 awaits. The replica loads its models and warms every bucket (capturing its CUDA graphs)
-in its constructor; then ``check_health`` fails on a poisoned device, a wedged scheduler or
-a drain (``pipeline.health``), and Serve replaces the replica.
+in its constructor; then ``check_health`` tells the truth (``pipeline.health``).
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ from pipeline.batching import Batch, BatchScheduler
 from pipeline.config import PipelineConfig
 from pipeline.errors import FerryError, ModelNotFound
 from pipeline.executor import GpuExecutor
-from pipeline.health import ReplicaHealth
 from pipeline.threads import thread_pool
 
 from .messages import PostSpec, RequestMeta, Rows
@@ -89,8 +87,7 @@ class InferenceCore:
             self.local_pre = self._local_preprocess(config)
         self._init_transport()
         self._start_metrics()
-        self.health = ReplicaHealth(config.health, self.executor, lambda: len(self.scheduler.queue))
-        self.health.set_ready()
+        self.health = self.executor.replica_health(config.health, self.scheduler.queue.__len__)
 
     def _start_metrics(self) -> None:
         """Gauges from the start (a scrape before the first batch finds them) and, on a
@@ -319,8 +316,7 @@ class InferenceCore:
         s["queue_depth"] = len(self.scheduler.queue)
         s["warmup_s"] = self.warmup_s
         s["models"] = {k: {"random_weights": v} for k, v in self.random.items()}
-        s["health"] = {**self.health.snapshot(), "ready": self.health.ready}
-        s["faults_injected"] = dict(self.executor.faults.injected)
+        s["health"] = self.health.snapshot()
         return s
 
 
@@ -370,11 +366,6 @@ class Inference:
 
     async def signatures(self) -> dict[str, Any]:
         return self.core.signatures()
-
-    async def drain(self, reason: str = "drain requested") -> dict[str, Any]:
-        """Stop taking work, finish what is in flight, fail health checks from now on."""
-        self.core.health.drain(reason)
-        return self.core.health.snapshot()
 
     def check_health(self) -> None:
         self.core.health.check()  # raises: Serve replaces this replica

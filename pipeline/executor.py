@@ -45,7 +45,7 @@ from .executor_commit import commit_real
 from .executor_graphs import BoundGraphs, warmup
 from .executor_naive import commit_naive
 from .faults import Injector, resolve
-from .health import as_ferry_error, probe
+from .health import HealthConfig, ReplicaHealth, as_ferry_error, probe
 from .memory import PinnedRing, make_pool, round_up
 from .models.registry import LoadedModel, load_model
 
@@ -314,6 +314,11 @@ class GpuExecutor:
     def in_flight(self) -> int:
         return self._n["in_flight"]
 
+    def replica_health(self, config: HealthConfig, pending: Any) -> ReplicaHealth:
+        """The health of a replica built around this executor, ready now (its constructor
+        has warmed it); ``pending()`` counts the rows queued for it."""
+        return ReplicaHealth(config, self, pending, warm=True)
+
     def probe(self) -> None:
         """``DeviceError`` when the device no longer answers (``health.probe``)."""
         if self.faults.poisoned is not None:
@@ -340,6 +345,7 @@ class GpuExecutor:
             bound_graphs=len(self.bound_graphs),
             staging_waits=self.ring.waits if self.ring else 0,
             weights_bytes=sum(m.weights_bytes for m in self._models.values()),
+            faults_injected=dict(self.faults.injected),
         )
         return out
 

@@ -80,13 +80,14 @@ class ReplicaHealth:
         config: HealthConfig,
         executor: Any,
         pending: Callable[[], int] = lambda: 0,
+        warm: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
         self.executor = executor
         self.pending = pending
         self.clock = clock
-        self.state = "warming"
+        self.state = "ready" if warm else "warming"  # warm: built after its warm-up
         self.reason = ""
         self._idle_at = clock()
         self._lock = threading.Lock()
@@ -161,4 +162,4 @@ class ReplicaHealth:
             )
 
     def snapshot(self) -> dict[str, Any]:
-        return {"state": self.state, "reason": self.reason, "ready": self.state == "ready"}
+        return {"state": self.state, "reason": self.reason, "ready": self.ready}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline import executor as executor_mod
+from pipeline import executor_commit as executor_mod  # (the real commit path stages)
 from pipeline.config import ExecutorConfig
 from pipeline.device import Backend, StreamSet
 from pipeline.executor import GpuExecutor
