@@ -27,11 +27,14 @@ DISPATCH = "queue_timeout"  # dropped before its batch: it waited past the budge
 
 @dataclass
 class RateMeter:
-    """Items a queue hands on per second while it is backlogged -- its capacity: an
-    exponentially weighted mean over completions. A completion of ``n`` items counts the
-    time since the previous completion or since its own start, whichever is later. Only a
-    completion while items still wait is a sample (``busy``): under light load completions
-    follow the arrivals and would understate what the queue can drain."""
+    """Items a queue hands on per second while it is backlogged -- its capacity: the
+    exponentially weighted mean of the items a completion hands on over the weighted mean
+    of the time it took (a ratio of means, not a mean of ratios: completions that come
+    back together -- groups answered by one downstream batch -- have a time of almost 0,
+    and their ``n / dt`` would outweigh every other sample). A completion of ``n`` items
+    counts the time since the previous completion or since its own start, whichever is
+    later. Only a completion while items still wait is a sample (``busy``): under light
+    load completions follow the arrivals and would understate what the queue can drain."""
 
     alpha: float = 0.3
     rate: float | None = None  # items/s; None until the first completion
@@ -39,15 +42,22 @@ class RateMeter:
     samples: int = 0
     min_samples: int = 3  # trusted from then on: the first completions after a start or an
     # idle spell come back one at a time and undercount what the pipelined queue drains
+    mean_n: float | None = None  # weighted mean items a completion
+    mean_dt: float | None = None  # weighted mean seconds a completion
 
     def done(self, n: int, started: float, now: float, busy: bool = True) -> None:
         dt = now - max(self.last_done, started)
         self.last_done = now
-        if n <= 0 or dt <= 0 or not busy:
+        if n <= 0 or dt < 0 or not busy:
             return
-        sample = n / dt
+        if self.mean_n is None or self.mean_dt is None:
+            self.mean_n, self.mean_dt = float(n), dt
+        else:
+            self.mean_n += self.alpha * (n - self.mean_n)
+            self.mean_dt += self.alpha * (dt - self.mean_dt)
         self.samples += 1
-        self.rate = sample if self.rate is None else self.rate + self.alpha * (sample - self.rate)
+        if self.mean_dt > 0:
+            self.rate = self.mean_n / self.mean_dt
 
     def wait_s(self, ahead: int) -> float | None:
         """Time for ``ahead`` items to drain; None until the rate is measured."""

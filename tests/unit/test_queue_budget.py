@@ -29,10 +29,24 @@ def test_rate_meter_counts_busy_time_only():
     assert m.rate == pytest.approx(16.0)
     assert m.wait_s(16) is None  # not trusted before its third completion
     m.done(8, started=10.0, now=10.25)  # after an idle gap: only its own 0.25 s
-    assert m.rate == pytest.approx(16.0 + 0.5 * (32.0 - 16.0))
+    assert m.rate == pytest.approx(8 / (0.5 + 0.5 * (0.25 - 0.5)))  # mean items / mean time
     m.done(1, started=11.0, now=11.5, busy=False)  # nothing waited: no sample
-    assert m.rate == pytest.approx(24.0) and m.samples == 3
-    assert m.wait_s(48) == pytest.approx(48 / 24.0)
+    assert m.rate == pytest.approx(8 / 0.375) and m.samples == 3
+    assert m.wait_s(48) == pytest.approx(48 * 0.375 / 8)
+
+
+def test_rate_meter_is_not_fooled_by_completions_that_come_back_together():
+    """Four groups of 64 out at once, answered by one downstream batch every 20 ms: the
+    queue drains 12,800 items/s. The three completions right behind the first (dt ~ 0)
+    must not read as a rate of millions (a mean of n/dt did: admission then let nearly
+    everything in, and the budget was kept only by dropping requests that had waited it)."""
+    m = queue_budget.RateMeter()
+    t = 0.0
+    for _ in range(50):
+        t += 0.02
+        for k in range(4):
+            m.done(64, started=t - 0.02, now=t + k * 1e-6)
+    assert 12_800 / 2 < m.rate < 12_800 * 2
 
 
 def test_admit_refuses_a_predicted_wait_past_the_budget():
