@@ -347,14 +347,11 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
         )
         spec = PostSpec("v2", outputs=req.outputs, names=tuple(o.name for o in sig.outputs))
         if encoded:  # every image by the classify path, batched with the rest
-            c = self._coalescer(base, "classify")
-
-            async def one(data: bytes) -> dict[str, Any]:
-                r = await c.submit((data, None, spec, meta), rid)
-                _finish_timings(r, t0)
-                return r
-
-            result = await self._await(triton_encoded.answer(req.images, one), rid)
+            futs = self._coalescer(base, "classify").submit_many(  # admitted as one request
+                [(data, None, spec, meta) for data in req.images], rid
+            )
+            done = triton_encoded.answer(futs, lambda r: _finish_timings(r, t0))
+            result = await self._await(done, rid)
         else:
             result = await self._await(
                 self._coalescer(model, "v2").submit((req.images, meta, spec), rid), rid

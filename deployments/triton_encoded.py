@@ -24,7 +24,7 @@ import asyncio
 import base64
 import binascii
 import copy
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,15 +147,31 @@ def checked(images: list[bytes], check: Callable[[bytes], Any]) -> None:
             raise
 
 
-async def answer(images: list[bytes], submit: Callable[[bytes], Awaitable[Any]]) -> dict[str, Any]:
-    """Every image through ``submit`` (the classify path, one item an image), their
-    answers merged row for row; the first failure fails the request, naming its row."""
-    results = await asyncio.gather(*(submit(d) for d in images), return_exceptions=True)
-    for i, r in enumerate(results):
-        if isinstance(r, BaseException):
-            if isinstance(r, FerryError):
-                r.fields.setdefault("element", i)
-            raise r
+async def answer(
+    futures: list[asyncio.Future], finish: Callable[[Any], Any] | None = None
+) -> dict[str, Any]:
+    """The answers of a request's images (one future an image, the classify path's
+    ``Coalescer.submit_many``), each through ``finish``, merged row for row. The first
+    failure fails the request, naming its row, and withdraws the rows not yet answered:
+    a refused request does not keep costing work."""
+    try:
+        await asyncio.wait(futures, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        for f in futures:
+            f.cancel()  # (no-op on those done)
+    first: BaseException | None = None
+    for i, f in enumerate(futures):
+        exc = None if f.cancelled() else f.exception()  # (every failure retrieved)
+        if exc is not None and first is None:
+            if isinstance(exc, FerryError):
+                exc.fields.setdefault("element", i)
+            first = exc
+    if first is not None:
+        raise first
+    results = [f.result() for f in futures]
+    if finish is not None:
+        for r in results:
+            finish(r)
     return merge(results)
 
 

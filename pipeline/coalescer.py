@@ -21,7 +21,9 @@ from typing import Any
 from . import queue_budget
 from .errors import QueueFull
 
-_Entry = tuple[Any, asyncio.Future, float, str]  # item, its future, arrival, request id
+# item, its future, arrival, request id, and the request's "started" flag where one request
+# brought many items (``submit_many``; None for one)
+_Entry = tuple[Any, asyncio.Future, float, str, list[bool] | None]
 
 
 class Coalescer:
@@ -76,7 +78,21 @@ class Coalescer:
 
     async def submit(self, item: Any, request_id: str = "") -> Any:
         loop = asyncio.get_running_loop()
-        now = loop.time()
+        self._admit(loop.time(), request_id)
+        return await self._put(item, request_id, None)
+
+    def submit_many(self, items: Sequence[Any], request_id: str = "") -> list[asyncio.Future]:
+        """One request of many items (a v2 request's images), each its own item downstream:
+        admitted once, as a unit -- its own items are not queue ahead of one another -- and
+        once any of them has left, none of the rest is dropped at dispatch (the request has
+        started: Triton's budget runs until a request's batch starts). ``QueueFull`` at once
+        when refused; else one future per item (cancel them to withdraw the rest)."""
+        loop = asyncio.get_running_loop()
+        self._admit(loop.time(), request_id)
+        started = [False]
+        return [self._put(item, request_id, started) for item in items]
+
+    def _admit(self, now: float, request_id: str) -> None:
         if self.budget_s is not None:
             try:
                 queue_budget.admit(
@@ -93,8 +109,11 @@ class Coalescer:
                 if self.on_reject:
                     self.on_reject(queue_budget.ADMISSION)
                 raise
+
+    def _put(self, item: Any, request_id: str, started: list[bool] | None) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        self._group.append((item, fut, now, request_id))
+        self._group.append((item, fut, loop.time(), request_id, started))
         if len(self._group) >= self.max_items:
             self._flush()
         elif self._timer is None and not self._due:
@@ -108,7 +127,7 @@ class Coalescer:
                 if self.window_s > 0 and not idle
                 else loop.call_soon(self._flush)
             )
-        return await fut
+        return fut
 
     def _flush(self) -> None:
         if self._timer is not None:
@@ -122,6 +141,9 @@ class Coalescer:
         self._group = [e for e in self._group if not e[1].done() and not self._timed_out(e, now)]
         group, self._group = self._group[: self.max_items], self._group[self.max_items :]
         if group:
+            for e in group:
+                if e[4] is not None:
+                    e[4][0] = True  # its request has started
             self._last_dispatch = now
             self.in_flight += 1
             self._out_items += len(group)
@@ -135,7 +157,7 @@ class Coalescer:
     def _timed_out(self, entry: _Entry, now: float) -> bool:
         """Fail a request that waited here past the budget (dropped at dispatch)."""
         waited = now - entry[2]
-        if self.budget_s is None or waited <= self.budget_s:
+        if self.budget_s is None or waited <= self.budget_s or (entry[4] and entry[4][0]):
             return False
         entry[1].set_exception(
             queue_budget.timed_out(waited, self.budget_s, self.retry_after_s, entry[3], "ingress")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from pipeline.coalescer import Coalescer
 
 
@@ -96,5 +98,32 @@ def test_coalescer_dispatches_at_once_when_idle_and_windows_under_load():
         c._flush()
         assert await nxt == 3
         assert loop.time() - t0 < 1.0
+
+    run(main())
+
+
+def test_one_request_of_many_items_is_admitted_as_a_unit():
+    """A v2 request of 1,024 images on a warm coalescer, nothing else queued: its own images
+    are not queue ahead of one another (they were: the last 192 were refused or dropped,
+    failing the request with 503 after 832 images' work), and once it has started none of
+    its images is dropped at dispatch. A request arriving behind it waits for all of them."""
+    from pipeline.errors import QueueFull
+
+    async def main():
+        lock = asyncio.Lock()
+
+        async def serial(items):  # one device: groups run one after another, 3,200 items/s
+            async with lock:
+                await asyncio.sleep(0.02 * len(items) / 64)
+            return items
+
+        c = Coalescer(serial, window_s=0.0, max_items=64, max_in_flight=4, budget_s=0.2)
+        await asyncio.gather(*(c.submit(i) for i in range(600)))  # the meter is measured
+        assert c.meter.wait_s(640) > 0.2  # the request's own images take longer than that
+        futs = c.submit_many(list(range(1024)), "big")
+        with pytest.raises(QueueFull) as e:
+            await c.submit("behind", "late")
+        assert e.value.fields["reason"] == "queue_budget" and e.value.fields["queue_ahead"] > 500
+        assert await asyncio.gather(*futs) == list(range(1024))
 
     run(main())

@@ -155,18 +155,30 @@ def test_views_metadata_and_merge():
         for i in (1, 4, 2)
     ]
 
-    async def submit(i):
-        return rows[i]
+    def futures(values):
+        loop = asyncio.get_running_loop()
+        out = [loop.create_future() for _ in values]
+        for f, v in zip(out, values, strict=True):
+            if isinstance(v, BaseException):
+                f.set_exception(v)
+            elif v is not None:
+                f.set_result(v)
+        return out
 
-    out = asyncio.run(te.answer([0, 1, 2], submit))
+    async def ok():
+        return await te.answer(futures(rows), lambda r: r["timings_ms"].update(done=1))
+
+    out = asyncio.run(ok())
     np.testing.assert_array_equal(out["outputs"]["logits"][:, 0], [1, 4, 2])
-    assert out["timings_ms"] == {"total": 4.0, "gpu": 1.0} and out["batch_size"] == 4
+    assert out["timings_ms"] == {"total": 4.0, "gpu": 1.0, "done": 1} and out["batch_size"] == 4
 
-    async def failing(i):
-        if i == 1:
-            raise InvalidInput("bad image")
-        return rows[i]
+    async def failing():
+        futs = futures([rows[0], InvalidInput("bad image"), None])  # the last still out
+        try:
+            await te.answer(futs)
+        finally:
+            assert futs[2].cancelled()  # withdrawn: a failed request costs no more work
 
     with pytest.raises(InvalidInput) as e:
-        asyncio.run(te.answer([0, 1, 2], failing))
+        asyncio.run(failing())
     assert e.value.fields["element"] == 1
