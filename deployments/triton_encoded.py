@@ -163,7 +163,8 @@ async def answer(
     for i, f in enumerate(futures):
         exc = None if f.cancelled() else f.exception()  # (every failure retrieved)
         if exc is not None and first is None:
-            if isinstance(exc, FerryError):
+            if isinstance(exc, FerryError):  # (a copy: a group's failure is every item's)
+                exc = copy.copy(exc)
                 exc.fields.setdefault("element", i)
             first = exc
     if first is not None:

@@ -172,8 +172,10 @@ def test_views_metadata_and_merge():
     np.testing.assert_array_equal(out["outputs"]["logits"][:, 0], [1, 4, 2])
     assert out["timings_ms"] == {"total": 4.0, "gpu": 1.0, "done": 1} and out["batch_size"] == 4
 
+    shared = InvalidInput("bad image")  # a group's failure: every item of it has this one
+
     async def failing():
-        futs = futures([rows[0], InvalidInput("bad image"), None])  # the last still out
+        futs = futures([rows[0], shared, None])  # the last still out
         try:
             await te.answer(futs)
         finally:
@@ -182,3 +184,4 @@ def test_views_metadata_and_merge():
     with pytest.raises(InvalidInput) as e:
         asyncio.run(failing())
     assert e.value.fields["element"] == 1
+    assert "element" not in shared.fields  # another request's answer names its own row
