@@ -26,7 +26,23 @@ def shipped(tmp_path_factory):
         yield log
     finally:
         stop_app(proc)
-        subprocess.run(["pkill", "-f", "haproxy"], capture_output=True)  # outlives `ray stop`
+        _stop_listener(8000)  # Serve's HAProxy outlives `ray stop`
+
+
+def _stop_listener(port: int) -> None:
+    """SIGTERM what listens on ``port`` (by pid, as ``ss`` names it; nothing without ss)."""
+    import contextlib
+    import os
+    import re
+    import signal
+
+    try:
+        r = subprocess.run(["ss", "-ltnpH", f"sport = :{port}"], capture_output=True, text=True)
+    except OSError:
+        return
+    for pid in {int(p) for p in re.findall(r"pid=(\d+)", r.stdout)}:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
 
 
 def test_classify_and_v2_answer_for_both_models(shipped):
