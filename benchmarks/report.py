@@ -451,6 +451,15 @@ def render() -> str:
     rel = load("reliability.json")
     if rel:
         out += ["## Reliability (`reliability.py`)", "", *reliability_section(rel), ""]
+        sys.path.insert(0, os.path.dirname(HERE))  # (run as a script: benchmarks importable)
+        if "overload" in rel:
+            from benchmarks import overload
+
+            out += ["### Overload (`overload.py`)", "", *overload.section(rel["overload"]), ""]
+        if "soak" in rel:
+            from benchmarks import soak
+
+            out += ["### Soak (`soak.py`)", "", *soak.section(rel["soak"]), ""]
     pa = load("perf_analyzer.json")
     if pa:
         out += ["## Triton's perf_analyzer beside loadgen (`bench_perf_analyzer.py`)", ""]

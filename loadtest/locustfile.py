@@ -7,7 +7,11 @@ never import this into a process that imported ssl first (Ray does) -- gevent br
 Environment: FERRY_MODEL (resnet50), FERRY_CORPUS (loadtest/corpus, made by
 ``python -m loadtest.corpus``), FERRY_SHAPE (step | pulse | slow; unset: -u/-r/-t decide),
 FERRY_SHAPE_SECONDS (how long a shape runs; else -t/--run-time, else the shape's schedule),
-FERRY_SLOW_BPS (bytes per second of slow uploads, 20000).
+FERRY_SLOW_BPS (bytes per second of slow uploads, 20000), FERRY_PULSE_USERS (the pulse's
+sustained level, 64), FERRY_EVENTS (a file: one line per request -- wall time, name, status,
+ms, whether an error answer was Ferry's JSON with a request id, its Retry-After -- and a
+``start`` line when the test starts, for analyses locust's percentiles cannot give, such as
+the accepted requests' p99 within the bursts).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import uuid
 import gevent
 import numpy as np
 from gevent import socket
-from locust import FastHttpUser, LoadTestShape, task
+from locust import FastHttpUser, LoadTestShape, events, task
 
 from loadtest import shapes
 
@@ -47,6 +51,26 @@ def _corpus() -> list[tuple[bytes, str]]:
 
 
 IMAGES = _corpus()
+_EVENTS = os.environ.get("FERRY_EVENTS")
+if _EVENTS:
+    _log = open(_EVENTS, "a", buffering=1)  # noqa: SIM115 -- open for the process's life
+
+    @events.test_start.add_listener
+    def _started(**_kw) -> None:
+        _log.write(f"{time.time():.3f},start,0,0,1,\n")
+
+    @events.request.add_listener
+    def _record(name, response_time, response=None, **_kw) -> None:
+        status = getattr(response, "status_code", 0) or 0
+        ferry_json, retry = 1, ""
+        if status and status != 200:
+            try:
+                body = json.loads(response.content or b"")
+                ferry_json = int(bool(body.get("error")) and bool(body.get("request_id")))
+            except (ValueError, AttributeError):
+                ferry_json = 0
+            retry = (response.headers or {}).get("retry-after", "") or ""
+        _log.write(f"{time.time():.3f},{name},{status},{response_time:.2f},{ferry_json},{retry}\n")
 
 
 def _v2_body() -> tuple[bytes, str]:
@@ -188,7 +212,8 @@ if _CHOSEN:
             env = self.runner.environment
             limit = _run_limit(env)
             if self.logic is None:
-                self.logic = shapes.make(_CHOSEN, limit)
+                users = os.environ.get("FERRY_PULSE_USERS")
+                self.logic = shapes.make(_CHOSEN, limit, int(users) if users else None)
             if shapes.limited(self.get_run_time(), limit):
                 return None
             out = self.logic.tick(self.get_run_time(), _stats(env))

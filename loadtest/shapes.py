@@ -76,17 +76,21 @@ class SlowClients:
         )
 
 
-def make(name: str, seconds: float | None = None) -> StepRamp | Pulse | SlowClients:
+def make(
+    name: str, seconds: float | None = None, users: int | None = None
+) -> StepRamp | Pulse | SlowClients:
     """The shape ``name`` (step, pulse, slow) for a run of ``seconds`` (``None``: the
     shape's own schedule). A pulse keeps its rhythm within the run: a period of at most half
-    of it (so at least one burst comes), a third of each period the burst."""
+    of it (so at least one burst comes), a third of each period the burst; ``users`` its
+    sustained level (64 unless given)."""
     if name == "step":
         return StepRamp()
     if name == "pulse":
+        base = Pulse() if users is None else Pulse(users=users)
         if seconds is None:
-            return Pulse()
+            return base
         period = min(180.0, seconds / 2)
-        return Pulse(period_s=period, burst_s=period / 3, duration_s=seconds)
+        return Pulse(base.users, period_s=period, burst_s=period / 3, duration_s=seconds)
     if name == "slow":
         return SlowClients() if seconds is None else SlowClients(duration_s=seconds)
     raise ValueError(f"no load shape {name!r}: step, pulse or slow")

@@ -1,0 +1,278 @@
+"""Overload (issue 17 item 4): locust's pulse shape against Ferry with its queue-time budget
+and, as the peer in the same run, the same config with the budget off (``timeout_ms: null``:
+requests queue up to ``batching.max_queue``, Ferry's old behaviour).
+
+    python benchmarks/overload.py --config serve_config.yaml --users 8       # CPU default
+    python benchmarks/overload.py --config serve_config.gpu.yaml --users 256 --out $OUT/overload
+
+For each system: `serve run CONFIG` (a fresh local Ray), a warm-up, ``--users`` steady
+clients for ``--steady-seconds`` (the unloaded figure: the sustained level alone), then the
+pulse -- that level with bursts of ``--factor`` times it for a third of each period -- for
+``--pulse-seconds``. Locust runs as its own process and logs every request
+(``FERRY_EVENTS``), so the accepted requests' p99 within the bursts, the refusals and the
+time they took are exact. The rejections by reason come from Ray's metrics endpoint.
+Writes the ``overload`` section of results/reliability.json (``--no-write``: only
+``--out``/overload.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+
+from benchmarks import ray_probe  # noqa: E402
+from loadtest.run import run_level, start_app, stop_app, venv_bin, wait_ready  # noqa: E402
+
+RESULTS = os.path.join(HERE, "results", "reliability.json")
+
+
+def pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return round(xs[min(len(xs) - 1, int(q * len(xs)))], 1)
+
+
+def read_events(path: str) -> tuple[float, list[tuple[float, str, int, float, int, str]]]:
+    """(the test's start, its requests: wall time, name, status, ms, Ferry JSON, Retry-After)."""
+    start, rows = 0.0, []
+    with open(path) as f:
+        for line in f:
+            p = line.rstrip("\n").split(",")
+            if len(p) < 6:
+                continue
+            if p[1] == "start":
+                start = float(p[0])
+                continue
+            rows.append((float(p[0]), p[1], int(p[2]), float(p[3]), int(p[4]), p[5]))
+    return start, rows
+
+
+def summarize(rows: list, seconds: float) -> dict[str, Any]:
+    ok = [r[3] for r in rows if r[2] == 200]
+    shed = [r for r in rows if r[2] == 503]
+    other = {}
+    for r in rows:
+        if r[2] not in (200, 503):
+            other[str(r[2])] = other.get(str(r[2]), 0) + 1
+    return {
+        "requests": len(rows),
+        "accepted": len(ok),
+        "accepted_per_s": round(len(ok) / seconds, 2) if seconds else None,
+        "accepted_p50_ms": pct(ok, 0.50),
+        "accepted_p99_ms": pct(ok, 0.99),
+        "refused_503": len(shed),
+        "refused_share": round(len(shed) / len(rows), 3) if rows else None,
+        "refusal_p50_ms": pct([r[3] for r in shed], 0.50),
+        "refusal_p99_ms": pct([r[3] for r in shed], 0.99),
+        "refusals_not_ferry_json": sum(1 for r in shed if not r[4]),
+        "refusals_without_retry_after": sum(1 for r in shed if not r[5]),
+        "other_statuses": other,
+    }
+
+
+def pulse_split(start: float, rows: list, period: float, burst: float, settle: float) -> dict:
+    """The pulse's requests by phase (by the time each was answered, minus its latency: when
+    it was sent): ``burst`` windows, and ``base`` windows from ``settle`` s after a burst."""
+    base, hi = [], []
+    t_base = t_hi = 0.0
+    for r in rows:
+        t = r[0] - r[3] / 1e3 - start
+        ph = t % period
+        if ph >= period - burst:
+            hi.append(r)
+        elif ph >= settle or t < period - burst:
+            base.append(r)
+    n = int((rows[-1][0] - start) // period) + 1 if rows else 0
+    t_hi = burst * n
+    t_base = max(1.0, (period - burst - settle) * n)
+    return {"burst": summarize(hi, t_hi), "base": summarize(base, t_base)}
+
+
+def one_system(args: argparse.Namespace, name: str, config: str, out: str) -> dict[str, Any]:
+    url = f"http://127.0.0.1:{args.port}"
+    os.makedirs(out, exist_ok=True)
+    proc = start_app(config, os.path.join(out, "serve.log"))
+    try:
+        if not wait_ready(url, 300, proc):
+            raise RuntimeError(f"{name}: not ready; see {out}/serve.log")
+        run_level(url, 4, 15, out, "ClassifyUser", args.model)  # warm
+        before = ray_probe.rejected()
+        res: dict[str, Any] = {}
+        for phase, seconds, shape in (
+            ("steady", args.steady_seconds, None),
+            ("pulse", args.pulse_seconds, "pulse"),
+        ):
+            ev = os.path.join(out, f"{phase}_events.csv")
+            os.environ["FERRY_EVENTS"] = ev
+            os.environ["FERRY_PULSE_USERS"] = str(args.users)
+            try:
+                run_level(url, args.users, seconds, out, "ClassifyUser", args.model, shape)
+            finally:
+                os.environ.pop("FERRY_EVENTS", None)
+            start, rows = read_events(ev)
+            if shape is None:
+                res[phase] = summarize(rows, seconds)
+            else:
+                period = min(180.0, seconds / 2)
+                res[phase] = pulse_split(start, rows, period, period / 3, args.settle_seconds)
+                res[phase]["all"] = summarize(rows, seconds)
+        after = ray_probe.rejected()
+        res["rejected_by_reason"] = {
+            k: round(after.get(k, 0) - before.get(k, 0)) for k in sorted(set(after) | set(before))
+        }
+        return res
+    finally:
+        stop_app(proc)
+        with contextlib.suppress(OSError):  # (inside the caller's lock: this run's Ray only)
+            subprocess.run([venv_bin("ray"), "stop", "--force"], capture_output=True)
+
+
+def config_without_budget(path: str, tmp: str) -> str:
+    """The same Serve config, every Ferry app's queue budget off."""
+    import yaml
+
+    with open(path) as f:
+        doc = yaml.safe_load(f)
+    for app in doc["applications"]:
+        b = app["args"]["config"].setdefault("batching", {})
+        b["queue_policy"] = {"timeout_ms": None}
+        b.pop("model_queue_policy", None)
+    out = os.path.join(tmp, "no_budget.yaml")
+    with open(out, "w") as f:
+        yaml.safe_dump(doc, f)
+    return out
+
+
+def budget_of(path: str) -> Any:
+    import yaml
+
+    with open(path) as f:
+        doc = yaml.safe_load(f)
+    b = doc["applications"][0]["args"]["config"].get("batching", {})
+    return {
+        "queue_policy": b.get("queue_policy", "default (1000 ms)"),
+        **({"model_queue_policy": b["model_queue_policy"]} if "model_queue_policy" in b else {}),
+    }
+
+
+def verdict(res: dict[str, Any]) -> dict[str, Any]:
+    unloaded = res["steady"]["accepted_p99_ms"]
+    burst = res["pulse"]["burst"]["accepted_p99_ms"]
+    ratio = round(burst / unloaded, 2) if unloaded and burst else None
+    return {
+        "unloaded_p99_ms": unloaded,
+        "accepted_p99_in_bursts_ms": burst,
+        "ratio": ratio,
+        "within_2x": ratio is not None and ratio <= 2.0,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--config", default=os.path.join(ROOT, "serve_config.yaml"))
+    ap.add_argument("--users", type=int, default=8, help="the sustained level (pulse base)")
+    ap.add_argument("--factor", type=float, default=3.0)
+    ap.add_argument("--steady-seconds", type=float, default=60)
+    ap.add_argument("--pulse-seconds", type=float, default=180)
+    ap.add_argument("--settle-seconds", type=float, default=10, help="left out after a burst")
+    ap.add_argument("--model", default="resnet50")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--skip-peer", action="store_true", help="only the budgeted config")
+    ap.add_argument("--conditions", default="", help="what else ran on the machine")
+    ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "ferry-overload"))
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args(argv)
+    if args.factor != 3.0:
+        raise SystemExit("loadtest.shapes.Pulse bursts to 3x; --factor is recorded, not applied")
+    tmp = tempfile.mkdtemp()
+    systems = {"budget": args.config}
+    if not args.skip_peer:
+        systems["no_budget"] = config_without_budget(args.config, tmp)
+    runs = {}
+    for name, cfg in systems.items():
+        print(f"== {name}: {cfg}", flush=True)
+        t0 = time.time()
+        runs[name] = one_system(args, name, cfg, os.path.join(args.out, name))
+        runs[name]["verdict"] = verdict(runs[name])
+        print(json.dumps(runs[name]["verdict"]), f"({time.time() - t0:.0f} s)", flush=True)
+    import psutil
+
+    doc = {
+        "method": (
+            f"locust ClassifyUser ({args.model}, loadtest/corpus photos) as its own process: "
+            f"{args.users} steady clients for {args.steady_seconds:.0f} s (unloaded), then "
+            f"loadtest.shapes.Pulse for {args.pulse_seconds:.0f} s ({args.users} clients, "
+            f"bursts to {round(args.users * args.factor)} for a third of each "
+            f"{min(180.0, args.pulse_seconds / 2):.0f} s period; closed loop, no think time, "
+            "a refused client asks again at once); burst figures are the requests sent within "
+            f"the bursts, base figures those sent from {args.settle_seconds:.0f} s after one"
+        ),
+        "config": os.path.relpath(args.config, ROOT),
+        "budget": budget_of(args.config),
+        "machine": f"{platform.node()}: {os.cpu_count()} cores, "
+        f"{psutil.virtual_memory().total / 2**30:.0f} GiB",
+        "conditions": f"{args.conditions}; load average at the end "
+        f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}".lstrip("; "),
+        "date": datetime.date.today().isoformat(),
+        "runs": runs,
+    }
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "overload.json"), "w") as f:
+        json.dump(doc, f, indent=2)
+    if not args.no_write:
+        write_section("overload", doc)
+    print(json.dumps({k: v["verdict"] for k, v in runs.items()}, indent=2))
+    return 0
+
+
+def write_section(key: str, doc: dict[str, Any], path: str = RESULTS) -> None:
+    """Put ``doc`` under ``key`` in reliability.json, leaving the other sections as they are."""
+    rel = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            rel = json.load(f)
+    rel[key] = doc
+    with open(path, "w") as f:
+        json.dump(rel, f, indent=2)
+        f.write("\n")
+
+
+def section(doc: dict[str, Any]) -> list[str]:
+    """RESULTS.md lines of the overload section."""
+    lines = [
+        f"Overload ({doc['config']}, {doc['machine']}, {doc['date']}; {doc['conditions']}): "
+        f"{doc['method']}. Budget: `{json.dumps(doc['budget'])}`.",
+        "",
+        "| system | unloaded p99 ms | accepted p99 in bursts ms | ratio | accepted/s in bursts "
+        "| refused in bursts | refusal p50 / p99 ms | other statuses |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in doc["runs"].items():
+        v, b = r["verdict"], r["pulse"]["burst"]
+        lines.append(
+            f"| {name} | {v['unloaded_p99_ms']} | {v['accepted_p99_in_bursts_ms']} | "
+            f"{v['ratio']}x | {b['accepted_per_s']} | {b['refused_503']} "
+            f"({b['refused_share'] or 0:.0%}) | {b['refusal_p50_ms']} / {b['refusal_p99_ms']} | "
+            f"{r['pulse']['all']['other_statuses'] or 'none'} |"
+        )
+    return lines
+
+
+if __name__ == "__main__":
+    sys.exit(main())

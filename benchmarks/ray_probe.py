@@ -1,0 +1,89 @@
+"""What a benchmark reads of a running local Ray/Serve from outside it (no ``ray`` import, so
+it works beside `serve run` in its own process): Ray's metrics endpoints, found in the
+session directory's Prometheus service discovery file, and the Serve processes' RSS, found
+by their process titles (``ray::ServeReplica:app:Deployment``, ``ray::ProxyActor``)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import urllib.request
+
+LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)")
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def session_dir() -> str:
+    base = os.environ.get("RAY_TMPDIR", "/tmp") + "/ray"
+    return os.path.join(base, "session_latest")
+
+
+def metrics_targets() -> list[str]:
+    """``host:port`` of every node's metrics endpoint of the latest local session."""
+    path = os.path.join(session_dir(), "prom_metrics_service_discovery.json")
+    with contextlib.suppress(OSError, ValueError), open(path) as f:
+        return [t for group in json.load(f) for t in group.get("targets", [])]
+    return []
+
+
+def scrape(prefix: str = "ray_ferry_") -> list[tuple[str, dict[str, str], float]]:
+    """(name, labels, value) of every series whose name starts with ``prefix``."""
+    out = []
+    for t in metrics_targets():
+        try:
+            text = urllib.request.urlopen(f"http://{t}/metrics", timeout=10).read().decode()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("#") or not line.startswith(prefix):
+                continue
+            m = LINE.match(line)
+            if m:
+                with contextlib.suppress(ValueError):
+                    out.append(
+                        (m.group(1), dict(LABEL.findall(m.group(2) or "")), float(m.group(3)))
+                    )
+    return out
+
+
+def rejected() -> dict[str, float]:
+    """``ray_ferry_rejected_total`` summed over replicas, by reason."""
+    out: dict[str, float] = {}
+    for name, lab, v in scrape("ray_ferry_rejected_total"):
+        if name == "ray_ferry_rejected_total":
+            out[lab.get("reason", "")] = out.get(lab.get("reason", ""), 0.0) + v
+    return out
+
+
+def gauge(series: str) -> dict[str, float]:
+    """One gauge per replica, e.g. ``ray_ferry_pool_bytes_in_use``."""
+    out = {}
+    for name, lab, v in scrape(series):
+        if name == series:
+            key = lab.get("replica") or lab.get("ReplicaId") or lab.get("WorkerId") or "?"
+            out[key] = v
+    return out
+
+
+def pool_bytes() -> dict[str, float]:
+    """The device pool's bytes per replica: ``in_use <replica>`` (held by batches in flight,
+    so it moves with the load) and ``reserved <replica>`` (held from the driver)."""
+    out = {f"in_use {k}": v for k, v in gauge("ray_ferry_pool_bytes_in_use").items()}
+    out.update({f"reserved {k}": v for k, v in gauge("ray_ferry_pool_bytes_reserved").items()})
+    return out
+
+
+def serve_rss() -> dict[str, int]:
+    """RSS in bytes of every Serve replica and proxy process, by ``title pid``."""
+    import psutil
+
+    out = {}
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        with contextlib.suppress(psutil.Error, IndexError):
+            title = (p.info["cmdline"] or [""])[0]
+            if title.startswith(("ray::ServeReplica:", "ray::ProxyActor")):
+                # (Ray appends the running method to the title: one name per process)
+                out[f"{title.split()[0].split('.')[0]} {p.info['pid']}"] = p.memory_info().rss
+    return out
