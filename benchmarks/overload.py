@@ -194,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="resnet50")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--skip-peer", action="store_true", help="only the budgeted config")
+    ap.add_argument("--systems", default="", help="a subset: budget, no_budget (comma-separated)")
     ap.add_argument("--conditions", default="", help="what else ran on the machine")
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "ferry-overload"))
     ap.add_argument("--no-write", action="store_true")
@@ -204,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     systems = {"budget": args.config}
     if not args.skip_peer:
         systems["no_budget"] = config_without_budget(args.config, tmp)
+    if args.systems:  # e.g. one per command where a command's time is bounded
+        systems = {k: v for k, v in systems.items() if k in args.systems.split(",")}
     runs = {}
     for name, cfg in systems.items():
         print(f"== {name}: {cfg}", flush=True)
