@@ -258,3 +258,25 @@ def test_config_policy_per_model_and_triton_reports_it():
             "allow_timeout_override": False,
             "max_queue_size": 64,
         }
+
+
+def test_a_budget_no_longer_than_the_batch_wait_is_refused_at_validation():
+    """Else it validates and then drops every batch that leaves by its wait (503s)."""
+    with pytest.raises(ValueError, match="must exceed batching.max_wait_ms"):
+        PipelineConfig.model_validate(
+            {"batching": {"max_wait_ms": 50, "queue_policy": {"timeout_ms": 5}}}
+        )
+    with pytest.raises(ValueError, match="model_queue_policy.digits.timeout_ms"):
+        PipelineConfig.model_validate(
+            {
+                "models": [{"name": "digits", "arch": "digits"}],
+                "batching": {
+                    "max_wait_ms": 20,
+                    "model_queue_policy": {"digits": {"timeout_ms": 20}},
+                },
+            }
+        )
+    ok = PipelineConfig.model_validate(
+        {"batching": {"max_wait_ms": 50, "queue_policy": {"timeout_ms": None}}}
+    )
+    assert ok.batching.policy_for("x").timeout_ms is None
