@@ -520,9 +520,32 @@ def reliability_section(rel: dict) -> list[str]:
         f"{slow['refused_503_p99_s']} s; the worst health answer took "
         f"{slow['probe_worst_s']['health']} s and the worst classify "
         f"{slow['probe_worst_s']['classify']} s ({slow['probes']['health']} of each, all 200).",
-        "",
-        f"Not measured yet: {rel['not_measured']}.",
+        *chaos_lines(rel),
     ]
+
+
+def chaos_lines(rel: dict) -> list[str]:
+    """reliability_chaos.py's sections: replicas killed under load; redeploy and shutdown."""
+    out = []
+    for key in ("", "_gpu"):
+        ch, dr = rel.get(f"chaos{key}"), rel.get(f"drain{key}")
+        if ch:
+            out += [
+                "",
+                f"Chaos ({ch['machine']}, {ch['config']}): {ch['method']} {len(ch['kills_at_s'])} "
+                f"kills of {ch['killed']} in {ch['duration_s']} s, {ch['clients']} clients: "
+                f"{ch['succeeded']:,} of {ch['requests']:,} succeeded ({ch['success_rate']:.3%}), "
+                f"{ch['retried']} retried, {ch['hung_past_deadline']} past the deadline "
+                f"(worst {ch['worst_s']} s); final statuses {ch['final_statuses']}.",
+            ]
+        for phase, d in (dr or {}).items():
+            out += [
+                "",
+                f"Drain on {phase}: {d['in_flight_at_start']} requests in flight when it began, "
+                f"{d['in_flight_finished_200']} finished with 200, {d['dropped']} dropped "
+                f"(took {d['took_s']} s; started meanwhile: {d['started_during']['final_statuses']}).",
+            ]
+    return out
 
 
 def models_section(doc: dict) -> list[str]:

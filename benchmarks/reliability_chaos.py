@@ -1,0 +1,263 @@
+"""Faults survived (issue 17 item 6), into results/reliability.json's ``chaos`` and ``drain``
+sections (the file's other sections are kept).
+
+    python benchmarks/reliability_chaos.py                       # CPU test app, ~3 minutes
+    python benchmarks/reliability_chaos.py --config serve_config.gpu.yaml --duration 90
+
+chaos: closed-loop clients classify digits PNGs while a replica of the deployment that holds
+the executor (Inference, or the one-deployment form's Ingress) is killed (``ray.kill``) every
+``--kill-every`` seconds. The client retries what README says is safe to retry (connection
+errors, 502, 503 -- honouring Retry-After, capped --, a proxy's 504) within the request's
+deadline; a request succeeds if an answer of 200 comes before its deadline, and hangs if it
+takes longer than its deadline plus a second.
+
+drain: the same load without retries while (1) the app is redeployed with a changed config
+(what ``serve deploy`` does) and (2) Serve shuts down: every request in flight when either
+began is counted, and each must end in a 200.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import platform
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+RETRY = {502, 503, 504}
+
+
+def _pipeline_config(path: str | None):
+    from tests.integration.helpers import cpu_config
+
+    if path is None:
+        return cpu_config(
+            models=[{"name": "digits", "arch": "digits"}],
+            inference_deployment={"num_replicas": 2, "graceful_shutdown_timeout_s": 10},
+            ingress_deployment={"num_replicas": 1},
+        )
+    import yaml
+
+    from pipeline.config import PipelineConfig
+
+    with open(path) as f:
+        doc = yaml.safe_load(f)
+    return PipelineConfig.model_validate(doc["applications"][0]["args"]["config"])
+
+
+def _deploy(cfg) -> None:
+    from ray import serve
+
+    from deployments.app import build, place
+
+    serve.run(build(place(cfg)), name="ferry", route_prefix="/")
+
+
+def _target(cfg) -> str:
+    return "Ingress" if cfg.fusion.inference_in_ingress else "Inference"
+
+
+def _alive(deployment: str) -> list[str]:
+    from ray._private import state
+
+    return [
+        a["Name"]
+        for a in state.actors().values()
+        if a.get("State") == "ALIVE"
+        and (a.get("ActorClassName") or "") == f"ServeReplica:ferry:{deployment}"
+    ]
+
+
+class Load:
+    """``clients`` closed loops of classify; every request's (start, end, status, tries)."""
+
+    def __init__(self, base: str, png: bytes, clients: int, deadline_s: float, retry: bool):
+        self.base, self.png, self.clients = base, png, clients
+        self.deadline_s, self.retry = deadline_s, retry
+        self.records: list[tuple[float, float, int, int]] = []
+        self.stop = threading.Event()
+
+    async def _one(self, c) -> tuple[int, int]:
+        t_end = time.monotonic() + self.deadline_s
+        tries = 0
+        while True:
+            tries += 1
+            left = t_end - time.monotonic()
+            status, wait = 0, 0.2
+            try:
+                r = await c.post(
+                    "/v1/models/digits/classify",
+                    content=self.png,
+                    headers={
+                        "content-type": "image/png",
+                        "x-deadline-ms": str(max(1, int(left * 1e3))),
+                    },
+                    timeout=max(0.1, left),
+                )
+                status = r.status_code
+                ferry = r.headers.get("content-type", "").startswith("application/json")
+                if status == 504 and ferry and "DeadlineExceeded" in r.text:
+                    return status, tries  # the deadline itself passed: no retry
+                wait = min(float(r.headers.get("retry-after", 0.2)), 0.5)
+            except Exception:  # connection refused or reset, or no answer in time
+                status = -1
+            if status == 200 or not self.retry or status not in RETRY | {-1}:
+                return status, tries
+            if time.monotonic() + wait >= t_end:
+                return status, tries
+            await asyncio.sleep(wait * min(tries, 3) / 3)
+
+    async def _client(self) -> None:
+        import httpx
+
+        async with httpx.AsyncClient(base_url=self.base) as c:
+            while not self.stop.is_set():
+                t0 = time.monotonic()
+                status, tries = await self._one(c)
+                self.records.append((t0, time.monotonic(), status, tries))
+
+    def run(self) -> threading.Thread:
+        async def main():
+            await asyncio.gather(*(self._client() for _ in range(self.clients)))
+
+        t = threading.Thread(target=lambda: asyncio.run(main()), daemon=True)
+        t.start()
+        return t
+
+    def summary(self, records=None) -> dict:
+        recs = self.records if records is None else records
+        n = len(recs)
+        ok = sum(1 for r in recs if r[2] == 200)
+        lat = sorted(r[1] - r[0] for r in recs)
+        statuses: dict[str, int] = {}
+        for r in recs:
+            statuses[str(r[2])] = statuses.get(str(r[2]), 0) + 1
+        return {
+            "requests": n,
+            "succeeded": ok,
+            "success_rate": round(ok / n, 5) if n else None,
+            "retried": sum(1 for r in recs if r[3] > 1),
+            "hung_past_deadline": sum(1 for x in lat if x > self.deadline_s + 1.0),
+            "worst_s": round(lat[-1], 3) if lat else None,
+            "p99_s": round(lat[int(0.99 * (n - 1))], 3) if lat else None,
+            "final_statuses": statuses,
+        }
+
+
+def chaos(base, png, cfg, duration, kill_every, clients, deadline_s) -> dict:
+    import ray
+
+    target = _target(cfg)
+    load = Load(base, png, clients, deadline_s, retry=True)
+    thread = load.run()
+    kills = []
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < duration:
+        time.sleep(kill_every)
+        names = _alive(target)
+        if names:
+            victim = names[len(kills) % len(names)]
+            ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+            kills.append(round(time.monotonic() - t0, 1))
+    load.stop.set()
+    thread.join(deadline_s + 5)
+    return {
+        "killed": target,
+        "kills_at_s": kills,
+        "duration_s": duration,
+        "clients": clients,
+        "deadline_s": deadline_s,
+        **load.summary(),
+    }
+
+
+def _in_flight_at(records, t) -> list:
+    return [r for r in records if r[0] <= t < r[1]]
+
+
+def drain(base, png, cfg, clients) -> dict:
+    from ray import serve
+
+    out = {}
+    load = Load(base, png, clients, 30.0, retry=False)
+    thread = load.run()
+    time.sleep(5)
+    changed = cfg.model_copy(deep=True)
+    changed.batching.max_wait_ms = cfg.batching.max_wait_ms + 1  # a changed config: new version
+    t_deploy = time.monotonic()
+    _deploy(changed)
+    t_done = time.monotonic()
+    time.sleep(5)
+    t_shutdown = time.monotonic()
+    serve.shutdown()
+    t_down = time.monotonic()
+    load.stop.set()
+    thread.join(40)
+    for name, t, t_end in (("redeploy", t_deploy, t_done), ("shutdown", t_shutdown, t_down)):
+        inflight = _in_flight_at(load.records, t)
+        during = [r for r in load.records if t <= r[0] < t_end]
+        out[name] = {
+            "in_flight_at_start": len(inflight),
+            "in_flight_finished_200": sum(1 for r in inflight if r[2] == 200),
+            "dropped": sum(1 for r in inflight if r[2] != 200),
+            "took_s": round(t_end - t, 2),
+            "started_during": load.summary(during),
+        }
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", help="a Serve config file (default: the CPU test app)")
+    ap.add_argument("--duration", type=float, default=120)
+    ap.add_argument("--kill-every", type=float, default=15)
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--deadline-s", type=float, default=10)
+    ap.add_argument("--port", type=int, default=8123)
+    ap.add_argument("--cpus", type=int, default=6, help="the local cluster's logical CPUs")
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "reliability.json"))
+    a = ap.parse_args()
+    import ray
+    from ray import serve
+
+    from pipeline.imaging import encode_png
+    from pipeline.models import digits
+
+    png = encode_png(digits.load_split()[2][0])
+    ray.init(num_cpus=a.cpus, include_dashboard=False, log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": a.port})
+    base = f"http://127.0.0.1:{a.port}"
+    cfg = _pipeline_config(a.config)
+    _deploy(cfg)
+    gpu = "GPU" if cfg.executor.backend == "cupy" else "no GPU"
+    doc = {}
+    if os.path.exists(a.out):
+        with open(a.out) as f:
+            doc = json.load(f)
+    key = "" if a.config is None else "_gpu"
+    doc[f"chaos{key}"] = {
+        "machine": f"{platform.node()}: {os.cpu_count()} cores, {gpu}",
+        "date": datetime.date.today().isoformat(),
+        "config": a.config or "CPU test app: digits, 2 Inference replicas",
+        "method": __doc__.split("chaos: ")[1].split("\n\n")[0].replace("\n", " "),
+        **chaos(base, png, cfg, a.duration, a.kill_every, a.clients, a.deadline_s),
+    }
+    time.sleep(10)  # the last kill's replacement
+    doc[f"drain{key}"] = drain(base, png, cfg, a.clients)
+    doc.pop("not_measured", None)
+    with open(a.out, "w") as f:
+        json.dump(doc, f, indent=1)
+    print(json.dumps({k: doc[k] for k in (f"chaos{key}", f"drain{key}")}, indent=1))
+    ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
