@@ -34,7 +34,7 @@ sys.path.insert(0, ROOT)
 RETRY = {502, 503, 504}
 
 
-def _pipeline_config(path: str | None):
+def _pipeline_config(path: str | None, models: str | None = None):
     from tests.integration.helpers import cpu_config
 
     if path is None:
@@ -49,7 +49,10 @@ def _pipeline_config(path: str | None):
 
     with open(path) as f:
         doc = yaml.safe_load(f)
-    return PipelineConfig.model_validate(doc["applications"][0]["args"]["config"])
+    raw = doc["applications"][0]["args"]["config"]
+    if models:  # only these of the file's models (a shorter warm-up for each replacement)
+        raw["models"] = [m for m in raw["models"] if m["name"] in models.split(",")]
+    return PipelineConfig.model_validate(raw)
 
 
 def _deploy(cfg) -> None:
@@ -221,6 +224,7 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--deadline-s", type=float, default=10)
     ap.add_argument("--port", type=int, default=8123)
+    ap.add_argument("--models", help="with --config: serve only these models (comma-separated)")
     ap.add_argument("--cpus", type=int, default=6, help="the local cluster's logical CPUs")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "reliability.json"))
     a = ap.parse_args()
@@ -234,7 +238,7 @@ def main() -> int:
     ray.init(num_cpus=a.cpus, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": a.port})
     base = f"http://127.0.0.1:{a.port}"
-    cfg = _pipeline_config(a.config)
+    cfg = _pipeline_config(a.config, a.models)
     _deploy(cfg)
     gpu = "GPU" if cfg.executor.backend == "cupy" else "no GPU"
     doc = {}
@@ -245,7 +249,11 @@ def main() -> int:
     doc[f"chaos{key}"] = {
         "machine": f"{platform.node()}: {os.cpu_count()} cores, {gpu}",
         "date": datetime.date.today().isoformat(),
-        "config": a.config or "CPU test app: digits, 2 Inference replicas",
+        "config": (
+            f"{a.config} (models: {a.models or 'all'})"
+            if a.config
+            else "CPU test app: digits, 2 Inference replicas"
+        ),
         "method": __doc__.split("chaos: ")[1].split("\n\n")[0].replace("\n", " "),
         **chaos(base, png, cfg, a.duration, a.kill_every, a.clients, a.deadline_s),
     }
