@@ -259,7 +259,6 @@ def main() -> int:
     }
     time.sleep(10)  # the last kill's replacement
     doc[f"drain{key}"] = drain(base, png, cfg, a.clients)
-    doc.pop("not_measured", None)
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)
     print(json.dumps({k: doc[k] for k in (f"chaos{key}", f"drain{key}")}, indent=1))

@@ -521,6 +521,7 @@ def reliability_section(rel: dict) -> list[str]:
         f"{slow['probe_worst_s']['health']} s and the worst classify "
         f"{slow['probe_worst_s']['classify']} s ({slow['probes']['health']} of each, all 200).",
         *chaos_lines(rel),
+        *([""] + [f"Not measured yet: {rel['not_measured']}."] if rel.get("not_measured") else []),
     ]
 
 
