@@ -37,7 +37,7 @@ from pipeline.errors import (
 from pipeline.imaging import plan_decode
 from pipeline.models.repository import model_card, random_weights
 
-from . import ingress_http, triton, triton_encoded, v2
+from . import ingress_http, triton, triton_encoded, triton_stats, v2
 from .http_errors import request_id_of, unwrap
 from .ingress_http import app, deadline_of, multipart_image, priority_of
 from .messages import PostSpec, RequestMeta, Rows
@@ -118,6 +118,8 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
             ic.body_timeout_s,
             ic.upload_grace_s,
         )
+        # the statistics extension: the sum over this app's ingress replicas
+        self.stats = triton_stats.for_this_replica()
         ingress_http.ACTIVE = self  # for ClassifyFastPath and RequestMetrics
 
     # ------------------------------------------------------------------ plumbing

@@ -139,6 +139,26 @@ class Stats:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._books: dict[str, _ModelBook] = {}
+        # set by the ingress (deployments/triton_stats.py): told, at most every
+        # ``publish_every_s``, that this book changed (it then publishes a copy, ``books``)
+        self.publish: Any = None
+        self.publish_every_s = 0.05
+        self._published = 0.0
+
+    def books(self) -> dict[str, _ModelBook]:
+        """A copy of this process's book (per model)."""
+        with self._lock:
+            return {
+                m: _ModelBook(
+                    list(b.success),
+                    list(b.fail),
+                    {k: list(v) for k, v in b.durations.items()},
+                    b.inference_count,
+                    b.execution_count,
+                    b.last_inference_ms,
+                )
+                for m, b in self._books.items()
+            }
 
     def record(
         self, model: str, ok: bool, total_ms: float, timings_ms: dict | None, n: int
@@ -160,12 +180,20 @@ class Stats:
                 d = b.durations[theirs]
                 d[0] += 1
                 d[1] += ms * 1e6 if isinstance(ms, int | float) else 0.0
+        now = time.monotonic()
+        if self.publish is not None and now - self._published >= self.publish_every_s:
+            self._published = now
+            self.publish()
 
-    def model_stats(self, models: list[str]) -> dict[str, Any]:
+    def model_stats(
+        self, models: list[str], books: dict[str, _ModelBook] | None = None
+    ) -> dict[str, Any]:
+        """The statistics of ``models``: from ``books`` (the sum over replicas, ``merge``)
+        when given, else from this process's own book."""
         out = []
         with self._lock:
             for m in models:
-                b = self._books.get(m, _ModelBook())
+                b = (self._books if books is None else books).get(m, _ModelBook())
 
                 def pair(p: list[float]) -> dict[str, int]:
                     return {"count": int(p[0]), "ns": int(p[1])}
@@ -186,6 +214,27 @@ class Stats:
                     }
                 )
         return {"model_stats": out}
+
+
+def merge(books: list[dict[str, _ModelBook]]) -> dict[str, _ModelBook]:
+    """The sum of several replicas' books. perf_analyzer subtracts two snapshots in
+    unsigned 64-bit integers: snapshots of different replicas' own books (each GET goes to
+    any replica) could go backwards, and the difference wraps to ~1.8e19 ns."""
+    out: dict[str, _ModelBook] = {}
+    for book in books:
+        for m, b in book.items():
+            t = out.setdefault(m, _ModelBook())
+            for mine, theirs in ((t.success, b.success), (t.fail, b.fail)):
+                mine[0] += theirs[0]
+                mine[1] += theirs[1]
+            for k, v in b.durations.items():
+                d = t.durations.setdefault(k, [0, 0.0])
+                d[0] += v[0]
+                d[1] += v[1]
+            t.inference_count += b.inference_count
+            t.execution_count += b.execution_count
+            t.last_inference_ms = max(t.last_inference_ms, b.last_inference_ms)
+    return out
 
 
 STATS = Stats()  # this process's book (one ingress replica)

@@ -17,7 +17,8 @@ from .ingress_http import app
 
 
 class TritonRoutes:
-    """Needs of the class it is mixed into: ``cfg``, ``cards``, ``models``,
+    """Needs of the class it is mixed into: ``cfg``, ``cards``, ``models``, ``stats``
+    (``triton_stats.SharedStats``),
     ``encoded_views``, ``_model``, ``model_metadata``, ``model_ready`` and ``infer``."""
 
     def _v2_model(self, name: str) -> str:
@@ -26,7 +27,7 @@ class TritonRoutes:
 
     @app.get("/v2/models/stats")  # (before /v2/models/{model}, which would take it)
     async def all_model_stats(self) -> dict[str, Any]:
-        return triton.STATS.model_stats([*self.models, *sorted(self.encoded_views)])
+        return await self.stats.model_stats([*self.models, *sorted(self.encoded_views)])
 
     @app.get("/v2/models/{model}/config")
     async def model_config(self, model: str) -> dict[str, Any]:
@@ -46,7 +47,7 @@ class TritonRoutes:
     @app.get("/v2/models/{model}/stats")
     async def model_stats(self, model: str) -> dict[str, Any]:
         self._v2_model(model)
-        return triton.STATS.model_stats([model])
+        return await self.stats.model_stats([model])
 
     @app.post("/v2/repository/index")
     async def repository_index(self) -> list[dict[str, str]]:
