@@ -8,8 +8,8 @@ and one small per-process statistics book, no Ray, no web framework.
 * ``Stats``: the statistics extension (``GET /v2/models/{m}/stats``, ``/v2/models/stats``):
   success and fail counts and cumulative nanoseconds of queue, compute_input (decoding and
   resizing), compute_infer (the GPU) and compute_output (softmax, top-k), per model. Each
-  ingress replica keeps its own book and answers from it (Prometheus has the sum over
-  replicas: ``ferry_stage_duration_us_total``).
+  ingress replica keeps its own book; the routes answer the sum over replicas
+  (``merge``, gathered by ``deployments/triton_stats.py``).
 * ``request_options``: a request's ``parameters.priority`` (Triton: 1 is the highest level;
   it takes the high-priority lane) and ``parameters.timeout`` (microseconds; the request's
   deadline), and which outputs asked for ``parameters.classification`` (top-k).
