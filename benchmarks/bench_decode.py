@@ -5,7 +5,7 @@
 The same JPEG (scikit-image chelsea, 451x300, quality 90), made into uint8 224x224x3
 batches by:
 
-* ``cpu_simplejpeg_<t>t``: Ferry's CPU stage (``PreprocessCore``): simplejpeg at the
+* ``cpu_simplejpeg_<t>t``: Ferry's CPU stage (``PreprocessStage``): simplejpeg at the
   smallest DCT scale that suffices, Pillow's bilinear resize and centre crop, on ``t``
   worker threads. The baseline, and what a Ray Serve replica can do without a GPU.
 * ``gpu_<backend>``: Ferry's GPU stage fused into the inference replica
@@ -31,16 +31,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import machine, table, today, write_json  # noqa: E402
 
 
-def _config(**pre):
+def _config(gpu: bool = False, **pre):
     from pipeline.config import PipelineConfig
 
     return PipelineConfig.model_validate(
         {
             "models": [{"name": "resnet50", "arch": "resnet50"}],
-            "executor": {"backend": "cupy" if pre.get("device") == "gpu" else "numpy"},
+            "executor": {"backend": "cupy" if gpu else "numpy"},
             "preprocess": pre,
-            "fusion": {"preprocess_in_inference": True},
-            "inference_deployment": {"num_gpus": 1},
+            "placement": "split",  # decoding in the process that owns the executor
+            "inference_deployment": {"num_gpus": 1 if gpu else 0},
         }
     )
 
@@ -78,13 +78,18 @@ def main() -> int:
     from pipeline.imaging import encode_jpeg
 
     blob = encode_jpeg(skimage.data.chelsea(), quality=90)
-    items = [(blob, "image/jpeg")] * args.batch
+    from pipeline.models.repository import model_card
+    from pipeline.stages.messages import Encoded
+
+    target = model_card(_config().models[0]).target()
+    one = Encoded.checked(blob, "image/jpeg", target, 1 << 31, 1 << 36)  # checked once
+    items = [one] * args.batch
     rows = []
 
-    from deployments.preprocess import PreprocessCore
+    from pipeline.stages.decode import PreprocessStage
 
     for t in [int(x) for x in args.threads.split(",") if x]:
-        core = PreprocessCore(_config(threads=t))
+        core = PreprocessStage(_config(threads=t))
         rate, cpu_ms, n = asyncio.run(
             _rate(lambda it, c=core: c.run("resnet50", it), items, args.seconds, 2)
         )
@@ -92,13 +97,13 @@ def main() -> int:
         rows.append({"path": f"cpu_simplejpeg_{t}t", "img_s": rate, "cpu_ms_per_img": cpu_ms})
         print(f"{rows[-1]['path']}: {rate:,.0f} img/s, {cpu_ms:.3f} CPU ms/img ({n} images)")
 
-    from deployments.preprocess_gpu import PreprocessGpuStage
     from pipeline import gpu_decode
+    from pipeline.stages.preprocess_gpu import PreprocessGpuStage
 
     if not gpu_decode.available():
         print("nvImageCodec is not installed: no GPU rows")
     for b in [x for x in args.backends.split(",") if x] if gpu_decode.available() else []:
-        cfg = _config(device="gpu", decoder="nvimgcodec", gpu_decode_backend=b, threads=4)
+        cfg = _config(gpu=True, decoder="nvimgcodec", gpu_decode_backend=b, threads=4)
         core = PreprocessGpuStage(cfg, 0, local=True)
         rate, cpu_ms, n = asyncio.run(
             _rate(lambda it, c=core: c.run("resnet50", it), items, args.seconds, 2)

@@ -1,5 +1,5 @@
 """Where the inference replica's CPU goes, without Serve: calls of encoded JPEGs through
-``InferenceCore`` (decode, resize, batch, model, answers) in one process.
+``InferenceStage`` (decode, resize, batch, model, answers) in one process.
 
     python benchmarks/profile_inference.py [--config benchmarks/configs/ferry_e2e.yaml]
         [--groups 1,8,32] [--calls 16] [--seconds 4] [--out results/profile_inference.json]
@@ -55,15 +55,14 @@ def timed(obj: object, name: str, label: str) -> None:
 
 
 async def drive(core, items, group: int, calls: int, seconds: float) -> dict:
-    from deployments.messages import PostSpec, RequestMeta
+    from pipeline.stages.messages import PostSpec, RequestMeta
 
     meta = [RequestMeta(f"r{i}", None, False) for i in range(group)]
     specs = [PostSpec("classify", top_k=5) for _ in range(group)]
     batch = items[:group]
 
     async def one():
-        images = await core.preprocess_here("resnet50", batch)
-        return await core.answer("resnet50", images, meta, specs)
+        return await core.encoded("resnet50", batch, meta, specs)
 
     for _ in range(3):
         await one()
@@ -108,9 +107,10 @@ def main() -> int:
     import skimage.data
     import yaml
 
-    from deployments.inference import InferenceCore
     from pipeline.config import PipelineConfig
     from pipeline.imaging import encode_jpeg
+    from pipeline.stages.inference import InferenceStage
+    from pipeline.stages.messages import Encoded
 
     with open(args.config) as f:
         raw = yaml.safe_load(f)["applications"][0]["args"]["config"]
@@ -120,7 +120,7 @@ def main() -> int:
         raw["preprocess"] = {"threads": 2}
         raw["inference_deployment"] = {**raw["inference_deployment"], "num_gpus": 0}
     cfg = PipelineConfig.model_validate(raw)
-    core = InferenceCore(cfg)
+    core = InferenceStage(cfg)
     pre = core.local_pre
     for obj, name, label in (
         (pre, "_one_round", "decode_and_fit_round (GPU thread)"),
@@ -132,7 +132,8 @@ def main() -> int:
             timed(obj, name, label)
     blob = encode_jpeg(np.ascontiguousarray(skimage.data.chelsea()), 90)
     groups = [int(g) for g in args.groups.split(",") if g]
-    items = [(blob, "image/jpeg")] * max(groups)
+    target = core.local_pre.targets["resnet50"]
+    items = [Encoded.checked(blob, "image/jpeg", target, 1 << 31, 1 << 36)] * max(groups)
     rows = []
     for g in groups:
         r = asyncio.run(drive(core, items, g, args.calls, args.seconds))
@@ -145,7 +146,7 @@ def main() -> int:
             "date": today(),
             "config": args.config + (" (CPU variant)" if args.cpu else ""),
             "method": (
-                f"InferenceCore in one process, no Serve; {args.calls} calls in flight, "
+                f"InferenceStage in one process, no Serve; {args.calls} calls in flight, "
                 f"{args.seconds} s per group size; chelsea JPEG 451x300 q90"
             ),
             "rows": rows,

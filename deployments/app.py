@@ -23,6 +23,25 @@ from .inference import Inference
 from .ingress import Ingress
 from .postprocess import Postprocess
 from .preprocess import Preprocess
+from .preprocess_gpu import PreprocessGPU
+
+# placement -> the deployments it binds, callees first: (stage, deployment, the stages whose
+# handles it is given). Each deployment's Serve options are the config's ``<stage>_deployment``.
+BINDINGS: dict[str, tuple[tuple[str, Any, tuple[str, ...]], ...]] = {
+    "four_stage": (
+        ("preprocess", Preprocess, ()),
+        ("inference", Inference, ()),
+        ("postprocess", Postprocess, ()),
+        ("ingress", Ingress, ("preprocess", "inference", "postprocess")),
+    ),
+    "one_process": (("ingress", Ingress, ()),),
+    "split": (("inference", Inference, ()), ("ingress", Ingress, ("inference",))),
+    "gpu_preprocess": (
+        ("preprocess", PreprocessGPU, ()),
+        ("inference", Inference, ("preprocess",)),
+        ("ingress", Ingress, ("inference",)),
+    ),
+}
 
 logger = logging.getLogger(__name__)
 
@@ -55,23 +74,11 @@ def build(config: PipelineConfig) -> serve.Application:
     def opts(d) -> dict:
         return d.serve_options() if log is None else {**d.serve_options(), "logging_config": log}
 
-    pre = post = None
-    if config.fusion.inference_in_ingress:  # one deployment: the ingress runs it all
-        return Ingress.options(**opts(config.ingress_deployment)).bind(raw, None, None, None)
-    if config.fusion.preprocess_in_inference:  # the inference replica decodes
-        inf = Inference.options(**opts(config.inference_deployment)).bind(raw)
-    elif config.preprocess.device == "gpu":  # inference calls it and receives the batch
-        from .preprocess_gpu import PreprocessGPU
-
-        gpu_pre = PreprocessGPU.options(**opts(config.preprocess_deployment)).bind(raw)
-        inf = Inference.options(**opts(config.inference_deployment)).bind(raw, gpu_pre)
-    else:
-        if not config.fusion.preprocess_in_ingress:
-            pre = Preprocess.options(**opts(config.preprocess_deployment)).bind(raw)
-        inf = Inference.options(**opts(config.inference_deployment)).bind(raw)
-    if not config.fusion.postprocess_in_inference:
-        post = Postprocess.options(**opts(config.postprocess_deployment)).bind(raw)
-    return Ingress.options(**opts(config.ingress_deployment)).bind(raw, pre, inf, post)
+    bound: dict[str, Any] = {}
+    for stage, deployment, given in BINDINGS[config.placement]:
+        d = getattr(config, f"{stage}_deployment")
+        bound[stage] = deployment.options(**opts(d)).bind(raw, **{h: bound[h] for h in given})
+    return bound["ingress"]
 
 
 def place(config: PipelineConfig) -> PipelineConfig:

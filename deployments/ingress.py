@@ -5,16 +5,13 @@ traffic, before FastAPI's router -- are in ``ingress_http.py``).
 (No ``from __future__ import annotations`` here: Serve rebuilds the route functions, and
 FastAPI must see real annotation objects, not strings, to recognise ``Request``.)
 
-It validates what it can without decoding (size, media type, image header, tensor shape),
-gives every request an id, and coalesces the requests that arrive within
-``coalesce_window_ms`` into one downstream call: preprocess -> inference -> postprocess,
-chained as DeploymentResponses, so images and tensors go from stage to stage through the
-object store and never come back through this process. Only the small answers do.
-
-``fusion`` folds stages into their neighbours (decode here or in the inference replica,
-answers from the inference replica): fewer hops per call. With ``preprocess.device: gpu``
-the inference replica drives the GPU preprocess stage itself; either way it gets the
-encoded bytes.
+It validates what it can without decoding (size, media type, image header and its decode
+plan, tensor shape), gives every request an id, and coalesces the requests that arrive
+within ``coalesce_window_ms`` into one downstream call. Where that call goes is the
+placement's (``ingress_route.downstream``): the chained Serve deployments of
+``four_stage``, one Serve hop to an inference replica that answers (``split``,
+``gpu_preprocess``), or the inference stage in this very process (``one_process``). The
+image's decode plan travels with its bytes, so no stage reads its header again.
 """
 
 import asyncio
@@ -34,28 +31,18 @@ from pipeline.errors import (
     InvalidInput,
     ModelNotFound,
 )
-from pipeline.imaging import plan_decode
 from pipeline.models.repository import model_card, random_weights
+from pipeline.stages.messages import Encoded, PostSpec, RequestMeta, Rows
 
 from . import ingress_http, triton, triton_encoded, triton_stats, v2
 from .http_errors import request_id_of, unwrap
 from .ingress_http import app, deadline_of, multipart_image, priority_of
-from .messages import PostSpec, RequestMeta, Rows
-from .preprocess import PreprocessCore
+from .ingress_route import downstream
 from .triton_routes import TritonRoutes
 from .uploads import UploadGate
 from .validate import header_int
 
 logger = logging.getLogger(__name__)
-
-
-def _stamp(result: Any, t_send: float, wall_call: float) -> Any:
-    """Mark when the group left the coalescer (the rest of a request's time is in stages
-    and hops) and, by the wall clock the inference replica stamps with, when its call left."""
-    if isinstance(result, dict):
-        result["timings_ms"]["sent_at"] = t_send * 1e3
-        result["timings_ms"]["sent_wall"] = wall_call * 1e3
-    return result
 
 
 def _finish_timings(result: Any, t0: float) -> float:
@@ -84,22 +71,17 @@ def _finish_timings(result: Any, t0: float) -> float:
 @serve.ingress(app)
 class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_routes.py)
     def __init__(
-        self, config: dict[str, Any], preprocess: Any, inference: Any, postprocess: Any
+        self,
+        config: dict[str, Any],
+        preprocess: Any = None,
+        inference: Any = None,
+        postprocess: Any = None,
     ) -> None:
+        """The handles are the deployments the placement binds downstream (none in
+        ``one_process``, which builds the inference stage here)."""
         self.cfg = PipelineConfig.model_validate(config)
         self.cfg.ingress_deployment.apply_in_process()
-        self.pre, self.inf, self.post = preprocess, inference, postprocess
-        if self.cfg.fusion.inference_in_ingress:  # the whole pipeline in this process
-            from .inference import LocalInference
-
-            self.inf = LocalInference(config)
-        # the inference replica decodes (fused there) or drives PreprocessGPU: send bytes
-        self.encoded_to_inf = (
-            self.cfg.preprocess.device == "gpu" or self.cfg.fusion.preprocess_in_inference
-        )
-        self.pre_core = None
-        if self.cfg.fusion.preprocess_in_ingress:  # decode in this replica's threads
-            self.pre_core = PreprocessCore(self.cfg)
+        self.down = downstream(self.cfg, preprocess, inference, postprocess)
         self.models = {m.name: m for m in self.cfg.models}
         self.cards = {m.name: model_card(m) for m in self.cfg.models}
         self._signatures: dict[str, v2.Signature] = {}
@@ -122,6 +104,12 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
         self.stats = triton_stats.for_this_replica()
         ingress_http.ACTIVE = self  # for ClassifyFastPath and RequestMetrics
 
+    def check_health(self) -> None:
+        """In ``one_process`` this replica owns the GPU: its inference stage's health."""
+        check = getattr(self.down, "check_health", None)
+        if check is not None:
+            check()
+
     # ------------------------------------------------------------------ plumbing
     def _coalescer(self, model: str, kind: str) -> Coalescer:
         key = (model, kind)
@@ -138,7 +126,9 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
                 self._window_s,
                 ic.max_coalesce,
                 max_in_flight=ic.max_groups_in_flight,
-                dispatch_when_idle=ic.dispatch_when_idle,
+                # a group that starts while none is out leaves at once: a lone request pays
+                # no window (RESULTS.md: 1.5x img/s at one client, equal at 48)
+                dispatch_when_idle=True,
                 budget_s=self.cfg.batching.policy_for(model).budget_s,
                 retry_after_s=self.cfg.batching.retry_after_s,
                 on_reject=metrics.count_rejected,
@@ -152,24 +142,13 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
 
     async def _classify_group(self, model: str, items: list[tuple]) -> list[Any]:
         t_send = time.perf_counter()
-        encoded = [(d, ct) for d, ct, *_ in items]
-        meta = [it[3] for it in items]
+        encoded = [it[0] for it in items]
+        meta = [it[2] for it in items]
         specs = [  # (a v2 request's encoded images come with their own spec)
-            it[2] if isinstance(it[2], PostSpec) else PostSpec("classify", top_k=it[2])
+            it[1] if isinstance(it[1], PostSpec) else PostSpec("classify", top_k=it[1])
             for it in items
         ]
-        fused = specs if self.post is None else None  # inference answers itself
-        if self.encoded_to_inf:  # decoding happens in (or is driven by) the inference replica
-            inf = self.inf.encoded.remote(model, encoded, meta, fused)
-        elif self.pre_core is not None:  # the group leaves the queue now, the call after decode
-            rows = await self.pre_core.run(model, encoded)
-            inf = self.inf.remote(model, rows, meta, fused)
-            post = inf if fused else self.post.remote(model, inf, specs)
-            return await self._answers(post, t_send, time.perf_counter())
-        else:
-            pre = self.pre.remote(model, encoded)
-            inf = self.inf.remote(model, pre, meta, fused)  # pre goes by reference
-        return await self._answers(inf if fused else self.post.remote(model, inf, specs), t_send)
+        return await self._answers(self.down.classify(model, encoded, meta, specs), t_send)
 
     async def _v2_group(self, model: str, items: list[tuple]) -> list[Any]:
         import numpy as np
@@ -178,23 +157,25 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
         arrays = [it[0] for it in items]
         owner = [i for i, a in enumerate(arrays) for _ in range(len(a))]
         rows = Rows(len(items), np.concatenate(arrays), owner)
+        meta = [it[1] for it in items]
         specs = [it[2] for it in items]
-        fused = specs if self.post is None else None
-        inf = self.inf.remote(model, rows, [it[1] for it in items], fused, feed="tensors")
-        return await self._answers(inf if fused else self.post.remote(model, inf, specs), t_send)
+        return await self._answers(self.down.tensors(model, rows, meta, specs), t_send)
 
-    @staticmethod
-    async def _answers(post: Any, t_send: float, t_call: float | None = None) -> list[Any]:
-        """The chain's answers, each stamped with when its group left the coalescer
-        (``t_send``) and when its call left this process (``t_call``, later when the group
-        was decoded here first)."""
+    async def _answers(self, pending: Any, t_send: float) -> list[Any]:
+        """The answers of a group, each stamped with when the group left the coalescer and,
+        where a Serve call reached the answering stage, when that call left (wall clock, as
+        the replica stamps its arrival)."""
         try:
-            results = await post
+            results = await pending
         except BaseException as exc:
             raise unwrap(exc) from None
-        wall_call = (t_call or t_send) + time.time() - time.perf_counter()
+        hop = self.down.hop
+        wall_call = t_send + time.time() - time.perf_counter()
         for r in results:  # a loop, not a comprehension: Serve pickles these methods by value
-            _stamp(r, t_send, wall_call)
+            if isinstance(r, dict):
+                r["timings_ms"]["sent_at"] = t_send * 1e3
+                if hop:
+                    r["timings_ms"]["sent_wall"] = wall_call * 1e3
         return results
 
     async def _await(self, coro: Any, request_id: str) -> Any:
@@ -232,15 +213,18 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
         if ct and ct.lower().startswith("multipart/form-data"):
             body, ct = multipart_image(body, ct)
         ic = self.cfg.ingress
-        # 400 / 413 / 415 before anything is decoded: media type, pixels, the resize plan
-        plan_decode(body, ct, self.targets[model], ic.max_pixels, ic.max_image_work_bytes)
+        # 400 / 413 / 415 before anything is decoded: media type, pixels, the resize plan;
+        # the plan travels with the bytes, so the header is read once
+        item = Encoded.checked(
+            body, ct, self.targets[model], ic.max_pixels, ic.max_image_work_bytes
+        )
         meta = RequestMeta(
             rid,
             deadline_of(request, self.cfg.batching.default_deadline_ms),
             priority_of(request),
         )
         result = await self._await(
-            self._coalescer(model, "classify").submit((body, ct, k, meta), rid), rid
+            self._coalescer(model, "classify").submit((item, k, meta), rid), rid
         )
         total = _finish_timings(result, t0)  # (observe.RequestMetrics counts it and its total)
         triton.STATS.record(model, True, total, result["timings_ms"], 1)
@@ -283,18 +267,13 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
         if time.monotonic() - self._ready_at < 2.0:
             return True
         try:
-            status = await asyncio.wait_for(self.inf.status.remote(), 2.0)
+            status = await asyncio.wait_for(self.down.status(), 2.0)
         except Exception:
             return False
         if not status.get("health", {}).get("ready", True):  # draining, poisoned, wedged
             return False
         self._ready_at = time.monotonic()
         return True
-
-    def check_health(self) -> None:
-        """In the one-deployment form this replica holds the inference core: its health."""
-        if self.cfg.fusion.inference_in_ingress:  # (self.inf is a LocalInference)
-            self.inf.replica.check_health()
 
     @app.get("/v2/health/ready")
     async def ready(self) -> Response:
@@ -305,7 +284,8 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
         """The model's own tensors, from the engine the inference stage loaded (asked once)."""
         self._model(model)
         if model not in self._signatures:
-            self._signatures.update(await self.inf.signatures.remote())
+            got = await self.down.signatures()
+            self._signatures.update({m: v2.Signature(*io) for m, io in got.items()})
         return self._signatures[model]
 
     @app.get("/v2/models/{model}")
@@ -333,9 +313,9 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
         if encoded:  # JPEG/PNG files, each checked from its header before any decoding
             req: Any = triton_encoded.parse(body, hl, sig.output_names, rows)
             ic = self.cfg.ingress
-            triton_encoded.checked(
+            images = triton_encoded.checked(  # planned once: the plans travel with the bytes
                 req.images,
-                lambda d: plan_decode(
+                lambda d: Encoded.checked(
                     d, None, self.targets[base], ic.max_pixels, ic.max_image_work_bytes
                 ),
             )
@@ -350,7 +330,7 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
         spec = PostSpec("v2", outputs=req.outputs, names=tuple(o.name for o in sig.outputs))
         if encoded:  # every image by the classify path, batched with the rest
             futs = self._coalescer(base, "classify").submit_many(  # admitted as one request
-                [(data, None, spec, meta) for data in req.images], rid
+                [(item, spec, meta) for item in images], rid
             )
             done = triton_encoded.answer(futs, lambda r: _finish_timings(r, t0))
             result = await self._await(done, rid)

@@ -1,88 +1,10 @@
-"""Preprocess: image bytes -> a uint8 batch at the model's input size.
-
-JPEG through simplejpeg, PNG and what simplejpeg refuses through Pillow, then resize (and
-centre crop where the model wants it). Decoding runs in a thread pool -- both libraries
-release the GIL -- so the replica's event loop only ever schedules work.
-"""
+"""Preprocess: the Serve deployment of the decode stage (``pipeline.stages.decode``), in the
+``four_stage`` placement."""
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import time
-from typing import Any
+from pipeline.stages.decode import PreprocessStage
 
-import numpy as np
-from ray import serve
+from .replica import stage_deployment
 
-from pipeline import metrics
-from pipeline.config import PipelineConfig
-from pipeline.errors import FerryError, InvalidInput, ModelNotFound
-from pipeline.imaging import bound_decoder_scratch, decode, decode_unfitted
-from pipeline.models.repository import model_card
-from pipeline.threads import thread_pool
-
-from .messages import Rows
-
-logger = logging.getLogger(__name__)
-
-
-class PreprocessCore:
-    """The stage's logic, usable without Ray (tests, the CLI, the GPU preprocessing path)."""
-
-    def __init__(self, config: PipelineConfig, fitted: bool = True) -> None:
-        """``fitted=False`` (GPU preprocessing) leaves the resize to the caller: images come
-        out decoded at the smallest size ``fit`` could resize from."""
-        self.config = config
-        self.targets = {m.name: model_card(m).target() for m in config.models}
-        self.max_pixels = config.ingress.max_pixels
-        self.max_work_bytes = config.ingress.max_image_work_bytes
-        bound_decoder_scratch()  # freed decoder buffers go back to the system
-        self.pool = thread_pool(config.preprocess.threads, "ferry-decode")
-        self._decode = decode if fitted else decode_unfitted
-
-    def decode_one(self, model: str, data: bytes, content_type: str | None) -> np.ndarray:
-        target = self.targets.get(model)
-        if target is None:
-            raise ModelNotFound("no such model", model=model)
-        return self._decode(data, content_type, target, self.max_pixels, self.max_work_bytes)
-
-    async def decode_many(
-        self, model: str, items: list[tuple[bytes, str | None]]
-    ) -> tuple[list[np.ndarray], list[int], dict[int, FerryError]]:
-        """Decode every item in the pool: the images, which request each is, and the errors
-        of the requests that failed (one bad image never fails its neighbours)."""
-        loop = asyncio.get_running_loop()
-        futs = [loop.run_in_executor(self.pool, self.decode_one, model, d, ct) for d, ct in items]
-        done = await asyncio.gather(*futs, return_exceptions=True)
-        imgs, owner, errors = [], [], {}
-        for i, r in enumerate(done):
-            if isinstance(r, FerryError):
-                errors[i] = r
-            elif isinstance(r, BaseException):
-                logger.exception("decoding failed unexpectedly", exc_info=r)
-                errors[i] = InvalidInput(
-                    "could not decode the image", detail=f"{type(r).__name__}: {r}"
-                )
-            else:
-                imgs.append(r)
-                owner.append(i)
-        return imgs, owner, errors
-
-    async def run(self, model: str, items: list[tuple[bytes, str | None]]) -> Rows:
-        t0 = time.perf_counter()
-        rows, owner, errors = await self.decode_many(model, items)
-        ms = (time.perf_counter() - t0) * 1e3
-        metrics.observe_stage("preprocess", model, ms, len(items))
-        return Rows(len(items), np.stack(rows) if rows else None, owner, errors, {"preprocess": ms})
-
-
-@serve.deployment
-class Preprocess:
-    def __init__(self, config: dict[str, Any]) -> None:
-        cfg = PipelineConfig.model_validate(config)
-        cfg.preprocess_deployment.apply_in_process()
-        self.core = PreprocessCore(cfg)
-
-    async def __call__(self, model: str, items: list[tuple[bytes, str | None]]) -> Rows:
-        return await self.core.run(model, items)
+Preprocess = stage_deployment("Preprocess", "preprocess_deployment", PreprocessStage)

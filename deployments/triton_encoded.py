@@ -137,14 +137,17 @@ def parse(
     return EncodedRequest(optional_str(req.get("id"), "id"), images, outputs, binary_out)
 
 
-def checked(images: list[bytes], check: Callable[[bytes], Any]) -> None:
-    """``check`` (the header and decode plan) on every image; its error names the row."""
+def checked(images: list[bytes], check: Callable[[bytes], Any]) -> list[Any]:
+    """``check`` (the header and decode plan) on every image, its results in row order; its
+    error names the row."""
+    out = []
     for i, data in enumerate(images):
         try:
-            check(data)
+            out.append(check(data))
         except FerryError as exc:
             exc.fields.setdefault("element", i)
             raise
+    return out
 
 
 async def answer(

@@ -214,10 +214,12 @@ def decode(
     target: Target,
     max_pixels: int,
     max_work_bytes: int = DEFAULT_MAX_WORK_BYTES,
+    plan: DecodePlan | None = None,
 ) -> np.ndarray:
     """Bytes -> uint8 [H, W, C] at the target size, within the planned memory. Raises
-    4xx-mapped ``FerryError``s."""
-    p = plan_decode(data, content_type, target, max_pixels, max_work_bytes)
+    4xx-mapped ``FerryError``s. ``plan``: the one the ingress made from this image's header
+    for this target (then the header is not parsed again)."""
+    p = plan or plan_decode(data, content_type, target, max_pixels, max_work_bytes)
     img = None
     if p.kind == "jpeg":
         img = _decode_jpeg(data, target.channels, p.decoded_h, p.decoded_w)
@@ -232,11 +234,12 @@ def decode_unfitted(
     target: Target,
     max_pixels: int,
     max_work_bytes: int = DEFAULT_MAX_WORK_BYTES,
+    plan: DecodePlan | None = None,
 ) -> np.ndarray:
     """Bytes -> uint8 [H, W, C], checked and planned, decoded but not resized: a JPEG at
     the smallest DCT scale still at least the size ``fit`` resizes to (GPU preprocessing
     resizes it there, reading only the source pixels under the plan's box)."""
-    p = plan_decode(data, content_type, target, max_pixels, max_work_bytes)
+    p = plan or plan_decode(data, content_type, target, max_pixels, max_work_bytes)
     img = None
     if p.kind == "jpeg":
         img = _decode_jpeg(data, target.channels, p.decoded_h, p.decoded_w)

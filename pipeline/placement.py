@@ -62,16 +62,7 @@ def gpu_stages(config: PipelineConfig) -> list[tuple[str, DeploymentOptions]]:
 
 def used_stages(config: PipelineConfig) -> list[str]:
     """The stages that run as deployments of their own in this config's form."""
-    fu = config.fusion
-    if fu.inference_in_ingress:
-        return ["ingress"]
-    used = ["ingress", "inference"]
-    gpu_pre = config.preprocess.device == "gpu" and not fu.preprocess_in_inference
-    if gpu_pre or not (fu.preprocess_in_ingress or fu.preprocess_in_inference):
-        used.append("preprocess")
-    if not fu.postprocess_in_inference:
-        used.append("postprocess")
-    return used
+    return list(config.form.deployments)
 
 
 def resolve(config: PipelineConfig, cluster_gpus: float | None) -> PipelineConfig:
@@ -114,8 +105,8 @@ def check_pools(config: PipelineConfig) -> None:
     if config.executor.pool_limit_bytes is not None:
         return  # an absolute limit: the device's size is known only on the node
     for stage, d in gpu_stages(config):
-        if stage not in ("inference", "ingress"):
-            continue  # only the stage that owns the executor has a pool
+        if stage not in (config.form.executor_in, "preprocess"):
+            continue  # the stage that owns the executor has a pool, and PreprocessGPU one
         k = d.replicas_per_gpu or replicas_sharing_a_gpu(d.num_gpus)
         if k * frac > POOL_SHARE_LIMIT + 1e-9:
             raise ValueError(

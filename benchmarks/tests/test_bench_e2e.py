@@ -48,7 +48,7 @@ def test_benchmark_serve_configs_validate(system):
     assert (cfg.executor.mode == "naive") == (system == "ferry_naive")
     cpus = cfg.ingress_deployment.num_cpus * cfg.ingress_deployment.num_replicas
     inf = cfg.inference_deployment
-    if cfg.fusion.inference_in_ingress:  # one deployment holds the GPU
+    if cfg.placement == "one_process":  # one deployment holds the GPU
         inf = cfg.ingress_deployment
         assert FERRY_SYSTEMS[system] == (inf.num_replicas, None)
     else:
@@ -56,8 +56,7 @@ def test_benchmark_serve_configs_validate(system):
         assert (cfg.ingress_deployment.num_replicas, inf.num_replicas) == FERRY_SYSTEMS[system]
     assert inf.num_gpus * inf.num_replicas <= 1  # one H200
     assert cfg.executor.pool_limit_fraction * inf.num_replicas <= 0.95  # the pools share one GPU
-    fu = cfg.fusion
-    if not (fu.preprocess_in_ingress or fu.preprocess_in_inference):
+    if "preprocess" in cfg.form.deployments:
         cpus += cfg.preprocess_deployment.num_cpus * cfg.preprocess_deployment.num_replicas
     assert cpus <= 14  # leaves the 16-core GPU node room for HAProxy and the load generator
 

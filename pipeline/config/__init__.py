@@ -8,16 +8,18 @@ naming the values. Every field's docstring is its description in the JSON schema
 - ``runtime``: ``ExecutorConfig`` (device, pool, streams, buckets), ``BatchingConfig``
 - ``deployment``: ``DeploymentOptions`` (Serve options of one stage)
 - ``models``: ``ModelConfig``, ``ModelInputConfig``
-- ``stages``: ``IngressConfig``, ``PreprocessConfig``, ``TransportConfig``, ``FusionConfig``
+- ``forms``: ``FORMS``, the placements (``PipelineConfig.placement`` names one)
+- ``stages``: ``IngressConfig``, ``PreprocessConfig``, ``TransportConfig``
 - ``pipeline``: ``PipelineConfig`` (the whole application, cross-field rules), ``Settings``
 """
 
 from .base import Strict
 from .deployment import GRPC_LIMIT_ENV, DeploymentOptions
+from .forms import FORMS, Form, Placement
 from .models import BUILTIN_ARCHS, MODEL_FILE_SUFFIXES, ModelConfig, ModelInputConfig
 from .pipeline import PipelineConfig, Settings
 from .runtime import DEFAULT_BUCKETS, BatchingConfig, ExecutorConfig
-from .stages import FusionConfig, IngressConfig, PreprocessConfig, TransportConfig
+from .stages import IngressConfig, PreprocessConfig, TransportConfig
 
 __all__ = [
     "BUILTIN_ARCHS",
@@ -27,7 +29,9 @@ __all__ = [
     "BatchingConfig",
     "DeploymentOptions",
     "ExecutorConfig",
-    "FusionConfig",
+    "FORMS",
+    "Form",
+    "Placement",
     "IngressConfig",
     "ModelConfig",
     "ModelInputConfig",

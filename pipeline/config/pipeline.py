@@ -12,13 +12,21 @@ from pydantic import Field, model_validator
 from ..health import HealthConfig
 from .base import Strict
 from .deployment import DeploymentOptions
+from .forms import FORMS, Form, Placement
 from .models import ModelConfig
 from .runtime import BatchingConfig, ExecutorConfig
-from .stages import FusionConfig, IngressConfig, PreprocessConfig, TransportConfig
+from .stages import IngressConfig, PreprocessConfig, TransportConfig
 
 
 class PipelineConfig(Strict):
-    """A whole Ferry application: models, executor, batching and the four stages."""
+    """A whole Ferry application: its placement, models, executor, batching and stages."""
+
+    placement: Placement = "four_stage"
+    """Where the stages run, one named form (``pipeline.config.forms.FORMS``): ``four_stage``
+    (ingress, CPU preprocess, inference, postprocess: the CPU default), ``one_process`` (the
+    whole pipeline in each ingress replica: the GPU default), ``split`` (ingress on CPU nodes,
+    one hop to inference replicas that decode and answer), ``gpu_preprocess`` (decoding on a
+    GPU of its own, batches to the inference GPU over NCCL)."""
 
     models: list[ModelConfig] = Field(
         default_factory=lambda: [
@@ -34,13 +42,11 @@ class PipelineConfig(Strict):
     ingress: IngressConfig = Field(default_factory=IngressConfig)
     """The HTTP front: coalescing, body and pixel limits, timeouts."""
     preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
-    """Decoding and resizing: where, with what, on how many threads."""
+    """Decoding and resizing: with what, on how many threads."""
     transport: TransportConfig = Field(default_factory=TransportConfig)
-    """How tensors move between GPU stages (NCCL or the object store)."""
-    fusion: FusionConfig = Field(default_factory=FusionConfig)
-    """Stages run inside a neighbour instead of a deployment of their own."""
+    """How batches move from PreprocessGPU to inference (``gpu_preprocess``)."""
     ingress_deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
-    """Serve options of the ingress (of the one deployment with ``fusion.inference_in_ingress``)."""
+    """Serve options of the ingress (in ``one_process`` the one deployment, GPU share included)."""
     preprocess_deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
     """Serve options of the Preprocess (or PreprocessGPU) deployment, where there is one."""
     inference_deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
@@ -52,8 +58,6 @@ class PipelineConfig(Strict):
     GPUs when the application is built. Unused by deployments that give ``num_replicas``."""
     health: HealthConfig = Field(default_factory=HealthConfig)
     """What makes a replica that owns an executor fail its health check (pipeline/health.py)."""
-    warmup: bool = True
-    """Plan every bucket (and capture its CUDA graph) before the inference replica reports healthy."""
     access_log: bool | None = None
     """Serve's per-request access log (a line per request, with its request id) in every
     replica; it costs CPU at high rates. ``None``: as Serve's ``logging_config`` says."""
@@ -68,6 +72,21 @@ class PipelineConfig(Strict):
     application- or top-level ``logging_config``, else Serve's defaults). When any is set,
     the three form the deployments' ``logging_config``, the unset ones defaulting to no
     access log, INFO and TEXT."""
+
+    @property
+    def form(self) -> Form:
+        """The row of ``FORMS`` this config's placement names."""
+        return FORMS[self.placement]
+
+    @property
+    def decodes_on_gpu(self) -> bool:
+        """Whether images are decoded and resized on a GPU: in a PreprocessGPU deployment, or
+        in the process that owns the executor when that holds a GPU share."""
+        form = self.form
+        if form.decode_in == "preprocess_gpu":
+            return True
+        owner = getattr(self, f"{form.executor_in}_deployment")
+        return form.decode_in == "executor" and owner.holds_gpu
 
     def serve_logging_config(self) -> dict[str, Any] | None:
         """The deployments' ``logging_config``, or None to leave Serve's in force."""
@@ -95,11 +114,6 @@ class PipelineConfig(Strict):
                     f"model {m.name!r}: max_batch {m.max_batch} is below the smallest bucket "
                     f"{self.executor.buckets[0]}"
                 )
-            if m.input.resize == "fit" and self.preprocess.device == "gpu":
-                raise ValueError(
-                    f"model {m.name!r}: input.resize 'fit' runs on the CPU image path only; "
-                    "use crop or stretch with preprocess.device 'gpu'"
-                )
         if mb > self.executor.buckets[-1]:
             raise ValueError(
                 f"batching.max_batch_size ({mb}) exceeds the largest bucket ({self.executor.buckets[-1]})"
@@ -107,43 +121,21 @@ class PipelineConfig(Strict):
         from ..placement import check_pools
 
         check_pools(self)  # the pools of replicas sharing a GPU fit it together
-        fu = self.fusion
-        if fu.preprocess_in_ingress and fu.preprocess_in_inference:
+        form = self.form
+        if self.decodes_on_gpu:
+            for m in self.models:
+                if m.input.resize == "fit":
+                    raise ValueError(
+                        f"model {m.name!r}: input.resize 'fit' runs on the CPU image path only; "
+                        f"placement {self.placement!r} decodes on a GPU here: use crop or stretch"
+                    )
+        if form.decode_in == "preprocess_gpu" and not self.preprocess_deployment.holds_gpu:
             raise ValueError(
-                "fusion.preprocess_in_ingress and fusion.preprocess_in_inference exclude each other"
+                "placement 'gpu_preprocess' decodes on a GPU but preprocess_deployment.num_gpus "
+                f"is {self.preprocess_deployment.num_gpus}; give it a GPU share"
             )
-        if self.preprocess.device == "gpu" and fu.preprocess_in_ingress:
-            raise ValueError(
-                "fusion.preprocess_in_ingress and preprocess.device 'gpu' exclude each other"
-            )
-        gpu_pre = self.preprocess.device == "gpu"
-        if (
-            gpu_pre
-            and fu.preprocess_in_inference
-            and not fu.inference_in_ingress  # then the ingress holds the GPU share
-            and not self.inference_deployment.holds_gpu
-        ):
-            raise ValueError(
-                "preprocess.device is 'gpu' with fusion.preprocess_in_inference but "
-                f"inference_deployment.num_gpus is {self.inference_deployment.num_gpus}"
-            )
-        if gpu_pre and not fu.preprocess_in_inference and not self.preprocess_deployment.holds_gpu:
-            raise ValueError(
-                "preprocess.device is 'gpu' but preprocess_deployment.num_gpus is "
-                f"{self.preprocess_deployment.num_gpus}; give it a GPU share"
-            )
-        if fu.inference_in_ingress:
-            if not (fu.preprocess_in_inference and fu.postprocess_in_inference):
-                raise ValueError(
-                    "fusion.inference_in_ingress needs fusion.preprocess_in_inference and "
-                    "fusion.postprocess_in_inference: the whole pipeline in one process"
-                )
-            if gpu_pre and not self.ingress_deployment.holds_gpu:
-                raise ValueError(
-                    "preprocess.device is 'gpu' with fusion.inference_in_ingress but "
-                    f"ingress_deployment.num_gpus is {self.ingress_deployment.num_gpus}"
-                )
-            return self
+        if form.executor_in == "ingress":
+            return self  # no call leaves the ingress replica: nothing more to size
         ongoing = self.inference_deployment.max_ongoing_requests
         if ongoing < mb // max(1, self.ingress.max_coalesce):
             raise ValueError(

@@ -20,8 +20,10 @@ class ExecutorConfig(Strict):
     """``auto``: cupy when a CUDA device is visible, numpy otherwise."""
     device_id: int = Field(0, ge=0, le=63)
     """CUDA device ordinal (within the devices the process sees)."""
-    mode: Literal["real", "naive"] = "real"
-    """``naive`` is the baseline: cudaMalloc, synchronous pageable copies, eager compute, cudaFree."""
+    mode: Literal["real", "eager", "naive"] = "real"
+    """``real``: a CUDA graph captured per (bucket, arena) at warm-up and replayed; ``eager``:
+    the same path launching kernel by kernel (the graphs' baseline); ``naive``: the baseline
+    of the whole contract -- cudaMalloc, synchronous pageable copies, eager compute, cudaFree."""
     buckets: tuple[int, ...] = DEFAULT_BUCKETS
     """Batch sizes are padded up to one of these; one CUDA graph is captured per bucket."""
     max_in_flight: int = Field(3, ge=1, le=16)
@@ -32,8 +34,6 @@ class ExecutorConfig(Strict):
     """Hard limit of the device pool in bytes; overrides ``pool_limit_fraction``."""
     pool_limit_fraction: float = Field(0.5, gt=0.0, le=0.95)
     """Hard limit of the device pool as a fraction of the device's memory."""
-    cuda_graphs: bool = True
-    """Capture a CUDA graph per (bucket, arena) at warm-up and replay it."""
     max_workspace_bytes: int = Field(256 << 20, ge=1 << 16, le=8 << 30)
     """Cap on one op's workspace (im2col columns); larger convolutions run in chunks."""
     staging_timeout_s: float = Field(30.0, gt=0.0, le=3600.0)
@@ -42,6 +42,11 @@ class ExecutorConfig(Strict):
     """Compute dtype: ``auto`` is float16 on the GPU, float32 on the CPU."""
     faults: FaultConfig = Field(default_factory=FaultConfig)
     """Injected faults (tests and chaos runs; none by default; ``FERRY_FAULTS`` wins)."""
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """Whether CUDA graphs are captured and replayed (``mode: real``)."""
+        return self.mode == "real"
 
     @field_validator("buckets")
     @classmethod

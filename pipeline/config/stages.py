@@ -1,5 +1,5 @@
 """Configuration of the stages around the GPU actor: the HTTP front, decoding and resizing,
-the tensor transport between GPU stages, and which stages fold into a neighbour."""
+and the tensor transport between GPU stages."""
 
 from __future__ import annotations
 
@@ -20,10 +20,6 @@ class IngressConfig(Strict):
     max_groups_in_flight: int = Field(4, ge=1, le=1024)
     """Downstream calls one ingress replica keeps open per model; while they are all out, the
     next group keeps growing (calls follow the pipeline's pace, not the arrival rate)."""
-    dispatch_when_idle: bool = True
-    """A group that starts while none of this replica's groups is out, and none left within
-    the last window, leaves at once instead of waiting ``coalesce_window_ms`` (a lone
-    request pays no window; under load the window and ``max_groups_in_flight`` decide)."""
     max_body_bytes: int = Field(8 << 20, ge=1024, le=1 << 30)
     """Bodies over this get 413."""
     max_pixels: int = Field(40_000_000, ge=1, le=1 << 31)
@@ -56,13 +52,8 @@ class PreprocessConfig(Strict):
 
     threads: int = Field(4, ge=1, le=256)
     """Worker threads per replica for decode + resize (simplejpeg and Pillow release the GIL)."""
-    device: Literal["cpu", "gpu"] = "cpu"
-    """``gpu``: decode (see ``decoder``) and resize on a GPU. In a PreprocessGPU deployment of
-    its own (``preprocess_deployment.num_gpus`` > 0), which hands the batch to the inference
-    replica over ``transport.preprocess_to_inference``; or, with
-    ``fusion.preprocess_in_inference``, on the inference replica's own GPU."""
     decoder: Literal["auto", "cpu", "nvimgcodec"] = "auto"
-    """JPEG decoding where ``device`` is ``gpu``: ``nvimgcodec`` decodes on the GPU
+    """JPEG decoding where the placement decodes on a GPU: ``nvimgcodec`` decodes on the GPU
     (nvJPEG; the ``gpu-decode`` extra), ``cpu`` on worker threads (simplejpeg), ``auto``
     the GPU when nvImageCodec loads. PNG is always decoded on the CPU."""
     gpu_decode_backend: Literal["auto", "hardware", "cuda", "hybrid"] = "auto"
@@ -71,11 +62,9 @@ class PreprocessConfig(Strict):
 
 
 class TransportConfig(Strict):
-    """How tensors move between GPU stages."""
+    """How batches move from PreprocessGPU to the inference replica (``gpu_preprocess``): NCCL
+    when both ends hold CUDA devices and NCCL loads, the object store otherwise."""
 
-    preprocess_to_inference: Literal["auto", "nccl", "object_store"] = "auto"
-    """The GPU preprocess -> inference hop: ``auto`` is NCCL when both ends hold CUDA devices
-    and NCCL loads, the object store otherwise."""
     timeout_s: float = Field(30.0, gt=0.0, le=3600.0)
     """Deadline of each transfer; past it the NCCL link is aborted (``TransportError``) and
     rebuilt on next use."""
@@ -83,26 +72,3 @@ class TransportConfig(Strict):
     """Pinned buffers the GPU preprocess stage uploads decoded images through."""
     staging_slot_bytes: int = Field(64 << 20, ge=1 << 20, le=4 << 30)
     """Size of each; a call whose decoded images do not fit is uploaded in parts."""
-
-
-class FusionConfig(Strict):
-    """Stages that run inside a neighbour instead of a deployment of their own. Each saves
-    one Serve hop per coalesced call -- a hop costs CPU in the caller, the callee and Serve's
-    router, and on a GPU node the CPUs run out in the hops before the GPU is busy."""
-
-    preprocess_in_ingress: bool = False
-    """Decode and resize in the ingress replicas' thread pools (``preprocess.threads`` each);
-    no Preprocess deployment. Scale ``ingress_deployment`` for the decode work instead."""
-    postprocess_in_inference: bool = False
-    """Softmax, top-k and the answers in the inference replica (a worker thread); no
-    Postprocess deployment."""
-    preprocess_in_inference: bool = False
-    """Decode and resize in the inference replica: on its GPU with ``preprocess.device: gpu``
-    (JPEGs decoded by nvImageCodec, the batch never leaves the device), on its threads
-    otherwise. No Preprocess deployment; the ingress sends the encoded bytes."""
-    inference_in_ingress: bool = False
-    """The whole pipeline in each ingress replica: it parses HTTP, decodes, runs the model
-    and answers, with no Serve hop at all (needs ``preprocess_in_inference`` and
-    ``postprocess_in_inference``). ``ingress_deployment`` then sizes the one deployment,
-    GPU share included; ``inference_deployment`` is not used. Each replica's one GIL then
-    carries HTTP and inference both."""

@@ -34,14 +34,14 @@ from ..batching import Batch, BatchScheduler
 from ..config import PipelineConfig
 from ..device import Backend, Event, Stream, select_backend
 from ..errors import FerryError, InvalidInput, ModelNotFound, QueueFull, TransportError
-from ..imaging import plan_decode, sniff
 from ..memory import DevicePool, PinnedRing, make_pool
+from ..stages.messages import Encoded
 from ..threads import thread_pool
 from .fitter import GpuFitter
 
 logger = logging.getLogger(__name__)
 RETRY = object()  # a round's answer for a JPEG the GPU decoder refused: decode it on the CPU
-Items = list[tuple[bytes, str | None]]
+Items = list[Encoded]  # checked by the ingress: bytes, media type, the plan of its header
 
 
 class PreprocessGpuCore:
@@ -94,8 +94,7 @@ class PreprocessGpuCore:
             self._init_senders()
         self._senders: dict[str, Any] = {}
         self._same_gpu_warned = False
-        if config.warmup:
-            self.warmup()
+        self.warmup()  # (as the inference stage, always before the replica is ready)
 
     def warmup(self) -> None:
         """Fit one image per model (and decode one JPEG when nvImageCodec decodes), so the
@@ -279,23 +278,17 @@ class PreprocessGpuCore:
         return [found[i] for i in owner], owner, errors
 
     def _split(self, model: str, items: Items) -> tuple[list[tuple[int, bytes]], list[int], dict]:
-        """JPEGs for the GPU decoder (checked and planned from their headers: media type,
-        pixel count, the resize plan's bounds), the indices of everything else (for the CPU
-        path), and the JPEGs that failed."""
-        target = self.targets[model]
+        """JPEGs for the GPU decoder, the indices of everything else (for the CPU path), and
+        the JPEGs that failed: none, since the ingress checked and planned every image from
+        its header (media type, pixel count, the resize plan's bounds) and its plan came along."""
         errors: dict[int, FerryError] = {}
         jpegs: list[tuple[int, bytes]] = []
         others: list[int] = []
-        for i, (data, ct) in enumerate(items):
-            if sniff(data) != "jpeg":
+        for i, it in enumerate(items):
+            if it.plan.kind == "jpeg":
+                jpegs.append((i, it.data))
+            else:
                 others.append(i)
-                continue
-            try:
-                plan_decode(data, ct, target, self.max_pixels, self.cpu.max_work_bytes)
-            except FerryError as exc:
-                errors[i] = exc
-                continue
-            jpegs.append((i, data))
         return jpegs, others, errors
 
     async def _decode_cpu(

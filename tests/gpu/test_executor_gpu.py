@@ -109,7 +109,7 @@ def test_graph_replay_equals_eager_and_naive_equals_real(parity):
     outs = {}
     for name, kw in {
         "graph": {},
-        "eager": {"cuda_graphs": False},
+        "eager": {"mode": "eager"},
         "naive": {"mode": "naive"},
     }.items():
         ex = executor(**kw)

@@ -46,8 +46,8 @@ def _config(**over) -> PipelineConfig:
     raw = {
         "models": [{"name": "resnet50", "arch": "resnet50"}, {"name": "digits", "arch": "digits"}],
         "executor": {"backend": "cupy"},
-        "preprocess": {"device": "gpu", "decoder": "nvimgcodec"},
-        "fusion": {"preprocess_in_inference": True, "postprocess_in_inference": True},
+        "placement": "split",
+        "preprocess": {"decoder": "nvimgcodec"},
         "inference_deployment": {"num_gpus": 1},
     }
     raw.update(over)
@@ -83,23 +83,38 @@ def test_nvimgcodec_decodes_photos_as_libjpeg_does(nvimgcodec, backends):
 
 
 def test_fused_gpu_preprocess_mixed_call_matches_cpu_and_keeps_errors_apart(nvimgcodec):
-    from deployments.preprocess_gpu import PreprocessGpuStage
+    from pipeline.stages.preprocess_gpu import PreprocessGpuStage
 
     core = PreprocessGpuStage(_config(), 0, local=True)
     assert core.core.decoder is not None and core.core.endpoint is None
     target = model_info("resnet50").target()
     photos = list(_photos().values())
-    jpegs = [(encode_jpeg(img, quality=90), "image/jpeg") for img in photos]
-    items = [
-        jpegs[0],
+    from pipeline.errors import FerryError
+    from pipeline.stages.messages import Encoded
+
+    def checked(data, ct):  # as the ingress checks each image before it sends it on
+        try:
+            return Encoded.checked(data, ct, target, 1 << 30, 1 << 32)
+        except FerryError as exc:
+            return exc
+
+    raw = [(encode_jpeg(img, quality=90), "image/jpeg") for img in photos]
+    jpegs = [checked(*j) for j in raw]
+    given = [
+        raw[0],
         (b"\xff\xd8\xff\xe0 not really a jpeg", "image/jpeg"),  # header check: 400
         (encode_png(photos[1]), "image/png"),  # PNG: CPU decode, uploaded
-        jpegs[1],
-        (jpegs[2][0][: len(jpegs[2][0]) // 3], "image/jpeg"),  # truncated body
-        jpegs[2],
-        jpegs[3],
+        raw[1],
+        (raw[2][0][: len(raw[2][0]) // 3], "image/jpeg"),  # truncated body
+        raw[2],
+        raw[3],
         (encode_jpeg(photos[0], quality=90), "image/png"),  # lies about its type: 415
     ]
+    refused = {i: c for i, g in enumerate(given) if isinstance(c := checked(*g), FerryError)}
+    assert sorted(refused) == [1, 7]  # the ingress's header checks: 400 and 415
+    assert (refused[1].http_status, refused[7].http_status) == (400, 415)
+    items = [checked(*g) for i, g in enumerate(given) if i not in refused]
+    given = [g for i, g in enumerate(given) if i not in refused]
     import cupy
 
     async def both():  # two calls at once (they may share a round)
@@ -108,20 +123,19 @@ def test_fused_gpu_preprocess_mixed_call_matches_cpu_and_keeps_errors_apart(nvim
     rows, second = asyncio.run(both())
     assert second.owner == [0, 1, 2, 3] and not second.errors
     assert rows.envelope is None and rows.n_requests == len(items)
-    assert 1 in rows.errors and rows.errors[1].http_status == 400
-    assert 7 in rows.errors and rows.errors[7].http_status == 415
+    # left: [jpeg 0, the PNG, jpeg 1, the truncated JPEG, jpeg 2, jpeg 3]
     good = [i for i in range(len(items)) if i not in rows.errors]
     assert sorted(rows.owner) == good  # JPEGs of the round first, then the CPU-decoded
     got = cupy.stack(rows.data).get()
     assert np.array_equal(cupy.stack(second.data).get()[0], got[0])  # the same JPEG
     assert got.shape == (len(good), 224, 224, 3) and got.dtype == np.uint8
     for k, i in enumerate(rows.owner):
-        if i == 4:  # truncated: whatever either decoder made of it, a full image came out
+        if i == 3:  # truncated: whatever either decoder made of it, a full image came out
             continue
-        if i == 2:  # the PNG: decoded on the CPU, fitted on the GPU
-            want = decode(items[i][0], items[i][1], target, 1 << 30)
+        if i == 1:  # the PNG: decoded on the CPU, fitted on the GPU
+            want = decode(given[i][0], given[i][1], target, 1 << 30)
         else:
-            want = exact(items[i][0], target)
+            want = exact(given[i][0], target)
         diff = np.abs(got[k].astype(np.int16) - want)
         print(f"item {i}: mean |diff| {diff.mean():.3f}, p99.9 {np.percentile(diff, 99.9)}")
         # the same filter as Pillow's; Pillow rounds to uint8 between its two passes
@@ -204,9 +218,9 @@ def test_one_launch_fit_equals_pillow_on_the_same_pixels(nvimgcodec):
     centre-crop (ResNet-50: down, up and no resize) and stretch (digits, grey)."""
     import cupy
 
-    from deployments.preprocess_gpu import PreprocessGpuStage
     from pipeline.imaging import fit
     from pipeline.preprocess_gpu.fitter import device_view
+    from pipeline.stages.preprocess_gpu import PreprocessGpuStage
 
     core = PreprocessGpuStage(_config(), 0, local=True).core
     photos = list(_photos().values())

@@ -209,12 +209,12 @@ def test_gpu_preprocessing_on_one_gpu_feeds_inference_on_the_other(ray2):
             "models": [{"name": "digits", "arch": "digits"}],
             "executor": {"backend": "cupy", "buckets": [1, 8, 32, 64], "pool_limit_fraction": 0.1},
             "batching": {"max_batch_size": 64, "max_wait_ms": 5},
-            "preprocess": {"device": "gpu", "threads": 4},
-            "transport": {"preprocess_to_inference": "nccl", "timeout_s": 20},
+            "placement": "gpu_preprocess",
+            "preprocess": {"threads": 4},
+            "transport": {"timeout_s": 20},
             "ingress_deployment": {"num_cpus": 1},
             "preprocess_deployment": {"num_cpus": 1, "num_gpus": 1},
             "inference_deployment": {"num_cpus": 1, "num_gpus": 1},
-            "postprocess_deployment": {"num_cpus": 1},
         }
     )
     serve.start(http_options={"host": "127.0.0.1", "port": 8131})

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.gpu
 
 
 def _stage(local=True, **transport):
-    from deployments.preprocess_gpu import PreprocessGpuStage
+    from pipeline.stages.preprocess_gpu import PreprocessGpuStage
 
     cfg = PipelineConfig.model_validate(
         {
@@ -25,7 +25,8 @@ def _stage(local=True, **transport):
                 {"name": "digits", "arch": "digits"},
             ],
             "executor": {"pool_limit_fraction": 0.05},
-            "preprocess": {"device": "gpu", "decoder": "cpu"},
+            "placement": "gpu_preprocess",
+            "preprocess": {"decoder": "cpu"},
             "preprocess_deployment": {"num_gpus": 1},
             "transport": transport or {"staging_slots": 2, "staging_slot_bytes": 1 << 20},
         }
@@ -131,7 +132,11 @@ def test_local_form_batches_digits_through_the_scheduler():
     core = _stage()
     _, _, xte, _ = digits.load_split()
     big = np.repeat(np.repeat(xte[:200], 2, axis=1), 2, axis=2)
-    items = [(encode_png(x), "image/png") for x in big]
+    from pipeline.stages.messages import Encoded
+
+    t = core.targets["digits"]
+    pngs = [(encode_png(x), "image/png") for x in big]
+    items = [Encoded.checked(b, ct, t, 1 << 24, 1 << 30) for b, ct in pngs]  # as the ingress
     sizes = []
     run = core.scheduler.run_batch
 
@@ -148,7 +153,7 @@ def test_local_form_batches_digits_through_the_scheduler():
 
     results = asyncio.run(calls())
     target = model_info("digits").target()
-    want = np.stack([decode(b, ct, target, 1 << 20) for b, ct in items])
+    want = np.stack([decode(b, ct, target, 1 << 20) for b, ct in pngs])
     got = np.concatenate([cupy.stack(r[0]).get() for r in results])
     assert sum(sizes) == 200 and len(sizes) < 10, sizes  # calls shared batches
     assert all(r[1] == list(range(20)) and not r[2] for r in results)

@@ -141,11 +141,6 @@ def zoo_app(tmp_path_factory):
     # model and bucket, most of it single-threaded Python)
     groups = [models[k::GROUPS] for k in range(GROUPS)]
     prefix = {m["name"]: f"/g{k}" for k, g in enumerate(groups) for m in g}
-    fused = {
-        "preprocess_in_inference": True,
-        "postprocess_in_inference": True,
-        "inference_in_ingress": True,
-    }
     cfgs = [
         PipelineConfig.model_validate(
             {
@@ -159,7 +154,7 @@ def zoo_app(tmp_path_factory):
                 "batching": {"max_batch_size": 8, "max_wait_ms": 5},
                 "ingress": {"max_body_bytes": 64 << 20},
                 "preprocess": {"threads": 4},
-                "fusion": fused,
+                "placement": "one_process",
                 "ingress_deployment": {
                     "num_cpus": 3,
                     "num_gpus": round(1 / GROUPS, 3),

@@ -19,11 +19,6 @@ from tests.integration.helpers import BASE, cpu_config, deploy, undeploy
 
 pytestmark = pytest.mark.integration
 DIGITS = [{"name": "digits", "arch": "digits"}]
-ONE_DEPLOYMENT = {
-    "inference_in_ingress": True,
-    "preprocess_in_inference": True,
-    "postprocess_in_inference": True,
-}
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +63,7 @@ def test_a_poisoned_replica_of_the_one_deployment_form_is_replaced(ray_cluster, 
     cfg = cpu_config(
         models=DIGITS,
         executor={"faults": {"faults": [{"kind": "device_error", "at_batch": 3}]}},
-        fusion=ONE_DEPLOYMENT,
+        placement="one_process",
         ingress_deployment={"health_check_period_s": 1.0, "graceful_shutdown_timeout_s": 2.0},
     )
     deploy(cfg)

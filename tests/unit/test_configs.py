@@ -41,15 +41,13 @@ def test_serve_configs_validate(name):
         )
         assert total <= 2.0  # fits a two-core laptop
     else:  # the deployment that holds the GPU: the ingress when it runs the whole pipeline
-        inf = cfg.inference_deployment
-        if cfg.fusion.inference_in_ingress:
-            inf = cfg.ingress_deployment
+        inf = getattr(cfg, f"{cfg.form.executor_in}_deployment")
         assert cfg.executor.backend == "cupy" and inf.num_gpus * inf.num_replicas >= 1
     if name == "serve_config.gpu.yaml":  # the measured form: one deployment, decode on its GPU
-        assert cfg.fusion.inference_in_ingress and cfg.preprocess.device == "gpu"
+        assert cfg.placement == "one_process" and cfg.decodes_on_gpu
         assert cfg.executor.pool_limit_fraction * inf.num_replicas <= 0.95  # pools share one GPU
     if name == "serve_config.gpu2.yaml":
-        assert cfg.preprocess.device == "gpu" and cfg.preprocess_deployment.num_gpus == 1
+        assert cfg.placement == "gpu_preprocess" and cfg.preprocess_deployment.num_gpus == 1
 
 
 def test_cluster_yaml_passes_rays_validation():
@@ -108,56 +106,66 @@ def test_deployment_options_map_to_serve():
     assert o["ray_actor_options"]["runtime_env"]["env_vars"] == own
 
 
-def test_gpu_preprocessing_needs_a_gpu_share_and_wires_inference_to_it():
-    from deployments.app import build
-
-    with pytest.raises(ValidationError, match="num_gpus is 0.0"):
-        PipelineConfig.model_validate({"preprocess": {"device": "gpu"}})
-    with pytest.raises(ValidationError):
-        PipelineConfig.model_validate({"transport": {"preprocess_to_inference": "carrier pigeon"}})
-    with pytest.raises(ValidationError):
-        PipelineConfig.model_validate({"transport": {"timeout_s": 0}})
-    cfg = PipelineConfig.model_validate(
-        {
-            "preprocess": {"device": "gpu"},
-            "preprocess_deployment": {"num_gpus": 0.5},
-            "transport": {"preprocess_to_inference": "nccl", "timeout_s": 5},
-        }
-    )
-    ingress = build(cfg)._bound_deployment
-    pre, inf = ingress.init_args[1], ingress.init_args[2]
-    assert pre is None  # the ingress sends encoded images to inference, which drives PreprocessGPU
-    gpu_pre = inf._bound_deployment.init_args[1]._bound_deployment
-    assert gpu_pre.name == "PreprocessGPU"
-    assert gpu_pre.ray_actor_options["num_gpus"] == 0.5
-    plain = build(PipelineConfig())._bound_deployment
-    assert plain.init_args[1]._bound_deployment.name == "Preprocess"
+def _bound(app) -> dict:
+    """The deployments of a built application by name, with the handles each was given."""
+    out, todo = {}, [app._bound_deployment]
+    while todo:
+        d = todo.pop()
+        out[d.name] = d
+        todo += [h._bound_deployment for h in d.init_kwargs.values()]
+    return out
 
 
-def test_preprocess_in_inference_wires_one_hop_and_checks_the_gpu_share():
-    from deployments.app import build
+def test_every_placement_builds_the_deployments_its_form_names():
+    from deployments.app import BINDINGS, build
+    from pipeline.config import FORMS
 
-    fused = {"preprocess_in_inference": True, "postprocess_in_inference": True}
-    with pytest.raises(ValidationError, match="exclude each other"):
-        PipelineConfig.model_validate(
-            {"fusion": {"preprocess_in_inference": True, "preprocess_in_ingress": True}}
+    assert set(BINDINGS) == set(FORMS)
+    gpu = {
+        "preprocess_deployment": {"num_gpus": 1},
+        "inference_deployment": {"num_gpus": 1},
+    }
+    names = {
+        "four_stage": {"Ingress", "Preprocess", "Inference", "Postprocess"},
+        "one_process": {"Ingress"},
+        "split": {"Ingress", "Inference"},
+        "gpu_preprocess": {"Ingress", "PreprocessGPU", "Inference"},
+    }
+    for form in FORMS:
+        cfg = PipelineConfig.model_validate(
+            {"placement": form, **(gpu if form == "gpu_preprocess" else {})}
         )
-    with pytest.raises(ValidationError, match="inference_deployment.num_gpus is 0.0"):
-        PipelineConfig.model_validate({"preprocess": {"device": "gpu"}, "fusion": fused})
+        bound = _bound(build(cfg))
+        assert set(bound) == names[form], form
+        assert len(bound) == len(FORMS[form].deployments)
+        ingress = bound["Ingress"]
+        assert ingress.init_args[1:] == ()  # handles by stage name only
+    bound = _bound(build(PipelineConfig.model_validate({"placement": "gpu_preprocess", **gpu})))
+    assert set(bound["Inference"].init_kwargs) == {"preprocess"}  # inference drives it
+    assert set(bound["Ingress"].init_kwargs) == {"inference"}
+    assert bound["PreprocessGPU"].ray_actor_options["num_gpus"] == 1
+
+
+def test_placement_is_validated_with_its_cross_field_rules():
+    with pytest.raises(ValidationError, match="placement"):
+        PipelineConfig.model_validate({"placement": "preprocess_in_ingress"})
+    with pytest.raises(ValidationError, match="extra"):
+        PipelineConfig.model_validate({"fusion": {"inference_in_ingress": True}})  # gone
+    with pytest.raises(ValidationError, match="gpu_preprocess.*num_gpus is 0.0"):
+        PipelineConfig.model_validate({"placement": "gpu_preprocess"})
     with pytest.raises(ValidationError):
         PipelineConfig.model_validate({"preprocess": {"decoder": "libjpeg-on-a-toaster"}})
-    cfg = PipelineConfig.model_validate(
-        {
-            "preprocess": {"device": "gpu", "decoder": "nvimgcodec"},
-            "fusion": fused,
-            "inference_deployment": {"num_gpus": 1},
-        }
-    )
-    ingress = build(cfg)._bound_deployment
-    pre, inf, post = ingress.init_args[1:4]
-    assert pre is None and post is None  # one Serve hop per coalesced group
-    inf = inf._bound_deployment
-    assert inf.name == "Inference" and len(inf.init_args) == 1  # no PreprocessGPU handle
+    with pytest.raises(ValidationError):
+        PipelineConfig.model_validate({"transport": {"timeout_s": 0}})
+    # a form that decodes on the executor's GPU cannot 'fit' (a CPU-only resize)
+    fit = [{"name": "d", "source": "digits", "input": {"resize": "fit"}}]
+    with pytest.raises(ValidationError, match="resize 'fit'"):
+        PipelineConfig.model_validate(
+            {"placement": "split", "models": fit, "inference_deployment": {"num_gpus": 1}}
+        )
+    ok = PipelineConfig.model_validate({"placement": "split", "models": fit})  # CPU decode
+    assert not ok.decodes_on_gpu
+    assert PipelineConfig(placement="one_process").form.executor_in == "ingress"
 
 
 def test_ingress_coalescers_are_bounded_by_max_groups_in_flight():
@@ -169,7 +177,7 @@ def test_ingress_coalescers_are_bounded_by_max_groups_in_flight():
     # the class as written (Serve's ingress wrapper subclasses it with an async __init__)
     cls = next(k for k in Ingress.func_or_class.__mro__ if "_coalescer" in k.__dict__)
     ingress = cls.__new__(cls)
-    cls.__init__(ingress, cfg.model_dump(mode="json"), None, None, None)
+    cls.__init__(ingress, cfg.model_dump(mode="json"))
     c = ingress._coalescer(cfg.models[0].name, "classify")
     assert c.max_in_flight == 3 and c.max_items == 7
     assert ingress._coalescer(cfg.models[0].name, "v2").max_in_flight == 3
@@ -191,46 +199,18 @@ def test_switch_interval_is_applied_in_the_replica_process_and_bounded():
     assert "switch_interval_ms" not in str(DeploymentOptions(switch_interval_ms=1).serve_options())
 
 
-def test_inference_in_ingress_needs_the_whole_pipeline_and_a_gpu_share_for_gpu_decode():
-    whole = {
-        "preprocess_in_inference": True,
-        "postprocess_in_inference": True,
-        "inference_in_ingress": True,
-    }
-    PipelineConfig.model_validate({"fusion": whole})
-    with pytest.raises(ValidationError, match="whole pipeline in one process"):
-        PipelineConfig.model_validate(
-            {"fusion": {"inference_in_ingress": True, "postprocess_in_inference": True}}
-        )
-    gpu = {"preprocess": {"device": "gpu"}, "fusion": whole}
-    with pytest.raises(ValidationError, match="ingress_deployment.num_gpus"):
-        PipelineConfig.model_validate(gpu)
-    # the GPU share is the ingress's: the inference deployment is not used; eight replicas
-    # share the GPU, so their pools must fit it together
-    share = {**gpu, "ingress_deployment": {"num_gpus": 0.125}}
-    with pytest.raises(ValidationError, match="8 replicas on one GPU"):
-        PipelineConfig.model_validate(share)
-    PipelineConfig.model_validate({**share, "executor": {"pool_limit_fraction": 0.118}})
-
-
-def test_inference_in_ingress_builds_one_deployment():
+def test_one_process_holds_the_gpu_in_the_ingress_and_its_pools_must_fit():
     from deployments.app import build
 
-    cfg = PipelineConfig.model_validate(
-        {
-            "fusion": {
-                "preprocess_in_inference": True,
-                "postprocess_in_inference": True,
-                "inference_in_ingress": True,
-            },
-            "ingress_deployment": {"num_replicas": 3, "num_gpus": 0.25},
-            "executor": {"pool_limit_fraction": 0.2},
-        }
-    )
+    # the GPU share is the ingress's: eight replicas share the GPU, so their pools must fit
+    share = {"placement": "one_process", "ingress_deployment": {"num_gpus": 0.125}}
+    with pytest.raises(ValidationError, match="8 replicas on one GPU"):
+        PipelineConfig.model_validate(share)
+    cfg = PipelineConfig.model_validate({**share, "executor": {"pool_limit_fraction": 0.118}})
+    assert cfg.decodes_on_gpu
     ingress = build(cfg)._bound_deployment
-    assert ingress.name == "Ingress"
-    assert ingress.init_args[1:] == (None, None, None)
-    assert ingress.ray_actor_options["num_gpus"] == 0.25 and ingress.num_replicas == 3
+    assert ingress.name == "Ingress" and ingress.init_kwargs == {}
+    assert ingress.ray_actor_options["num_gpus"] == 0.125
 
 
 def test_serves_logging_config_applies_unless_the_pipeline_sets_one():

@@ -8,11 +8,12 @@ import asyncio
 
 import numpy as np
 
-from deployments.preprocess import PreprocessCore
 from pipeline.config import PipelineConfig
 from pipeline.device import Backend
 from pipeline.imaging import decode, encode_jpeg, encode_png
 from pipeline.preprocess_gpu.stage import PreprocessGpuCore
+from pipeline.stages.decode import PreprocessStage
+from pipeline.stages.messages import Encoded
 
 
 def _core(**transport):
@@ -23,8 +24,13 @@ def _core(**transport):
             "batching": {"max_batch_size": 64},
         }
     )
-    cpu = PreprocessCore(cfg, fitted=False)
+    cpu = PreprocessStage(cfg, fitted=False)
     return PreprocessGpuCore(cfg, cpu, local=True, backend=Backend("numpy"))
+
+
+def _checked(core, data, ct):
+    """As the ingress sends an image on: checked and planned from its header."""
+    return Encoded.checked(data, ct, core.targets["digits"], 1 << 24, 1 << 30)
 
 
 def _blobs(n, seed=0):
@@ -49,16 +55,18 @@ def test_local_stage_batches_calls_through_the_scheduler_and_matches_cpu():
 
     core.scheduler.run_batch = counted
     calls = [_blobs(5, seed=s) for s in range(4)]
-    calls[1].insert(2, (b"\x89PNG\r\n\x1a\n not an image", "image/png"))
+    truncated = calls[1][1][0][:60]  # a PNG whose header passes the ingress's checks
+    calls[1].insert(2, (truncated, "image/png"))
+    checked = [[_checked(core, *it) for it in c] for c in calls]
 
     async def go():
-        return await asyncio.gather(*(core.process("digits", c) for c in calls))
+        return await asyncio.gather(*(core.process("digits", c) for c in checked))
 
     results = asyncio.run(go())
     assert sum(seen) == 20 and len(seen) < 20  # images of several calls shared a fit
     for items, (rows, owner, errors, timings, env) in zip(calls, results, strict=True):
         assert env is None and "preprocess" in timings
-        bad = [i for i, (d, _) in enumerate(items) if d.startswith(b"\x89PNG\r\n\x1a\n not")]
+        bad = [i for i, (d, _) in enumerate(items) if d is truncated]
         assert sorted(errors) == bad and owner == [i for i in range(len(items)) if i not in bad]
         for row, i in zip(rows, owner, strict=True):
             want = decode(*items[i], target, 1 << 20)

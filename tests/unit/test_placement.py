@@ -14,11 +14,7 @@ from pipeline.placement import NodeShape
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ONE_PROCESS = {
-    "fusion": {
-        "preprocess_in_inference": True,
-        "postprocess_in_inference": True,
-        "inference_in_ingress": True,
-    },
+    "placement": "one_process",
     "executor": {"pool_limit_fraction": 0.113},
     "ingress_deployment": {"replicas_per_gpu": 8, "num_cpus": 1},
 }

@@ -13,6 +13,32 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import FerryError
+from pipeline.imaging import DecodePlan, Target, plan_decode
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One image as the ingress checked it: its bytes, its declared media type, and the plan
+    made from its header (format, size, DCT scale, resize window, working set), so the stage
+    that decodes it sniffs and parses nothing again."""
+
+    data: bytes
+    content_type: str | None
+    plan: DecodePlan
+
+    @classmethod
+    def checked(
+        cls,
+        data: bytes,
+        content_type: str | None,
+        target: Target,
+        max_pixels: int,
+        max_work_bytes: int,
+    ) -> Encoded:
+        """Check and plan ``data`` from its header (400/413/415 with the reason)."""
+        return cls(
+            data, content_type, plan_decode(data, content_type, target, max_pixels, max_work_bytes)
+        )
 
 
 @dataclass

@@ -1,6 +1,7 @@
-"""Fused stages (decode in the ingress or in the inference replica, answers from the
-inference replica) answer as the four-deployment pipeline does: the same predictions, the
-same errors, v1 and v2."""
+"""Every placement that runs on the CPU (``four_stage``, ``split``, ``one_process``) served by
+real Serve over real HTTP answers as the others do: the same predictions, the same errors,
+v1 and v2, with the deployments its form names and hop timings only where a hop exists.
+(``gpu_preprocess`` needs GPUs: tests/gpu/test_nccl_gpu.py.)"""
 
 from __future__ import annotations
 
@@ -51,48 +52,36 @@ def _answers(base: str) -> dict:
     }
 
 
-def _answers_of(fusion: dict | None, name: str) -> tuple[dict, set]:
-    """Deploy the CPU config with these stages fused, collect its answers and deployments."""
+def _answers_of(placement: str) -> tuple[dict, set]:
+    """Deploy the CPU config in this placement, collect its answers and deployments."""
     from ray import serve
 
-    deploy(cpu_config(fusion=fusion) if fusion else cpu_config(), name=name)
+    deploy(cpu_config(placement=placement), name=placement)
     try:
-        return _answers(BASE), set(serve.status().applications[name].deployments)
+        return _answers(BASE), set(serve.status().applications[placement].deployments)
     finally:
-        undeploy(name)
+        undeploy(placement)
 
 
-def test_fused_pipeline_answers_as_the_four_stage_one(ray_cluster):
-    plain, _ = _answers_of(None, "plain")
-    fused, deployments = _answers_of(
-        {"preprocess_in_ingress": True, "postprocess_in_inference": True}, "fused"
-    )
-    # decode in the inference replica (its threads here; its GPU with preprocess.device gpu)
-    in_inf, deployments_inf = _answers_of(
-        {"preprocess_in_inference": True, "postprocess_in_inference": True}, "fused_inf"
-    )
+def test_every_cpu_placement_answers_as_the_four_stage_one(ray_cluster):
+    plain, deployments_plain = _answers_of("four_stage")
+    # decode and answers in the inference replica: one Serve hop per coalesced group
+    split, deployments_split = _answers_of("split")
     # the whole pipeline in the ingress replica: no Serve hop at all
-    one, deployments_one = _answers_of(
-        {
-            "preprocess_in_inference": True,
-            "postprocess_in_inference": True,
-            "inference_in_ingress": True,
-        },
-        "one_process",
-    )
-    assert deployments == deployments_inf == {"Ingress", "Inference"}  # two hops fewer
+    one, deployments_one = _answers_of("one_process")
+    assert deployments_plain == {"Ingress", "Preprocess", "Inference", "Postprocess"}
+    assert deployments_split == {"Ingress", "Inference"}
     assert deployments_one == {"Ingress"}
-    for f in (fused, in_inf, one):
+    for f in (split, one):
         assert f["acc"] >= 0.95  # 120 digits; the whole held-out set reaches 97% elsewhere
         assert np.array_equal(f["pred"], plain["pred"])
         assert f["top"] == plain["top"]
         assert np.allclose(f["v2"], plain["v2"], rtol=1e-5, atol=1e-5)
         assert f["timings"]["preprocess"] > 0 and "postprocess" in f["timings"]
-        # answers made in the inference replica split the hops into the call there and back
-        t = f["timings"]
-        if f is one:  # no Serve call: what is left of a hop is a task switch (may round to 0)
-            assert t["hop_in"] >= 0 and t["hop_out"] >= 0
-        else:
-            assert t["hop_in"] > 0 and t["hop_out"] > 0
-        assert t["hop_in"] + t["hop_out"] <= t["hops"] + 0.01, t  # parts of it (rounding)
+    # the Serve call to the answering replica is split into the way there and back ...
+    t = split["timings"]
+    assert t["hop_in"] > 0 and t["hop_out"] > 0
+    assert t["hop_in"] + t["hop_out"] <= t["hops"] + 0.01, t  # parts of it (rounding)
+    # ... and where there is no such call, no hop is stamped
+    assert "hop_in" not in one["timings"] and "hop_out" not in one["timings"]
     assert "hop_in" not in plain["timings"]  # answered by the Postprocess deployment

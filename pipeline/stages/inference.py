@@ -1,0 +1,339 @@
+"""The inference stage (``InferenceStage``): the GPU actor -- one GpuExecutor and one
+BatchScheduler per process that owns the device.
+
+Rows from many calls (each already a coalesced group of requests) are merged into GPU
+batches: full, or the oldest row waited ``max_wait_ms``. Up to ``max_in_flight`` batches
+are staged or running at once. Preparing a batch may wait for a staging slot and copying
+it into pinned memory takes time, so both run in a worker thread; the event loop only
+awaits. The replica loads its models and warms every bucket (capturing its CUDA graphs)
+in its constructor; then ``check_health`` tells the truth (``pipeline.health``).
+
+Where the placement puts decoding in this process (``decode_in: executor``) it decodes
+here: on the executor's GPU, or on worker threads when the executor runs on numpy. Where
+the placement has no Postprocess deployment, this stage answers (softmax and top-k in a
+worker thread). In ``gpu_preprocess`` it drives the PreprocessGPU deployment through
+``fetch`` and receives its batches over NCCL or the object store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+
+from pipeline import metrics
+from pipeline.batching import Batch, BatchScheduler
+from pipeline.config import PipelineConfig
+from pipeline.errors import FerryError, ModelNotFound
+from pipeline.executor import GpuExecutor
+from pipeline.threads import thread_pool
+
+from .messages import Encoded, PostSpec, RequestMeta, Rows
+
+logger = logging.getLogger(__name__)
+TENSORS = "#tensors"  # the scheduler key of a model's v2 tensors: batched apart from images
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """(model, feed) of a scheduler key."""
+    if key.endswith(TENSORS):
+        return key[: -len(TENSORS)], "tensors"
+    return key, "image"
+
+
+def _concat(parts: list[Any]) -> Any:
+    """The outputs of a batch run in parts (a model whose max_batch is below the batch's)."""
+    if isinstance(parts[0], tuple):
+        return tuple(np.concatenate(c) for c in zip(*parts, strict=True))
+    return np.concatenate(parts)
+
+
+Fetch = Callable[[str, list[Encoded], dict], Awaitable[Rows]]
+
+
+class InferenceStage:
+    """Executor + scheduler + the row bookkeeping, without Ray. ``fetch(model, items, to)``
+    (``gpu_preprocess``): asks the PreprocessGPU deployment for a batch, sent as ``to`` says."""
+
+    def __init__(self, config: PipelineConfig, fetch: Fetch | None = None) -> None:
+        self.config = config
+        self.fetch = fetch
+        self.executor = GpuExecutor(config.executor)
+        for m in config.models:
+            self.executor.load_entry(m)  # fails the replica's start with the model's reason
+        self.random = {name: lm.random_weights for name, lm in self.executor.models.items()}
+        # every bucket planned (its CUDA graph captured) before the replica reports healthy
+        self.warmup_s: dict[str, float] = self.executor.warmup()
+        b = config.batching
+        self.scheduler = BatchScheduler(
+            self._run_batch,
+            b.max_batch_size,
+            b.max_wait_ms,
+            b.max_queue,
+            buckets=config.executor.buckets,
+            max_in_flight=config.executor.max_in_flight,
+            retry_after_s=b.retry_after_s,
+            on_batch=self._on_batch,
+            on_drop=lambda p, e: metrics.count_rejected(e.fields.get("reason", "deadline")),
+            dispatch_when_idle=b.dispatch_when_idle,
+        )
+        self.submit_pool = thread_pool(config.executor.max_in_flight + 1, "ferry-submit")
+        self.default_deadline_s = (
+            None if b.default_deadline_ms is None else b.default_deadline_ms / 1e3
+        )
+        self.budget_s = {m.name: b.policy_for(m.name).budget_s for m in config.models}
+        self._pool_reported = 0.0
+        form = config.form
+        self.post = None
+        if "postprocess" not in form.deployments:  # this stage answers
+            from .postprocess import PostprocessStage
+
+            self.post = PostprocessStage(config)
+        self.local_pre: Any = None
+        if form.decode_in == "executor":
+            self.local_pre = self._local_preprocess(config)
+        self._init_transport()
+        self._start_metrics()
+        self.health = self.executor.replica_health(config.health, self.scheduler.queue.__len__)
+
+    def _start_metrics(self) -> None:
+        """Gauges from the start (a scrape before the first batch finds them) and, on a
+        GPU, NVML's readings of it."""
+        for m in self.config.models:
+            metrics.set_queue_depth(m.name, 0)
+        metrics.set_pool(self.executor.pool.stats().as_dict())
+        if self.executor.backend.is_cuda:
+            from pipeline import gpu_metrics
+
+            gpu_metrics.start(self.executor.backend.device_id)
+
+    def _local_preprocess(self, config: PipelineConfig) -> Any:
+        """Decode and resize here: on the executor's GPU, or on threads beside numpy."""
+        if not self.executor.backend.is_cuda:
+            from .decode import PreprocessStage
+
+            return PreprocessStage(config)
+        from .preprocess_gpu import PreprocessGpuStage
+
+        ex = self.executor  # the stage's batches come from this executor's pool
+        return PreprocessGpuStage(config, ex.backend.device_id, local=True, pool=ex.pool)
+
+    def _init_transport(self) -> None:
+        """The receiving end of the GPU preprocess hop, when there is one."""
+        self.endpoint: Any = None
+        self.receivers: dict[str, Any] = {}
+        self.to: dict[str, Any] = {}
+        if self.fetch is None:
+            return
+        from pipeline.transport.base import choose_transport
+        from pipeline.transport.object_store import ObjectStoreReceiver
+
+        cuda = self.executor.backend.is_cuda
+        kind = choose_transport("auto", True, cuda)
+        self.receivers["object_store"] = ObjectStoreReceiver("preprocess->inference", cuda)
+        self.to = {"transport": kind}
+        if kind == "nccl":
+            from pipeline.transport.nccl import NcclEndpoint
+
+            self.endpoint = NcclEndpoint(
+                self.executor.backend.device_id, timeout_s=self.config.transport.timeout_s
+            )
+            self.receivers["nccl"] = self.endpoint.receiver("preprocess->inference")
+            self.to["endpoint"] = self.endpoint.id
+            self.to["gpu"] = self.endpoint.gpu
+        self.recv_pool = thread_pool(4, "ferry-recv")
+        logger.info("GPU preprocessing hands batches over by %s", kind)
+
+    async def _recv(self, envelope: Any) -> Any:
+        """The batch an envelope stands for. NCCL receives are posted from a thread and
+        polled from here: one waiting for an earlier envelope never holds a thread."""
+        loop = asyncio.get_running_loop()
+        rx = self.receivers[envelope.transport]
+        timeout = self.config.transport.timeout_s
+        if envelope.transport != "nccl":
+            data, _ = await loop.run_in_executor(self.recv_pool, rx.recv, envelope, timeout)
+            return data
+        posted = await loop.run_in_executor(self.recv_pool, rx.post, [envelope], timeout)
+        pause = 5e-5
+        while not posted.done():
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 1e-3)
+        return posted.wait()[0][0]
+
+    async def _images(self, model: str, items: list[Encoded]) -> Rows:
+        """Encoded images: decoded and resized in this process, or by PreprocessGPU, which
+        sends the batch here (on this GPU)."""
+        if self.local_pre is not None:
+            return await self.local_pre.run(model, items)
+        if self.fetch is None:
+            raise FerryError("this placement decodes in the Preprocess deployment, not here")
+        images = await self.fetch(model, items, self.to)
+        if images.envelope is not None:
+            images.data = await self._recv(images.envelope)
+            images.envelope = None
+        return images
+
+    def _on_batch(self, batch: Batch) -> None:
+        model = split_key(batch.key)[0]  # a model's v2 tensors count as the model
+        metrics.observe_batch(model, len(batch))
+        metrics.set_queue_depth(model, self.scheduler.queue.depth(batch.key))
+
+    def _submit(self, key: str, rows: list[np.ndarray]) -> Any:
+        model, feed = split_key(key)
+        p = self.executor.prepare(model, len(rows), feed=feed)
+        return self.executor.commit(
+            p, rows, label=f"{key}[{len(rows)}]"
+        )  # rows go straight to pinned memory
+
+    async def _run_batch(self, batch: Batch) -> list[Any]:
+        t0 = time.monotonic()
+        loop = asyncio.get_running_loop()
+        rows = [p.item for p in batch.items]
+        top = self.executor.buckets(split_key(batch.key)[0])[-1]  # the model's max_batch
+        parts = [
+            await loop.run_in_executor(self.submit_pool, self._submit, batch.key, rows[i : i + top])
+            for i in range(0, len(rows), top)
+        ]
+        done = [await r for r in parts]
+        logits = done[0] if len(done) == 1 else _concat(done)
+        t1 = time.monotonic()
+        gpu_ms = (t1 - t0) * 1e3
+        metrics.observe_stage("gpu", split_key(batch.key)[0], gpu_ms, len(batch))
+        if t1 - self._pool_reported > 1.0:  # gauges once a second, not per batch
+            self._pool_reported = t1
+            metrics.set_pool(self.executor.pool.stats().as_dict())
+        out = []
+        multi = isinstance(logits, tuple)  # a model of several outputs: a tuple per row
+        for i, p in enumerate(batch.items):
+            row = tuple(o[i] for o in logits) if multi else logits[i]
+            out.append((row, (t0 - p.enqueued) * 1e3, gpu_ms, len(batch)))
+        return out
+
+    async def _logits(
+        self, model: str, images: Rows, meta: list[RequestMeta], feed: str = "image"
+    ) -> Rows:
+        """``feed``: ``image`` (uint8 pixels) or ``tensors`` (the model's own input tensor,
+        from a v2 request)."""
+        key = model if feed == "image" else f"{model}{TENSORS}"
+        if model not in self.random:
+            raise ModelNotFound("no such model", model=model, served=sorted(self.random))
+        self.health.admit()  # a draining replica refuses at once (503: retry elsewhere)
+        n = 0 if images.data is None else len(images.data)
+        errors = dict(images.errors)
+        futs = []
+        now_epoch, now_mono = time.time(), time.monotonic()
+        for i in range(n):
+            m = meta[images.owner[i]]
+            deadline = None
+            if m.deadline is not None:
+                deadline = now_mono + (m.deadline - now_epoch)
+            elif self.default_deadline_s is not None:
+                deadline = now_mono + self.default_deadline_s
+            try:
+                futs.append(
+                    self.scheduler.submit_nowait(
+                        images.data[i],
+                        key,
+                        m.priority,
+                        deadline,
+                        m.request_id,
+                        None,  # the budget counts this queue's own wait (Triton's rule)
+                        self.budget_s[model],
+                    )
+                )
+            except FerryError as exc:  # QueueFull: this request, not the whole call
+                metrics.count_rejected(exc.fields.get("reason", "queue_full"))
+                futs.append(None)
+                errors.setdefault(images.owner[i], exc)
+        results = await asyncio.gather(*(f for f in futs if f is not None), return_exceptions=True)
+        it = iter(results)
+        rows, owner, queue_ms, gpu_ms, bsz = [], [], [], [], []
+        for i, f in enumerate(futs):
+            if f is None:
+                continue
+            r = next(it)
+            o = images.owner[i]
+            if isinstance(r, BaseException):
+                errors.setdefault(
+                    o, r if isinstance(r, FerryError) else FerryError(f"{type(r).__name__}: {r}")
+                )
+                continue
+            if o in errors:
+                continue
+            rows.append(r[0])
+            owner.append(o)
+            queue_ms.append(r[1])
+            gpu_ms.append(r[2])
+            bsz.append(r[3])
+        # a request whose rows partly failed is dropped whole
+        keep = [j for j, o in enumerate(owner) if o not in errors]
+        data, more = None, ()
+        if keep and isinstance(rows[keep[0]], tuple):  # outputs after the first ride in .more
+            cols = list(zip(*(rows[j] for j in keep), strict=True))
+            data = np.stack(cols[0]).astype(np.float32)
+            more = tuple(np.stack(c) for c in cols[1:])
+        elif keep:
+            data = np.stack([rows[j] for j in keep]).astype(np.float32)
+        metrics.observe_items("queue", model, queue_ms)  # each item's own wait
+        return Rows(
+            images.n_requests,
+            data,
+            [owner[j] for j in keep],
+            errors,
+            dict(images.timings_ms),
+            {
+                "queue": [queue_ms[j] for j in keep],
+                "gpu": [gpu_ms[j] for j in keep],
+                "batch_size": [float(bsz[j]) for j in keep],
+            },
+            random_weights=self.random[model],
+            more=more,
+        )
+
+    async def run(
+        self,
+        model: str,
+        images: Rows,
+        meta: list[RequestMeta],
+        specs: list[PostSpec] | None = None,
+        feed: str = "image",
+    ) -> Rows | list[Any]:
+        """The logits of decoded images or v2 tensors; with ``specs`` (this stage answers in
+        the placement) the answers themselves, softmax and top-k in a worker thread."""
+        logits = await self._logits(model, images, meta, feed)
+        if specs is None:
+            return logits
+        if self.post is None:
+            raise FerryError("this placement answers in the Postprocess deployment, not here")
+        return await asyncio.to_thread(self.post.run, model, logits, specs)
+
+    async def encoded(
+        self, model: str, items: list[Encoded], meta: list[RequestMeta], specs: list[PostSpec]
+    ) -> list[Any]:
+        """Checked image bytes in, answers out: decode (here or by PreprocessGPU), batch, run."""
+        images = await self._images(model, items)
+        out = await self.run(model, images, meta, specs)
+        assert isinstance(out, list)
+        return out
+
+    def signatures(self) -> dict[str, tuple[tuple[Any, ...], tuple[Any, ...]]]:
+        """Every model's own input and output tensors (``TensorInfo``), from its engine."""
+        return {
+            name: (tuple(m.engine.inputs), tuple(m.engine.outputs))
+            for name, m in self.executor.models.items()
+        }
+
+    def check_health(self) -> None:
+        self.health.check()  # raises: Serve replaces this replica
+
+    def status(self) -> dict[str, Any]:
+        s = self.executor.stats()
+        s["queue_depth"] = len(self.scheduler.queue)
+        s["warmup_s"] = self.warmup_s
+        s["models"] = {k: {"random_weights": v} for k, v in self.random.items()}
+        s["health"] = self.health.snapshot()
+        return s

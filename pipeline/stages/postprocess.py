@@ -1,0 +1,85 @@
+"""The postprocess stage (``PostprocessStage``): logits -> softmax -> top-k with labels (classify), or probability/logit
+tensors (Open Inference Protocol), one answer per request of the call."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pipeline import metrics
+from pipeline.config import PipelineConfig
+from pipeline.models.repository import model_card
+from pipeline.ops import SOFTMAX, TOPK
+from pipeline.ops.base import eager
+
+from .messages import PostSpec, Rows
+
+
+class PostprocessStage:
+    """Softmax, top-k and the answers; no Ray (the Postprocess deployment wraps it, the
+    inference stage runs it in place where it answers itself)."""
+
+    def __init__(self, config: PipelineConfig) -> None:
+        self.cards = {m.name: model_card(m) for m in config.models}
+
+    def run(
+        self, model: str, logits: Rows, specs: list[PostSpec]
+    ) -> list[dict[str, Any] | BaseException]:
+        t0 = time.perf_counter()
+        card = self.cards[model]
+        probs = vals = idx = None
+        classes = 0 if logits.data is None else int(logits.data.shape[-1])
+        if logits.data is not None:
+            (probs,) = eager(SOFTMAX, logits.data)
+            # one top-k over every row, as deep as the deepest request asks (the order is a
+            # stable sort, so a shallower request's top-k is a prefix of it)
+            kmax = max((s.top_k for s in specs if s.kind == "classify"), default=0)
+            if kmax:
+                kmax = min(kmax, classes)
+                vals, idx = eager(TOPK, probs, k=kmax)
+                vals, idx = vals.tolist(), idx.tolist()
+        rows_of = logits.rows_by_request()
+        out: list[dict[str, Any] | BaseException] = []
+        for r, spec in enumerate(specs):
+            if r in logits.errors:
+                out.append(logits.errors[r])
+                continue
+            rows = rows_of.get(r, [])
+            if spec.kind == "classify":
+                k = min(spec.top_k, classes)
+                row = rows[0]
+                top = [
+                    {"label": card.label(i), "class": i, "score": v}
+                    for v, i in zip(vals[row][:k], idx[row][:k], strict=True)
+                ]
+                out.append({"top_k": top, **self._timings(logits, rows)})
+            else:
+                tensors = {}
+                own = dict(zip(spec.names, (logits.data, *logits.more), strict=False))
+                for name in spec.outputs:
+                    if name == "probabilities" and name not in own:  # softmax of the first
+                        tensors[name] = probs[rows]
+                    else:
+                        tensors[name] = own[name][rows]
+                out.append({"outputs": tensors, **self._timings(logits, rows)})
+        ms = (time.perf_counter() - t0) * 1e3
+        metrics.observe_stage("postprocess", model, ms, len(out))
+        for d in out:
+            if isinstance(d, dict):
+                d["timings_ms"]["postprocess"] = ms
+        return out
+
+    @staticmethod
+    def _timings(logits: Rows, rows: list[int]) -> dict[str, Any]:
+        t = dict(logits.timings_ms)
+        rt = logits.row_timings_ms
+        if rows and rt.get("gpu"):
+            t["queue"] = max(rt["queue"][i] for i in rows)
+            t["gpu"] = max(rt["gpu"][i] for i in rows)
+            bs = int(max(rt["batch_size"][i] for i in rows))
+        else:
+            bs = 0
+        return {"timings_ms": t, "batch_size": bs, "random_weights": logits.random_weights}
+
+    def check_health(self) -> None:
+        """Healthy while the process lives: postprocessing is a pure function of its input: there is nothing to wedge."""
