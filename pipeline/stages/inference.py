@@ -226,8 +226,13 @@ class InferenceStage:
         errors = dict(images.errors)
         futs = []
         now_epoch, now_mono = time.time(), time.monotonic()
+        admitted: set[int] = set()  # a request's rows are admitted as one: by its first row
         for i in range(n):
-            m = meta[images.owner[i]]
+            o = images.owner[i]
+            if o in errors:  # refused (or bad) already: its other rows cost nothing
+                futs.append(None)
+                continue
+            m = meta[o]
             deadline = None
             if m.deadline is not None:
                 deadline = now_mono + (m.deadline - now_epoch)
@@ -242,13 +247,16 @@ class InferenceStage:
                         deadline,
                         m.request_id,
                         None,  # the budget counts this queue's own wait (Triton's rule)
-                        self.budget_s[model],
+                        # only a request's first row meets the budget: its own rows are not
+                        # queue ahead of one another, and once admitted none is dropped
+                        None if o in admitted else self.budget_s[model],
                     )
                 )
+                admitted.add(o)
             except FerryError as exc:  # QueueFull: this request, not the whole call
                 metrics.count_rejected(exc.fields.get("reason", "queue_full"))
                 futs.append(None)
-                errors.setdefault(images.owner[i], exc)
+                errors.setdefault(o, exc)
         results = await asyncio.gather(*(f for f in futs if f is not None), return_exceptions=True)
         it = iter(results)
         rows, owner, queue_ms, gpu_ms, bsz = [], [], [], [], []
