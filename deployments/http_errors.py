@@ -5,6 +5,7 @@ never fails, whatever the error's fields hold.
 """
 
 import logging
+import math
 import uuid
 from typing import Any
 
@@ -58,11 +59,8 @@ def _error_response(exc: BaseException, request_id: str) -> JSONResponse:
         logger.error("request %s failed: %s", request_id, exc, exc_info=exc)
     headers = {}
     if status == 503:
-        try:
-            retry = float(getattr(exc, "fields", {}).get("retry_after_s", 1))
-        except (TypeError, ValueError):
-            retry = 1.0
-        headers["retry-after"] = str(max(1, round(retry)) if retry == retry else 1)
+        retry = exc.retry_after_s if isinstance(exc, QueueFull | Unavailable) else 1.0
+        headers["retry-after"] = str(max(1, round(retry)) if math.isfinite(retry) else 1)
     if getattr(exc, "closes_connection", False):
         headers["connection"] = "close"
     if status in (408, 413, 503, 504):

@@ -1,9 +1,11 @@
 """Ferry's errors: one root, structured fields, safe to pickle across actor boundaries.
 
-Every subclass keeps its structured fields in ``self.fields`` and rebuilds itself from
-them when unpickled (Ray sends exceptions between processes), so a caller on the other
-side of a Serve hop can still read ``err.fields["limit_bytes"]`` or map the class to an
-HTTP status.
+Every error keeps its structured fields in ``self.fields`` (what an error answer's
+``detail`` shows) and rebuilds itself from them when unpickled (Ray sends exceptions between
+processes). Fields that code reads are typed constructor arguments and attributes of their
+class, as CuPy's ``OutOfMemoryError(size, total, limit)`` has them -- ``QueueFull.retry_after_s``,
+``ModelNotFound.model``, ``DeadlineExceeded.request_id``, ``ResourceExhausted.requested_bytes``
+-- so a caller on the other side of a Serve hop reads ``err.retry_after_s``, not a dict key.
 """
 
 from __future__ import annotations
@@ -100,15 +102,33 @@ class PayloadTooLarge(InvalidInput):
 
 
 class ResourceExhausted(FerryError):
-    """A reservation would pass the pool's hard limit, or no staging slot came in time."""
+    """A reservation would pass the pool's hard limit, or no staging slot came in time.
+    ``requested_bytes`` and ``limit_bytes``: the reservation and the limit, where known."""
 
     http_status = 503
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        requested_bytes: int | None = None,
+        limit_bytes: int | None = None,
+        **fields: Any,
+    ) -> None:
+        typed = {"requested_bytes": requested_bytes, "limit_bytes": limit_bytes}
+        super().__init__(message, **{k: v for k, v in typed.items() if v is not None}, **fields)
+        self.requested_bytes = requested_bytes
+        self.limit_bytes = limit_bytes
 
 
 class QueueFull(FerryError):
-    """The bounded queue is full: retry after ``retry_after_s``."""
+    """The bounded queue is full: retry after ``retry_after_s`` (the answer's Retry-After)."""
 
     http_status = 503
+
+    def __init__(self, message: str = "", *, retry_after_s: float = 1.0, **fields: Any) -> None:
+        super().__init__(message, retry_after_s=retry_after_s, **fields)
+        self.retry_after_s = float(retry_after_s)
 
 
 class UploadsFull(QueueFull):
@@ -132,11 +152,22 @@ class Unavailable(FerryError):
 
     http_status = 503
 
+    def __init__(self, message: str = "", *, retry_after_s: float = 1.0, **fields: Any) -> None:
+        super().__init__(message, retry_after_s=retry_after_s, **fields)
+        self.retry_after_s = float(retry_after_s)
+
 
 class DeadlineExceeded(FerryError):
-    """The request's deadline passed before it reached the GPU."""
+    """The request's deadline passed before it reached the GPU, or no answer came in time;
+    ``request_id``: whose."""
 
     http_status = 504
+
+    def __init__(self, message: str = "", *, request_id: str | None = None, **fields: Any) -> None:
+        if request_id is not None:
+            fields["request_id"] = request_id
+        super().__init__(message, **fields)
+        self.request_id = request_id
 
 
 class DeviceError(FerryError):
@@ -152,9 +183,18 @@ class TransportError(FerryError):
 
 
 class ModelNotFound(FerryError):
-    """No model of that name is served here."""
+    """No model of that name is served here; ``served``: the names that are."""
 
     http_status = 404
+
+    def __init__(
+        self, message: str = "", *, model: str, served: list[str] | None = None, **fields: Any
+    ) -> None:
+        if served is not None:
+            fields["served"] = list(served)
+        super().__init__(message, model=model, **fields)
+        self.model = model
+        self.served = None if served is None else list(served)
 
 
 class ModelRefused(InvalidInput):

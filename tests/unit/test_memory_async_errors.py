@@ -16,6 +16,7 @@ from pipeline.errors import (
     DeviceError,
     FerryError,
     InvalidInput,
+    ModelNotFound,
     QueueFull,
     ResourceExhausted,
     TransportError,
@@ -295,6 +296,31 @@ def test_errors_survive_pickling(err):
     assert type(back) is type(err)
     assert back == err and back.fields == err.fields and str(back) == str(err)
     assert isinstance(back, FerryError)
+
+
+def test_typed_fields_are_attributes_and_survive_pickling():
+    """What code reads of an error is a typed attribute, the same after a process hop (Ray
+    pickles exceptions), and still in ``fields`` for the answer's detail."""
+    errs = [
+        QueueFull("queue", retry_after_s=2.5, depth=10),
+        ResourceExhausted("full", requested_bytes=10, limit_bytes=5),
+        ModelNotFound("no such model", model="m", served=["a", "b"]),
+        DeadlineExceeded("late", request_id="r-1", waited_ms=3.0),
+    ]
+    for err in errs:
+        back = pickle.loads(pickle.dumps(err))
+        assert back == err and type(back) is type(err)
+    q, r, m, d = (pickle.loads(pickle.dumps(e)) for e in errs)
+    assert q.retry_after_s == 2.5 and q.fields["depth"] == 10
+    assert (r.requested_bytes, r.limit_bytes) == (10, 5)
+    assert (m.model, m.served) == ("m", ["a", "b"])
+    assert d.request_id == "r-1" and d.fields == {"request_id": "r-1", "waited_ms": 3.0}
+    assert QueueFull("q").retry_after_s == 1.0  # the default, in the detail too
+    assert ResourceExhausted("x").requested_bytes is None and "requested_bytes" not in (
+        ResourceExhausted("x").fields
+    )
+    with pytest.raises(TypeError):
+        ModelNotFound("no such model")  # the model is not optional
 
 
 def test_error_status_codes():
