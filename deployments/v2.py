@@ -10,7 +10,6 @@ first output. The specs come from the loaded engine (``Signature``).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -187,39 +186,6 @@ def requested(spec: Any, known: tuple[str, ...]) -> tuple[tuple[str, ...], froze
         if params_of(o, f"outputs[{i}]").get("binary_data"):
             binary.add(name)
     return tuple(names), frozenset(binary)
-
-
-def encode_infer(
-    model: str,
-    request_id: str | None,
-    tensors: dict[str, np.ndarray],
-    binary: frozenset[str],
-    extra: dict[str, Any] | None = None,
-) -> tuple[bytes, dict[str, str]]:
-    """The response body and headers; binary outputs follow the JSON header."""
-    outs, blobs = [], []
-    for name, arr in tensors.items():
-        arr = np.ascontiguousarray(arr, dtype=np.float32)
-        o: dict[str, Any] = {"name": name, "datatype": "FP32", "shape": list(arr.shape)}
-        if name in binary:
-            b = arr.astype("<f4").tobytes()
-            o["parameters"] = {"binary_data_size": len(b)}
-            blobs.append(b)
-        else:
-            o["data"] = arr.ravel().tolist()
-        outs.append(o)
-    resp: dict[str, Any] = {"model_name": model, "model_version": "1", "outputs": outs}
-    if request_id is not None:
-        resp["id"] = request_id
-    if extra:
-        resp["parameters"] = extra
-    head = json.dumps(resp).encode()
-    if not blobs:
-        return head, {"content-type": "application/json"}
-    return head + b"".join(blobs), {
-        "content-type": "application/octet-stream",
-        "inference-header-content-length": str(len(head)),
-    }
 
 
 def _tensor(t: TensorInfo) -> dict[str, Any]:

@@ -27,26 +27,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from benchmarks.model_zoo import MEAN, MODELS, STD
 from tests.onnx_models import run_host
 
 pytestmark = pytest.mark.gpu
 
-MODELS = [
-    "resnet18",
-    "resnet50",
-    "resnext50_32x4d",
-    "wide_resnet50_2",
-    "mobilenet_v2",
-    "mobilenet_v3_large",
-    "efficientnet_b0",
-    "regnet_y_400mf",
-    "densenet121",
-    "shufflenet_v2_x1_0",
-    "squeezenet1_1",
-    "vgg16_bn",
-    "convnext_tiny",
-]
-MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 PHOTOS = (
     "astronaut",
     "chelsea",
