@@ -1,14 +1,15 @@
 """Where the CPU goes: CPU milliseconds per request in each Serve process under load.
 
     python benchmarks/profile_pipeline.py [--model digits] [--clients 32] [--seconds 10]
-        [--config serve_config.yaml] [--image auto|digit|chelsea]
+        [--config serve_config.yaml] [--image auto|digit|chelsea] [--set section.key=value ...]
 
 Deploys the config's application on a local Ray cluster, drives it with the closed-loop
 load generator, and reads every Ray process's CPU time before and after (by its process
 title: ``ray::ServeReplica:ferry:Ingress``, ``ray::ProxyActor``, ...). Dividing by the
 requests answered, after taking off what each process burns idle over the same span,
 gives CPU ms per request per stage -- the number that decides how many cores a target
-rate needs.
+rate needs. ``--set`` (repeatable; the value is YAML, as in bench_e2e.py) changes the
+config's pipeline for an A/B pair without a second config file.
 """
 
 from __future__ import annotations
@@ -148,18 +149,28 @@ def main() -> int:
         help="with --spy: sample only the thread holding the GIL, so a file's samples per "
         "second over the rate is the share of time its GIL was held",
     )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="change the pipeline config (repeatable; the value is YAML), as bench_e2e.py does",
+    )
     args = ap.parse_args()
     import ray
     import yaml
     from ray import serve
 
     from benchmarks import loadgen
+    from benchmarks.bench_e2e import apply_sets, parse_sets
     from deployments.app import build_app
     from loadtest.cores import busy_cores_since
     from pipeline.imaging import encode_png
 
     with open(args.config) as f:
         raw = yaml.safe_load(f)
+    sets = parse_sets(args.set)
+    apply_sets(raw["applications"][0]["args"]["config"], sets)
     ray.init(include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
     serve.run(build_app(raw["applications"][0]["args"]), name="ferry", route_prefix="/")
@@ -201,6 +212,7 @@ def main() -> int:
     per = dict(sorted(per.items(), key=lambda kv: -kv[1]))
     result = {
         "config": args.config,
+        **({"set": sets} if sets else {}),
         "model": args.model,
         "image": image,
         "load": res,
