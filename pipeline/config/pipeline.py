@@ -118,6 +118,15 @@ class PipelineConfig(Strict):
             raise ValueError(
                 f"batching.max_batch_size ({mb}) exceeds the largest bucket ({self.executor.buckets[-1]})"
             )
+        # each queue keeps its own budget: the ingress's coalescer holds a group a window
+        window = self.ingress.coalesce_window_ms
+        for where, timeout_ms in self.batching.budgets().items():
+            if timeout_ms <= window:
+                raise ValueError(
+                    f"batching.{where}.timeout_ms ({timeout_ms}) must exceed "
+                    f"ingress.coalesce_window_ms ({window}): under load a request waits that "
+                    "long in the ingress's coalescer, and past its budget it is dropped with 503"
+                )
         from ..placement import check_pools
 
         check_pools(self)  # the pools of replicas sharing a GPU fit it together

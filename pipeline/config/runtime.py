@@ -102,17 +102,22 @@ class BatchingConfig(Strict):
     def policy_for(self, model: str) -> QueuePolicy:
         return self.model_queue_policy.get(model, self.queue_policy)
 
+    def budgets(self) -> dict[str, float]:
+        """Every queue-time budget set, in ms, by where it is set (``queue_policy``,
+        ``model_queue_policy.NAME``); policies without a budget are left out."""
+        named = {"queue_policy": self.queue_policy} | {
+            f"model_queue_policy.{m}": p for m, p in self.model_queue_policy.items()
+        }
+        return {w: p.timeout_ms for w, p in named.items() if p.timeout_ms is not None}
+
     @model_validator(mode="after")
     def _budgets_outlast_the_batch_wait(self) -> BatchingConfig:
         """A budget no longer than ``max_wait_ms`` drops every batch that leaves by its
         wait (a partial batch while another is in flight) with 503 queue_timeout."""
-        named = {"queue_policy": self.queue_policy} | {
-            f"model_queue_policy.{m}": p for m, p in self.model_queue_policy.items()
-        }
-        for where, p in named.items():
-            if p.timeout_ms is not None and p.timeout_ms <= self.max_wait_ms:
+        for where, timeout_ms in self.budgets().items():
+            if timeout_ms <= self.max_wait_ms:
                 raise ValueError(
-                    f"batching.{where}.timeout_ms ({p.timeout_ms}) must exceed "
+                    f"batching.{where}.timeout_ms ({timeout_ms}) must exceed "
                     f"batching.max_wait_ms ({self.max_wait_ms}): a request may wait that long "
                     "for its batch to fill, and past its budget it is dropped"
                 )

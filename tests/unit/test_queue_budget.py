@@ -280,3 +280,32 @@ def test_a_budget_no_longer_than_the_batch_wait_is_refused_at_validation():
         {"batching": {"max_wait_ms": 50, "queue_policy": {"timeout_ms": None}}}
     )
     assert ok.batching.policy_for("x").timeout_ms is None
+
+
+def test_a_budget_no_longer_than_the_coalesce_window_is_refused_at_validation():
+    """Review R3: the ingress's coalescer holds a group a window under load; a budget not
+    above it validated, then dropped every such request at dispatch with 503 queue_timeout."""
+    with pytest.raises(
+        ValueError,
+        match=r"queue_policy.timeout_ms \(5.0\) must exceed "
+        r"ingress.coalesce_window_ms \(20.0\)",
+    ):
+        PipelineConfig.model_validate(
+            {"batching": {"queue_policy": {"timeout_ms": 5}}, "ingress": {"coalesce_window_ms": 20}}
+        )
+    with pytest.raises(ValueError, match=r"model_queue_policy.digits.timeout_ms \(20.0\)"):
+        PipelineConfig.model_validate(
+            {
+                "models": [{"name": "digits", "arch": "digits"}],
+                "batching": {"model_queue_policy": {"digits": {"timeout_ms": 20}}},
+                "ingress": {"coalesce_window_ms": 20},
+            }
+        )
+    ok = PipelineConfig.model_validate(
+        {"batching": {"queue_policy": {"timeout_ms": 21}}, "ingress": {"coalesce_window_ms": 20}}
+    )
+    assert ok.batching.policy_for("x").timeout_ms == 21
+    off = PipelineConfig.model_validate(
+        {"batching": {"queue_policy": {"timeout_ms": None}}, "ingress": {"coalesce_window_ms": 20}}
+    )
+    assert off.batching.budgets() == {}
