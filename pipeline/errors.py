@@ -3,9 +3,11 @@
 Every error keeps its structured fields in ``self.fields`` (what an error answer's
 ``detail`` shows) and rebuilds itself from them when unpickled (Ray sends exceptions between
 processes). Fields that code reads are typed constructor arguments and attributes of their
-class, as CuPy's ``OutOfMemoryError(size, total, limit)`` has them -- ``QueueFull.retry_after_s``,
-``ModelNotFound.model``, ``DeadlineExceeded.request_id``, ``ResourceExhausted.requested_bytes``
--- so a caller on the other side of a Serve hop reads ``err.retry_after_s``, not a dict key.
+class, as CuPy's ``OutOfMemoryError(size, total, limit)`` has them -- ``QueueFull.retry_after_s``
+and ``.reason``, ``DeadlineExceeded.request_id`` and ``.reason``, ``Unavailable.reason``,
+``ModelNotFound.model``, ``ResourceExhausted.requested_bytes``, ``InvalidInput.node`` -- so a
+caller on the other side of a Serve hop reads ``err.reason``, not a dict key. A typed field
+left at its default stays out of ``fields`` (an answer's ``detail`` shows what was said).
 """
 
 from __future__ import annotations
@@ -84,9 +86,20 @@ def _rebuild(cls: type[FerryError], message: str, fields: dict[str, Any]) -> Fer
 
 
 class InvalidInput(FerryError):
-    """The request or the tensor spec is wrong; the fields name the offending values."""
+    """The request or the tensor spec is wrong; the fields name the offending values.
+    ``node``: the graph node whose planning found it (``at_node``), where one did."""
 
     http_status = 400
+
+    def __init__(self, message: str = "", *, node: str | None = None, **fields: Any) -> None:
+        super().__init__(message, **({} if node is None else {"node": node}), **fields)
+        self.node = node
+
+    def at_node(self, name: str) -> None:
+        """Name the graph node this was found planning, unless one is named already."""
+        if self.node is None:
+            self.node = name
+            self.fields["node"] = name
 
 
 class UnsupportedMediaType(InvalidInput):
@@ -122,13 +135,24 @@ class ResourceExhausted(FerryError):
 
 
 class QueueFull(FerryError):
-    """The bounded queue is full: retry after ``retry_after_s`` (the answer's Retry-After)."""
+    """The bounded queue is full: retry after ``retry_after_s`` (the answer's Retry-After).
+    ``reason`` (the rejection metric's label): ``queue_full`` unless the queue-time budget
+    refused it (``queue_budget``, ``queue_timeout``: ``pipeline.queue_budget``)."""
 
     http_status = 503
 
-    def __init__(self, message: str = "", *, retry_after_s: float = 1.0, **fields: Any) -> None:
-        super().__init__(message, retry_after_s=retry_after_s, **fields)
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        retry_after_s: float = 1.0,
+        reason: str | None = None,
+        **fields: Any,
+    ) -> None:
+        given = {} if reason is None else {"reason": reason}
+        super().__init__(message, retry_after_s=retry_after_s, **given, **fields)
         self.retry_after_s = float(retry_after_s)
+        self.reason = "queue_full" if reason is None else reason
 
 
 class UploadsFull(QueueFull):
@@ -152,22 +176,41 @@ class Unavailable(FerryError):
 
     http_status = 503
 
-    def __init__(self, message: str = "", *, retry_after_s: float = 1.0, **fields: Any) -> None:
-        super().__init__(message, retry_after_s=retry_after_s, **fields)
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        retry_after_s: float = 1.0,
+        reason: str | None = None,
+        **fields: Any,
+    ) -> None:
+        given = {} if reason is None else {"reason": reason}
+        super().__init__(message, retry_after_s=retry_after_s, **given, **fields)
         self.retry_after_s = float(retry_after_s)
+        self.reason = reason  # why the replica drains (a device error, a wedge, a stop)
 
 
 class DeadlineExceeded(FerryError):
     """The request's deadline passed before it reached the GPU, or no answer came in time;
-    ``request_id``: whose."""
+    ``request_id``: whose; ``reason`` (the rejection metric's label): ``deadline``."""
 
     http_status = 504
 
-    def __init__(self, message: str = "", *, request_id: str | None = None, **fields: Any) -> None:
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        request_id: str | None = None,
+        reason: str | None = None,
+        **fields: Any,
+    ) -> None:
+        if reason is not None:
+            fields["reason"] = reason
         if request_id is not None:
             fields["request_id"] = request_id
         super().__init__(message, **fields)
         self.request_id = request_id
+        self.reason = "deadline" if reason is None else reason
 
 
 class DeviceError(FerryError):

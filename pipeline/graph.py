@@ -249,7 +249,7 @@ def _plan_graph(g: Graph, batch: int, dtype: str, target: str, max_ws: int) -> G
         try:
             plan = node.op.prepare(*(specs[i] for i in node.inputs), **attrs)
         except InvalidInput as exc:
-            exc.fields.setdefault("node", node.name)
+            exc.at_node(node.name)
             raise
         if len(plan.outputs) != len(node.outputs):
             raise ValueError(

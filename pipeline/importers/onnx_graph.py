@@ -283,7 +283,7 @@ def _validate(m: OnnxModel) -> None:
                     None,
                     "the imported graph does not plan",
                     error=str(exc),
-                    node=exc.fields.get("node"),
+                    node=exc.node,
                 ) from None
 
 

@@ -28,7 +28,7 @@ import numpy as np
 from pipeline import metrics
 from pipeline.batching import Batch, BatchScheduler
 from pipeline.config import PipelineConfig
-from pipeline.errors import FerryError, ModelNotFound
+from pipeline.errors import FerryError, ModelNotFound, QueueFull
 from pipeline.executor import GpuExecutor
 from pipeline.threads import thread_pool
 
@@ -78,7 +78,7 @@ class InferenceStage:
             max_in_flight=config.executor.max_in_flight,
             retry_after_s=b.retry_after_s,
             on_batch=self._on_batch,
-            on_drop=lambda p, e: metrics.count_rejected(e.fields.get("reason", "deadline")),
+            on_drop=lambda p, e: metrics.count_rejected(e.reason),
             dispatch_when_idle=b.dispatch_when_idle,
         )
         self.submit_pool = thread_pool(config.executor.max_in_flight + 1, "ferry-submit")
@@ -253,8 +253,8 @@ class InferenceStage:
                     )
                 )
                 admitted.add(o)
-            except FerryError as exc:  # QueueFull: this request, not the whole call
-                metrics.count_rejected(exc.fields.get("reason", "queue_full"))
+            except QueueFull as exc:  # this request, not the whole call
+                metrics.count_rejected(exc.reason)
                 futs.append(None)
                 errors.setdefault(o, exc)
         results = await asyncio.gather(*(f for f in futs if f is not None), return_exceptions=True)
