@@ -45,16 +45,19 @@ from .validate import header_int
 logger = logging.getLogger(__name__)
 
 
-def _finish_timings(result: Any, t0: float) -> float:
+def _finish_timings(result: Any, t0: float, queued: float) -> float:
     """Raise a request's own error; else complete its timings (``ingress``: arrival to its
-    group leaving; ``hops``: what no stage accounts for; of that, when the inference replica
-    answered, ``hop_in``/``hop_out``: the Serve call to it and back) and return the total
-    in ms."""
+    group leaving; of that, ``coalesce``: the wait in the coalescer's queue, from ``queued``
+    -- the queue the budget bounds there; ``hops``: what no stage accounts for; of that,
+    when the inference replica answered, ``hop_in``/``hop_out``: the Serve call to it and
+    back) and return the total in ms."""
     if isinstance(result, BaseException):
         raise result
     total = (time.perf_counter() - t0) * 1e3
     t = result["timings_ms"]
-    t["ingress"] = t.pop("sent_at", 0.0) - t0 * 1e3
+    left = t.pop("sent_at", 0.0)
+    t["ingress"] = left - t0 * 1e3
+    t["coalesce"] = max(0.0, left - queued * 1e3)
     sent = t.pop("sent_wall", None)
     if sent is not None and "arrived_at" in t:  # parts of the hops: the call's way there and back
         t["hop_in"] = max(0.0, t.pop("arrived_at") - sent)
@@ -223,10 +226,11 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
             deadline_of(request, self.cfg.batching.default_deadline_ms),
             priority_of(request),
         )
+        queued = time.perf_counter()
         result = await self._await(
             self._coalescer(model, "classify").submit((item, k, meta), rid), rid
         )
-        total = _finish_timings(result, t0)  # (observe.RequestMetrics counts it and its total)
+        total = _finish_timings(result, t0, queued)  # (observe.RequestMetrics counts it and its total)
         triton.STATS.record(model, True, total, result["timings_ms"], 1)
         return JSONResponse({"request_id": rid, "model": model, **result})
 
@@ -328,17 +332,18 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
             opts.priority_high or priority_of(request),
         )
         spec = PostSpec("v2", outputs=req.outputs, names=tuple(o.name for o in sig.outputs))
+        queued = time.perf_counter()
         if encoded:  # every image by the classify path, batched with the rest
             futs = self._coalescer(base, "classify").submit_many(  # admitted as one request
                 [(item, spec, meta) for item in images], rid
             )
-            done = triton_encoded.answer(futs, lambda r: _finish_timings(r, t0))
+            done = triton_encoded.answer(futs, lambda r: _finish_timings(r, t0, queued))
             result = await self._await(done, rid)
         else:
             result = await self._await(
                 self._coalescer(model, "v2").submit((req.images, meta, spec), rid), rid
             )
-            _finish_timings(result, t0)
+            _finish_timings(result, t0, queued)
         total = result["timings_ms"]["total"]
         triton.STATS.record(model, True, total, result["timings_ms"], len(req.images))
         extra = {

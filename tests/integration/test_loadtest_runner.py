@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -89,12 +90,19 @@ def test_a_shape_honours_the_run_time_and_writes_csvs(app, tmp_path):
             "--only-summary",
             "--loglevel",
             "WARNING",
+            "--exit-code-on-error",
+            "0",  # (checked below: the only failures allowed are the queue budget's 503s)
         ],
         {**env, "FERRY_SHAPE": "slow", "FERRY_SLOW_BPS": "200000"},
         120,
     )
     assert time.monotonic() - t0 < 60
     assert (tmp_path / "direct_stats.csv").stat().st_size > 0
+    # on two busy cores a burst may pass the queue budget: a shed 503 is a right answer, any
+    # other failure is not
+    with open(tmp_path / "direct_failures.csv") as f:
+        failures = list(csv.DictReader(f))
+    assert all("code=503" in row["Error"] for row in failures), failures
     # the runner: --shape for --seconds, CSVs with the per-second history, a summary
     out = tmp_path / "shape"
     t0 = time.monotonic()
