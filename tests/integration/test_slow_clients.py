@@ -1,6 +1,6 @@
 """Slow clients cannot block anyone: 1,000 connections that declare a 1,000-byte body and
-send 10 bytes, held open against a real Serve app over real sockets, while health and
-classify keep answering within 2 s; every stalled upload is answered (503 + Retry-After at
+send 10 bytes (``stallers.py``, a process of its own), held open against a real Serve app
+over real sockets, while health and classify keep answering within 2 s; every stalled upload is answered (503 + Retry-After at
 once past the per-replica bound, 408 when its body stops) and its connection closed."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 import time
 
 import httpx
@@ -15,15 +16,11 @@ import numpy as np
 import pytest
 
 from pipeline.imaging import encode_png
-from tests.integration.helpers import BASE, PORT, cpu_config, deploy, undeploy
+from tests.integration.helpers import BASE, PORT, ROOT, cpu_config, deploy, undeploy
 
 pytestmark = pytest.mark.integration
 STALLED = 1000
 IDLE_S = 3.0
-HEAD = (
-    b"POST /v1/models/digits/classify HTTP/1.1\r\nHost: t\r\nContent-Type: image/png\r\n"
-    b"Content-Length: 1000\r\n\r\n\x89PNG\r\n\x1a\n\x00\x00"
-)
 
 
 @pytest.fixture(scope="module")
@@ -37,31 +34,6 @@ def app(ray_cluster):
     )
     yield BASE
     undeploy("slow")
-
-
-async def _stall() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    r, w = await asyncio.open_connection("127.0.0.1", PORT)
-    w.write(HEAD)
-    await w.drain()
-    return r, w
-
-
-async def _outcome(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> tuple[int, float, bool]:
-    """(status, seconds until the answer, whether the server closed the connection)."""
-    t0 = time.perf_counter()
-    try:
-        line = await asyncio.wait_for(r.readline(), IDLE_S + 30)
-        took = time.perf_counter() - t0
-        status = int(line.split()[1]) if line else 0
-        rest = await asyncio.wait_for(r.read(), 10)  # until EOF: the server closes
-        closed = True
-        if status == 503:
-            assert b"retry-after" in rest.lower(), rest[:300]
-    except (asyncio.TimeoutError, ConnectionError):
-        return -1, time.perf_counter() - t0, False
-    finally:
-        w.close()
-    return status, took, closed
 
 
 async def _probe(c: httpx.AsyncClient, png: bytes, stop: asyncio.Event, out: dict) -> None:
@@ -85,16 +57,22 @@ def test_1000_stalled_uploads_do_not_delay_health_or_classify(app):
         stop = asyncio.Event()
         async with httpx.AsyncClient(base_url=app, timeout=30) as c:
             probe = asyncio.create_task(_probe(c, png, stop, out))
-            t0 = time.perf_counter()
-            conns = []
-            for _wave in range(0, STALLED, 100):  # waves of 100, 1,000 in about 2 s
-                conns += await asyncio.gather(*(_stall() for _ in range(100)))
-                await asyncio.sleep(0.2)
-            opened_s = time.perf_counter() - t0
-            outcomes = await asyncio.gather(*(_outcome(r, w) for r, w in conns))
+            stallers = await asyncio.create_subprocess_exec(  # its own process (stallers.py)
+                sys.executable,
+                "-m",
+                "tests.integration.stallers",
+                str(PORT),
+                str(STALLED),
+                str(IDLE_S + 30),
+                cwd=ROOT,
+                stdout=asyncio.subprocess.PIPE,
+            )
+            got, _ = await asyncio.wait_for(stallers.communicate(), 120)
             stop.set()
             await probe
-        return out, outcomes, opened_s
+        assert stallers.returncode == 0, got
+        res = json.loads(got)
+        return out, [tuple(o) for o in res["outcomes"]], res["opened_s"]
 
     out, outcomes, opened_s = asyncio.run(main())
     statuses = [s for s, _, _ in outcomes]
