@@ -12,7 +12,9 @@ warm-up minus the trimmed mean (10% off each end) of the second half's samples, 
 ``--max-growth-mb`` (100). Latency: the p99 of the good requests in the second half against
 the first half's (warm-up left out), at most ``--max-drift`` (20%) apart; every window's p99
 is listed too. A good request must get 200, a bad one its 4xx with Ferry's JSON error;
-anything else is counted as unexpected. Progress is printed every sample. Writes
+a good request refused by the queue budget (503 with Ferry's JSON and ``Retry-After``) is
+counted as shed, apart, and its client waits ``Retry-After`` as a client should; anything
+else is counted as unexpected. Progress is printed every sample. Writes
 ``soak.<name>`` into results/reliability.json (``--write-to``) and the samples to ``--out``.
 """
 
@@ -177,10 +179,13 @@ class Book:
     def __init__(self) -> None:
         self.rows: list[tuple[float, str, int, float]] = []
         self.unexpected: dict[str, int] = {}
+        self.shed = 0  # good requests refused by the queue budget: 503, Ferry JSON, Retry-After
 
-    def add(self, req: Req, status: int, ms: float, json_ok: bool) -> None:
+    def add(self, req: Req, status: int, ms: float, json_ok: bool, retry_after: bool) -> None:
         self.rows.append((time.time(), req.kind, status, ms))
-        if status not in req.expect or (req.bad and not json_ok):
+        if status == 503 and not req.bad and json_ok and retry_after:
+            self.shed += 1  # the service's answer to load, not a fault: counted apart
+        elif status not in req.expect or (req.bad and not json_ok):
             key = f"{req.kind} -> {status}{'' if json_ok else ' (not Ferry JSON)'}"
             self.unexpected[key] = self.unexpected.get(key, 0) + 1
 
@@ -214,7 +219,10 @@ async def client(
                 book.rows.append((time.time(), req.kind, 0, (time.perf_counter() - t0) * 1e3))
                 await asyncio.sleep(0.5)
                 continue
-            book.add(req, status, (time.perf_counter() - t0) * 1e3, json_ok)
+            retry_after = r.headers.get("retry-after")
+            book.add(req, status, (time.perf_counter() - t0) * 1e3, json_ok, bool(retry_after))
+            if status == 503 and retry_after:  # a client that does as it is told
+                await asyncio.sleep(float(retry_after))
 
 
 def pct(xs: list[float], q: float) -> float | None:
@@ -273,7 +281,7 @@ async def soak(args: argparse.Namespace, url: str) -> dict[str, Any]:
             f"[{now - t_start:6.0f}/{args.minutes * 60:.0f} s] {len(book.rows)} requests, "
             f"{(len(book.rows) - last_n) / args.sample_s:.1f}/s, p99 {pct(recent, 0.99)} ms, "
             f"{len(rss)} processes, largest RSS change {top:+.1f} MB, "
-            f"unexpected {sum(book.unexpected.values())}",
+            f"shed {book.shed}, unexpected {sum(book.unexpected.values())}",
             flush=True,
         )
         last_n = len(book.rows)
@@ -325,6 +333,8 @@ def judge(args, book: Book, rss, pool, t0: float, t1: float) -> dict[str, Any]:
         "statuses": statuses,
         "bad_requests": sum(1 for _, k, _, _ in book.rows if k.startswith("bad")),
         "unexpected": book.unexpected,
+        "shed_503": book.shed,
+        "shed_share": round(book.shed / max(1, len(book.rows)), 4),
         "p99_first_half_ms": p1,
         "p99_second_half_ms": p2,
         "p99_drift": drift,
@@ -355,16 +365,16 @@ def write_section(name: str, doc: dict[str, Any], path: str) -> None:
 def section(soaks: dict[str, Any]) -> list[str]:
     """RESULTS.md lines of the soak runs."""
     lines = [
-        "| soak | config | machine | minutes | clients | requests | unexpected | worst growth MB "
-        "| p99 1st / 2nd half ms | drift | pass |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| soak | config | machine | minutes | clients | requests | shed 503 | unexpected "
+        "| worst growth MB | p99 1st / 2nd half ms | drift | pass |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, d in soaks.items():
         p = d["pass"]
         lines.append(
             f"| {name}{' (' + d['label'] + ')' if d.get('label') else ''} | {d['config']} | "
             f"{d['machine']} | {d['duration_s'] / 60:.0f} | {d['clients']} | {d['requests']} | "
-            f"{sum(d['unexpected'].values())} | {d['worst_growth_mb']} | "
+            f"{d.get('shed_503', 'n/a')} | {sum(d['unexpected'].values())} | {d['worst_growth_mb']} | "
             f"{d['p99_first_half_ms']} / {d['p99_second_half_ms']} | {'n/a' if d['p99_drift'] is None else format(d['p99_drift'], '+.0%')} | "
             f"{'yes' if all(p.values()) else 'no: ' + ', '.join(k for k, v in p.items() if not v)} |"
         )
