@@ -36,7 +36,7 @@ from pipeline.stages.messages import Encoded, PostSpec, RequestMeta, Rows
 
 from . import ingress_http, triton, triton_encoded, triton_stats, v2
 from .http_errors import request_id_of, unwrap
-from .ingress_http import app, deadline_of, multipart_image, priority_of
+from .ingress_http import JsonAnswer, app, deadline_of, multipart_image, priority_of
 from .ingress_route import downstream
 from .triton_routes import TritonRoutes
 from .uploads import UploadGate
@@ -232,7 +232,7 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
         )
         total = _finish_timings(result, t0, queued)  # (observe.RequestMetrics counts it and its total)
         triton.STATS.record(model, True, total, result["timings_ms"], 1)
-        return JSONResponse({"request_id": rid, "model": model, **result})
+        return JsonAnswer({"request_id": rid, "model": model, **result})
 
     @app.get("/v1/models")
     async def list_models(self) -> dict[str, Any]:
