@@ -182,8 +182,9 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
         return results
 
     async def _await(self, coro: Any, request_id: str) -> Any:
-        try:
-            return await asyncio.wait_for(coro, self.cfg.ingress.request_timeout_s)
+        try:  # (asyncio.timeout, not wait_for: no task per request)
+            async with asyncio.timeout(self.cfg.ingress.request_timeout_s):
+                return await coro
         except asyncio.TimeoutError:
             raise DeadlineExceeded(
                 "no answer in time",

@@ -89,7 +89,8 @@ class UploadGate:
             try:
                 if wait <= 0:
                     raise asyncio.TimeoutError
-                msg = await asyncio.wait_for(receive(), wait)
+                async with asyncio.timeout(wait):  # (not wait_for: no task per read)
+                    msg = await receive()
             except asyncio.TimeoutError:
                 if idle_s is None:
                     return False
