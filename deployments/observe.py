@@ -31,7 +31,7 @@ _STATIC = {
     "/docs",
     "/openapi.json",
 }
-TIMED = {"/classify", "/infer"}
+TIMED = ("/classify", "/infer")
 
 
 def route_of(path: str) -> tuple[str, str]:
@@ -64,6 +64,8 @@ class RequestMetrics:
 
     def __init__(self, app: Any) -> None:
         self.app = app
+        # path -> (model, route, timed) of a served model's paths, worked out once each
+        self._routes: dict[str, tuple[str, str, bool]] = {}
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -73,19 +75,29 @@ class RequestMetrics:
         state = scope.setdefault("state", {})
         if "request_id" not in state:
             state["request_id"] = request_id_from(scope.get("headers") or [])
-        model, route = route_of(scope["path"])
-        if model:  # only served models become label values (any path is not a series)
-            import deployments.ingress_http as ingress_http
+        path = scope["path"]
+        known = self._routes.get(path)
+        if known is None:
+            model, route = route_of(path)
+            if model:  # only served models become label values (any path is not a series)
+                import deployments.ingress_http as ingress_http
 
-            active = ingress_http.ACTIVE
-            if active is not None and model not in (*active.models, *active.encoded_views):
-                model = "?"
+                active = ingress_http.ACTIVE
+                if active is not None:
+                    if model in active.models or model in active.encoded_views:
+                        if len(self._routes) < 4096:  # (a served model's paths: few)
+                            self._routes[path] = model, route, route.endswith(TIMED)
+                    else:
+                        model = "?"
+            timed = bool(model) and route.endswith(TIMED)
+        else:
+            model, route, timed = known
         status = [500]
 
         async def send_counted(message: dict) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
-                if model and 200 <= status[0] < 300 and route.endswith(tuple(TIMED)):
+                if timed and 200 <= status[0] < 300:
                     metrics.observe_stage("total", model, (time.perf_counter() - t0) * 1e3)
             await send(message)
 
@@ -93,7 +105,7 @@ class RequestMetrics:
             await self.app(scope, receive, send_counted)
         finally:
             metrics.count_request(model, route, status[0])
-            if model and model != "?" and route.endswith(tuple(TIMED)) and status[0] >= 400:
+            if timed and model != "?" and status[0] >= 400:
                 from . import triton
 
                 triton.STATS.record(model, False, (time.perf_counter() - t0) * 1e3, None, 0)
