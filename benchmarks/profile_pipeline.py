@@ -173,7 +173,12 @@ def main() -> int:
     apply_sets(raw["applications"][0]["args"]["config"], sets)
     ray.init(include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
-    serve.run(build_app(raw["applications"][0]["args"]), name="ferry", route_prefix="/")
+    serve.run(  # with the file's logging_config, as `serve run` applies it
+        build_app(raw["applications"][0]["args"]),
+        name="ferry",
+        route_prefix="/",
+        logging_config=raw.get("logging_config"),
+    )
     image = (
         args.image if args.image != "auto" else ("digit" if args.model == "digits" else "chelsea")
     )
@@ -212,6 +217,7 @@ def main() -> int:
     per = dict(sorted(per.items(), key=lambda kv: -kv[1]))
     result = {
         "config": args.config,
+        **({"logging_config": raw["logging_config"]} if raw.get("logging_config") else {}),
         **({"set": sets} if sets else {}),
         "model": args.model,
         "image": image,
