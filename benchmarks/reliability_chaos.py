@@ -12,8 +12,10 @@ deadline; a request succeeds if an answer of 200 comes before its deadline, and 
 takes longer than its deadline plus a second.
 
 drain: the same load without retries while (1) the app is redeployed with a changed config
-(what ``serve deploy`` does) and (2) Serve shuts down: every request in flight when either
-began is counted, and each must end in a 200.
+(what ``serve deploy`` does), (2) Serve shuts down (``serve.shutdown()``, what ``serve
+shutdown`` does), and (3) on a fresh Serve, ``python -m deployments.stop`` (the app
+deleted first, then Serve shut down): every request in flight when each began is counted,
+and each must end in a 200 (a dropped one is counted by its status and why).
 """
 
 from __future__ import annotations
@@ -84,16 +86,16 @@ class Load:
     def __init__(self, base: str, png: bytes, clients: int, deadline_s: float, retry: bool):
         self.base, self.png, self.clients = base, png, clients
         self.deadline_s, self.retry = deadline_s, retry
-        self.records: list[tuple[float, float, int, int]] = []
+        self.records: list[tuple[float, float, int, int, str]] = []  # ... why, if not 200
         self.stop = threading.Event()
 
-    async def _one(self, c) -> tuple[int, int]:
+    async def _one(self, c) -> tuple[int, int, str]:
         t_end = time.monotonic() + self.deadline_s
         tries = 0
         while True:
             tries += 1
             left = t_end - time.monotonic()
-            status, wait = 0, 0.2
+            status, wait, why = 0, 0.2, ""
             try:
                 r = await c.post(
                     "/v1/models/digits/classify",
@@ -106,15 +108,16 @@ class Load:
                 )
                 status = r.status_code
                 ferry = r.headers.get("content-type", "").startswith("application/json")
+                why = "" if status == 200 else (r.json().get("error", "") if ferry else r.text)[:80]
                 if status == 504 and ferry and "DeadlineExceeded" in r.text:
-                    return status, tries  # the deadline itself passed: no retry
+                    return status, tries, why  # the deadline itself passed: no retry
                 wait = min(float(r.headers.get("retry-after", 0.2)), 0.5)
-            except Exception:  # connection refused or reset, or no answer in time
-                status = -1
+            except Exception as exc:  # connection refused or reset, or no answer in time
+                status, why = -1, type(exc).__name__
             if status == 200 or not self.retry or status not in RETRY | {-1}:
-                return status, tries
+                return status, tries, why
             if time.monotonic() + wait >= t_end:
-                return status, tries
+                return status, tries, why
             await asyncio.sleep(wait * min(tries, 3) / 3)
 
     async def _client(self) -> None:
@@ -123,8 +126,8 @@ class Load:
         async with httpx.AsyncClient(base_url=self.base) as c:
             while not self.stop.is_set():
                 t0 = time.monotonic()
-                status, tries = await self._one(c)
-                self.records.append((t0, time.monotonic(), status, tries))
+                status, tries, why = await self._one(c)
+                self.records.append((t0, time.monotonic(), status, tries, why))
 
     def run(self) -> threading.Thread:
         async def main():
@@ -135,7 +138,10 @@ class Load:
         return t
 
     def summary(self, records=None) -> dict:
-        recs = self.records if records is None else records
+        return self.summary_of(self.records if records is None else records, self.deadline_s)
+
+    @staticmethod
+    def summary_of(recs, deadline_s: float) -> dict:
         n = len(recs)
         ok = sum(1 for r in recs if r[2] == 200)
         lat = sorted(r[1] - r[0] for r in recs)
@@ -147,7 +153,7 @@ class Load:
             "succeeded": ok,
             "success_rate": round(ok / n, 5) if n else None,
             "retried": sum(1 for r in recs if r[3] > 1),
-            "hung_past_deadline": sum(1 for x in lat if x > self.deadline_s + 1.0),
+            "hung_past_deadline": sum(1 for x in lat if x > deadline_s + 1.0),
             "worst_s": round(lat[-1], 3) if lat else None,
             "p99_s": round(lat[int(0.99 * (n - 1))], 3) if lat else None,
             "final_statuses": statuses,
@@ -185,34 +191,66 @@ def _in_flight_at(records, t) -> list:
     return [r for r in records if r[0] <= t < r[1]]
 
 
-def drain(base, png, cfg, clients) -> dict:
-    from ray import serve
+def _phase(records, t: float, t_end: float) -> dict:
+    """The requests in flight at ``t`` (each must end in 200) and those started until
+    ``t_end``; a dropped one by its status and why (the exception, or the error's text)."""
+    inflight = _in_flight_at(records, t)
+    dropped: dict[str, int] = {}
+    for r in inflight:
+        if r[2] != 200:
+            k = f"{r[2]} {r[4]}".strip()
+            dropped[k] = dropped.get(k, 0) + 1
+    return {
+        "in_flight_at_start": len(inflight),
+        "in_flight_finished_200": sum(1 for r in inflight if r[2] == 200),
+        "dropped": sum(dropped.values()),
+        "dropped_as": dropped,
+        "took_s": round(t_end - t, 2),
+        "started_during": Load.summary_of([r for r in records if t <= r[0] < t_end], 30.0),
+    }
 
-    out = {}
+
+def _under_load(base, png, clients, act) -> dict:
+    """Run ``act()`` (which returns its phases' (name, start, end)) 5 s into the load;
+    stop the load 1 s after."""
     load = Load(base, png, clients, 30.0, retry=False)
     thread = load.run()
     time.sleep(5)
-    changed = cfg.model_copy(deep=True)
-    changed.batching.max_wait_ms = cfg.batching.max_wait_ms + 1  # a changed config: new version
-    t_deploy = time.monotonic()
-    _deploy(changed)
-    t_done = time.monotonic()
-    time.sleep(5)
-    t_shutdown = time.monotonic()
-    serve.shutdown()
-    t_down = time.monotonic()
+    marks = act()
+    time.sleep(1)
     load.stop.set()
     thread.join(40)
-    for name, t, t_end in (("redeploy", t_deploy, t_done), ("shutdown", t_shutdown, t_down)):
-        inflight = _in_flight_at(load.records, t)
-        during = [r for r in load.records if t <= r[0] < t_end]
-        out[name] = {
-            "in_flight_at_start": len(inflight),
-            "in_flight_finished_200": sum(1 for r in inflight if r[2] == 200),
-            "dropped": sum(1 for r in inflight if r[2] != 200),
-            "took_s": round(t_end - t, 2),
-            "started_during": load.summary(during),
-        }
+    return {name: _phase(load.records, t, t_end) for name, t, t_end in marks}
+
+
+def drain(base, png, cfg, clients, port) -> dict:
+    """redeploy (a changed config), then ``serve.shutdown()`` -- Serve's own stop: it kills
+    the HTTP proxies at once --; then, on a fresh Serve, ``deployments.stop``: the app
+    deleted first (the proxies still answer while its replicas drain), then Serve."""
+    from ray import serve
+
+    def redeploy_then_shutdown():
+        changed = cfg.model_copy(deep=True)
+        changed.batching.max_wait_ms = cfg.batching.max_wait_ms + 1  # a new version
+        t0 = time.monotonic()
+        _deploy(changed)
+        t1 = time.monotonic()
+        time.sleep(5)
+        t2 = time.monotonic()
+        serve.shutdown()
+        return [("redeploy", t0, t1), ("serve_shutdown", t2, time.monotonic())]
+
+    def app_first():  # python -m deployments.stop
+        from deployments.stop import stop
+
+        t0 = time.monotonic()
+        stop(["ferry"])
+        return [("deployments_stop", t0, time.monotonic())]
+
+    out = _under_load(base, png, clients, redeploy_then_shutdown)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    _deploy(cfg)
+    out.update(_under_load(base, png, clients, app_first))
     return out
 
 
@@ -227,6 +265,7 @@ def main() -> int:
     ap.add_argument("--models", help="with --config: serve only these models (comma-separated)")
     ap.add_argument("--cpus", type=int, default=6, help="the local cluster's logical CPUs")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "reliability.json"))
+    ap.add_argument("--drain-only", action="store_true", help="keep the chaos section as it is")
     a = ap.parse_args()
     import ray
     from ray import serve
@@ -246,22 +285,27 @@ def main() -> int:
         with open(a.out) as f:
             doc = json.load(f)
     key = "" if a.config is None else "_gpu"
-    doc[f"chaos{key}"] = {
-        "machine": f"{platform.node()}: {os.cpu_count()} cores, {gpu}",
+    if not a.drain_only:
+        doc[f"chaos{key}"] = {
+            "machine": f"{platform.node()}: {os.cpu_count()} cores, {gpu}",
+            "date": datetime.date.today().isoformat(),
+            "config": (
+                f"{a.config} (models: {a.models or 'all'})"
+                if a.config
+                else "CPU test app: digits, 2 Inference replicas"
+            ),
+            "method": __doc__.split("chaos: ")[1].split("\n\n")[0].replace("\n", " "),
+            **chaos(base, png, cfg, a.duration, a.kill_every, a.clients, a.deadline_s),
+        }
+        time.sleep(10)  # the last kill's replacement
+    doc[f"drain{key}"] = {
         "date": datetime.date.today().isoformat(),
-        "config": (
-            f"{a.config} (models: {a.models or 'all'})"
-            if a.config
-            else "CPU test app: digits, 2 Inference replicas"
-        ),
-        "method": __doc__.split("chaos: ")[1].split("\n\n")[0].replace("\n", " "),
-        **chaos(base, png, cfg, a.duration, a.kill_every, a.clients, a.deadline_s),
+        "method": __doc__.split("drain: ")[1].split("\n\n")[0].replace("\n", " "),
+        **drain(base, png, cfg, a.clients, a.port),
     }
-    time.sleep(10)  # the last kill's replacement
-    doc[f"drain{key}"] = drain(base, png, cfg, a.clients)
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)
-    print(json.dumps({k: doc[k] for k in (f"chaos{key}", f"drain{key}")}, indent=1))
+    print(json.dumps({k: doc[k] for k in (f"chaos{key}", f"drain{key}") if k in doc}, indent=1))
     ray.shutdown()
     return 0
 

@@ -539,11 +539,16 @@ def chaos_lines(rel: dict) -> list[str]:
                 f"{ch['retried']} retried, {ch['hung_past_deadline']} past the deadline "
                 f"(worst {ch['worst_s']} s); final statuses {ch['final_statuses']}.",
             ]
+        if dr and dr.get("method"):
+            out += ["", f"Drain ({dr.get('date')}): {dr['method']}"]
         for phase, d in (dr or {}).items():
+            if not isinstance(d, dict):  # (its date and method)
+                continue
+            how = f": {d['dropped_as']}" if d.get("dropped_as") else ""
             out += [
                 "",
                 f"Drain on {phase}: {d['in_flight_at_start']} requests in flight when it began, "
-                f"{d['in_flight_finished_200']} finished with 200, {d['dropped']} dropped "
+                f"{d['in_flight_finished_200']} finished with 200, {d['dropped']} dropped{how} "
                 f"(took {d['took_s']} s; started meanwhile: {d['started_during']['final_statuses']}).",
             ]
     return out
