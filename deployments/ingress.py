@@ -28,11 +28,20 @@ from pipeline.coalescer import Coalescer
 from pipeline.config import PipelineConfig
 from pipeline.errors import (
     DeadlineExceeded,
+    FerryError,
     InvalidInput,
     ModelNotFound,
 )
 from pipeline.models.repository import model_card, random_weights
-from pipeline.stages.messages import Encoded, PostSpec, RequestMeta, Rows
+from pipeline.stages.messages import (
+    Answer,
+    Encoded,
+    HostRows,
+    ImageRequest,
+    PostSpec,
+    RequestMeta,
+    TensorRequest,
+)
 
 from . import ingress_http, triton, triton_encoded, triton_stats, v2
 from .http_errors import request_id_of, unwrap
@@ -45,29 +54,14 @@ from .validate import header_int
 logger = logging.getLogger(__name__)
 
 
-def _finish_timings(result: Any, t0: float, queued: float) -> float:
-    """Raise a request's own error; else complete its timings (``ingress``: arrival to its
-    group leaving; of that, ``coalesce``: the wait in the coalescer's queue, from ``queued``
-    -- the queue the budget bounds there; ``hops``: what no stage accounts for; of that,
-    when the inference replica answered, ``hop_in``/``hop_out``: the Serve call to it and
-    back) and return the total in ms."""
+def _finish(result: Answer | BaseException, t0: float, queued: float) -> dict[str, Any]:
+    """Raise a request's own error; else its answer as sent on, its timings complete
+    (``Timings.report``: from its arrival at ``t0`` and its hand-over to the coalescer at
+    ``queued``, perf_counter seconds, to now)."""
     if isinstance(result, BaseException):
         raise result
-    total = (time.perf_counter() - t0) * 1e3
-    t = result["timings_ms"]
-    left = t.pop("sent_at", 0.0)
-    t["ingress"] = left - t0 * 1e3
-    t["coalesce"] = max(0.0, left - queued * 1e3)
-    sent = t.pop("sent_wall", None)
-    if sent is not None and "arrived_at" in t:  # parts of the hops: the call's way there and back
-        t["hop_in"] = max(0.0, t.pop("arrived_at") - sent)
-        t["hop_out"] = max(0.0, time.time() * 1e3 - t.pop("left_at"))
-    stages = sum(t.get(k, 0.0) for k in ("ingress", "preprocess", "queue", "gpu", "postprocess"))
-    t["hops"] = max(0.0, total - stages)
-    t["total"] = total
-    for k, v in t.items():
-        t[k] = round(v, 3)
-    return total
+    now, wall = time.perf_counter(), time.time()
+    return result.body(result.timings.report(t0 * 1e3, queued * 1e3, now * 1e3, wall * 1e3))
 
 
 @serve.deployment
@@ -143,42 +137,39 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
             raise ModelNotFound("no such model", model=name, served=sorted(self.models))
         return name
 
-    async def _classify_group(self, model: str, items: list[tuple]) -> list[Any]:
+    async def _classify_group(
+        self, model: str, items: list[ImageRequest]
+    ) -> list[Answer | FerryError]:
         t_send = time.perf_counter()
-        encoded = [it[0] for it in items]
-        meta = [it[2] for it in items]
-        specs = [  # (a v2 request's encoded images come with their own spec)
-            it[1] if isinstance(it[1], PostSpec) else PostSpec("classify", top_k=it[1])
-            for it in items
-        ]
+        encoded = [it.image for it in items]
+        meta = [it.meta for it in items]
+        specs = [it.spec for it in items]
         return await self._answers(self.down.classify(model, encoded, meta, specs), t_send)
 
-    async def _v2_group(self, model: str, items: list[tuple]) -> list[Any]:
+    async def _v2_group(self, model: str, items: list[TensorRequest]) -> list[Answer | FerryError]:
         import numpy as np
 
         t_send = time.perf_counter()
-        arrays = [it[0] for it in items]
-        owner = [i for i, a in enumerate(arrays) for _ in range(len(a))]
-        rows = Rows(len(items), np.concatenate(arrays), owner)
-        meta = [it[1] for it in items]
-        specs = [it[2] for it in items]
+        owner = [i for i, it in enumerate(items) for _ in range(len(it.tensors))]
+        rows = HostRows(len(items), owner, data=np.concatenate([it.tensors for it in items]))
+        meta = [it.meta for it in items]
+        specs = [it.spec for it in items]
         return await self._answers(self.down.tensors(model, rows, meta, specs), t_send)
 
-    async def _answers(self, pending: Any, t_send: float) -> list[Any]:
+    async def _answers(self, pending: Any, t_send: float) -> list[Answer | FerryError]:
         """The answers of a group, each stamped with when the group left the coalescer and,
-        where a Serve call reached the answering stage, when that call left (wall clock, as
-        the replica stamps its arrival)."""
+        where a Serve call reached the replica that answered (which stamped the ``Hop``),
+        when that call left (wall clock, as the replica stamps its arrival)."""
         try:
             results = await pending
         except BaseException as exc:
             raise unwrap(exc) from None
-        hop = self.down.hop
         wall_call = t_send + time.time() - time.perf_counter()
         for r in results:  # a loop, not a comprehension: Serve pickles these methods by value
-            if isinstance(r, dict):
-                r["timings_ms"]["sent_at"] = t_send * 1e3
-                if hop:
-                    r["timings_ms"]["sent_wall"] = wall_call * 1e3
+            if isinstance(r, Answer):
+                r.timings.left_coalescer = t_send * 1e3
+                if r.timings.hop is not None:
+                    r.timings.hop.sent = wall_call * 1e3
         return results
 
     async def _await(self, coro: Any, request_id: str) -> Any:
@@ -228,12 +219,11 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
             priority_of(request),
         )
         queued = time.perf_counter()
-        result = await self._await(
-            self._coalescer(model, "classify").submit((item, k, meta), rid), rid
-        )
-        total = _finish_timings(result, t0, queued)  # (observe.RequestMetrics counts it and its total)
-        triton.STATS.record(model, True, total, result["timings_ms"], 1)
-        return JsonAnswer({"request_id": rid, "model": model, **result})
+        ask = ImageRequest(item, PostSpec("classify", top_k=k), meta)
+        result = await self._await(self._coalescer(model, "classify").submit(ask, rid), rid)
+        body = _finish(result, t0, queued)  # (observe.RequestMetrics counts it and its total)
+        triton.STATS.record(model, True, body["timings_ms"]["total"], body["timings_ms"], 1)
+        return JsonAnswer({"request_id": rid, "model": model, **body})
 
     @app.get("/v1/models")
     async def list_models(self) -> dict[str, Any]:
@@ -336,15 +326,14 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
         queued = time.perf_counter()
         if encoded:  # every image by the classify path, batched with the rest
             futs = self._coalescer(base, "classify").submit_many(  # admitted as one request
-                [(item, spec, meta) for item in images], rid
+                [ImageRequest(item, spec, meta) for item in images], rid
             )
-            done = triton_encoded.answer(futs, lambda r: _finish_timings(r, t0, queued))
+            done = triton_encoded.answer(futs, lambda r: _finish(r, t0, queued))
             result = await self._await(done, rid)
         else:
-            result = await self._await(
-                self._coalescer(model, "v2").submit((req.images, meta, spec), rid), rid
-            )
-            _finish_timings(result, t0, queued)
+            ask = TensorRequest(req.images, meta, spec)
+            answer = await self._await(self._coalescer(model, "v2").submit(ask, rid), rid)
+            result = _finish(answer, t0, queued)
         total = result["timings_ms"]["total"]
         triton.STATS.record(model, True, total, result["timings_ms"], len(req.images))
         extra = {

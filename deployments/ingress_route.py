@@ -9,8 +9,9 @@ the placement is -- a Serve hop, or a direct call in this process.
 * ``InProcess`` (``one_process``): the inference stage built in this process and called
   directly: no handle, no hop.
 
-``hop`` says whether the answering stage is behind a Serve call (then its answers carry
-when the call arrived and left, and the ingress splits the hop's time).
+Where a Serve call reaches the replica that answers (``ServeHop``), that replica stamps
+when the call arrived and left (``Timings.hop``), and the ingress splits the hop's time;
+elsewhere the answers carry no hop.
 """
 
 from __future__ import annotations
@@ -18,27 +19,26 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.config import PipelineConfig
-from pipeline.stages.messages import Encoded, PostSpec, RequestMeta, Rows
+from pipeline.errors import FerryError
+from pipeline.stages.messages import Answer, Encoded, HostRows, PostSpec, RequestMeta
 
 
 class ServeChain:
     """``four_stage``: three Serve deployments, their calls chained."""
-
-    hop = False  # the answers are made by Postprocess, which is not stamped
 
     def __init__(self, preprocess: Any, inference: Any, postprocess: Any) -> None:
         self.pre, self.inf, self.post = preprocess, inference, postprocess
 
     async def classify(
         self, model: str, items: list[Encoded], meta: list[RequestMeta], specs: list[PostSpec]
-    ) -> list[Any]:
+    ) -> list[Answer | FerryError]:
         images = self.pre.remote(model, items)
         logits = self.inf.remote(model, images, meta)  # images go by reference
         return await self.post.remote(model, logits, specs)
 
     async def tensors(
-        self, model: str, rows: Rows, meta: list[RequestMeta], specs: list[PostSpec]
-    ) -> list[Any]:
+        self, model: str, rows: HostRows, meta: list[RequestMeta], specs: list[PostSpec]
+    ) -> list[Answer | FerryError]:
         logits = self.inf.remote(model, rows, meta, None, "tensors")
         return await self.post.remote(model, logits, specs)
 
@@ -52,26 +52,22 @@ class ServeChain:
 class ServeHop(ServeChain):
     """``split``, ``gpu_preprocess``: one Serve call to the inference replica, which answers."""
 
-    hop = True
-
     def __init__(self, inference: Any) -> None:
         super().__init__(None, inference, None)
 
     async def classify(
         self, model: str, items: list[Encoded], meta: list[RequestMeta], specs: list[PostSpec]
-    ) -> list[Any]:
+    ) -> list[Answer | FerryError]:
         return await self.inf.encoded.remote(model, items, meta, specs)
 
     async def tensors(
-        self, model: str, rows: Rows, meta: list[RequestMeta], specs: list[PostSpec]
-    ) -> list[Any]:
+        self, model: str, rows: HostRows, meta: list[RequestMeta], specs: list[PostSpec]
+    ) -> list[Answer | FerryError]:
         return await self.inf.remote(model, rows, meta, specs, "tensors")
 
 
 class InProcess:
     """``one_process``: the inference stage in this process, called directly."""
-
-    hop = False
 
     def __init__(self, config: PipelineConfig) -> None:
         from pipeline.stages.inference import InferenceStage
@@ -80,12 +76,12 @@ class InProcess:
 
     async def classify(
         self, model: str, items: list[Encoded], meta: list[RequestMeta], specs: list[PostSpec]
-    ) -> list[Any]:
+    ) -> list[Answer | FerryError]:
         return await self.stage.encoded(model, items, meta, specs)
 
     async def tensors(
-        self, model: str, rows: Rows, meta: list[RequestMeta], specs: list[PostSpec]
-    ) -> list[Any]:
+        self, model: str, rows: HostRows, meta: list[RequestMeta], specs: list[PostSpec]
+    ) -> list[Answer | FerryError]:
         out = await self.stage.run(model, rows, meta, specs, "tensors")
         assert isinstance(out, list)
         return out

@@ -4,8 +4,8 @@ FastAPI app): a replica validates the pipeline config, applies its stage's proce
 forwards calls to it -- ``__call__`` to ``run``, the other methods by name.
 
 Answers made in a replica (``stamps_hops``) carry when their call arrived and when it left
-(wall-clock ms), so the ingress can split the Serve hop into the way there and back; only a
-real hop is stamped.
+(``Timings.hop``, wall-clock ms), so the ingress can split the Serve hop into the way there
+and back; only a real hop is stamped.
 """
 
 from __future__ import annotations
@@ -19,14 +19,15 @@ from ray import serve
 
 from pipeline.config import PipelineConfig
 from pipeline.stages.base import Stage
+from pipeline.stages.messages import Answer, Hop
 
 
 def _stamp_hops(out: Any, arrived: float) -> Any:
     if isinstance(out, list):
         left = time.time() * 1e3
         for a in out:
-            if isinstance(a, dict):
-                a["timings_ms"].update(arrived_at=arrived, left_at=left)
+            if isinstance(a, Answer):
+                a.timings.hop = Hop(arrived, left)
     return out
 
 

@@ -151,10 +151,11 @@ def checked(images: list[bytes], check: Callable[[bytes], Any]) -> list[Any]:
 
 
 async def answer(
-    futures: list[asyncio.Future], finish: Callable[[Any], Any] | None = None
+    futures: list[asyncio.Future], finish: Callable[[Any], dict[str, Any]] | None = None
 ) -> dict[str, Any]:
     """The answers of a request's images (one future an image, the classify path's
-    ``Coalescer.submit_many``), each through ``finish``, merged row for row. The first
+    ``Coalescer.submit_many``), each made by ``finish`` the answer ``merge`` reads (the
+    ingress's ``Answer.body``), merged row for row. The first
     failure fails the request, naming its row, and withdraws the rows not yet answered:
     a refused request does not keep costing work."""
     try:
@@ -174,8 +175,7 @@ async def answer(
         raise first
     results = [f.result() for f in futures]
     if finish is not None:
-        for r in results:
-            finish(r)
+        results = [finish(r) for r in results]
     return merge(results)
 
 

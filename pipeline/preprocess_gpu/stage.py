@@ -35,7 +35,7 @@ from ..config import PipelineConfig
 from ..device import Backend, Event, Stream, select_backend
 from ..errors import FerryError, InvalidInput, ModelNotFound, QueueFull, TransportError
 from ..memory import DevicePool, PinnedRing, make_pool
-from ..stages.messages import Encoded
+from ..stages.messages import DeviceRows, Encoded
 from ..threads import thread_pool
 from .fitter import GpuFitter
 
@@ -141,10 +141,10 @@ class PreprocessGpuCore:
             self.backend.device_id, config.preprocess.threads, config.preprocess.gpu_decode_backend
         )
 
-    async def process(self, model: str, items: Items, to: dict | None = None) -> tuple:
-        """Decode ``items`` and make the batch on the GPU: (data, owner, errors, timings,
-        envelope). With ``to=None`` (local) data are device rows, complete on the device;
-        else the batch was sent as ``to`` says and the envelope stands for it."""
+    async def process(self, model: str, items: Items, to: dict | None = None) -> DeviceRows:
+        """Decode ``items`` and make the batch on the GPU. With ``to=None`` (local) the rows'
+        data are device rows, complete on the device; else the batch was sent as ``to``
+        says and the rows' envelope stands for it."""
         if model not in self.targets:
             raise ModelNotFound("no such model", model=model, served=sorted(self.targets))
         t0 = time.perf_counter()
@@ -164,7 +164,7 @@ class PreprocessGpuCore:
                 owner = [owner[k] for k in keep]
         ms = (time.perf_counter() - t0) * 1e3
         metrics.observe_stage("preprocess", model, ms, len(items))
-        return data, owner, errors, {"preprocess": ms}, env
+        return DeviceRows(len(items), owner, errors, ms, data=data, envelope=env)
 
     # ------------------------------------------------------------------ local: batched
     async def _run_local(

@@ -22,7 +22,7 @@ from pipeline.imaging import DecodePlan, bound_decoder_scratch, decode, decode_u
 from pipeline.models.repository import model_card
 from pipeline.threads import thread_pool
 
-from .messages import Encoded, Rows
+from .messages import Encoded, HostRows
 
 logger = logging.getLogger(__name__)
 
@@ -97,12 +97,12 @@ class PreprocessStage:
                 owner.append(i)
         return imgs, owner, errors
 
-    async def run(self, model: str, items: list[Encoded]) -> Rows:
+    async def run(self, model: str, items: list[Encoded]) -> HostRows:
         t0 = time.perf_counter()
         rows, owner, errors = await self.decode_many(model, items)
         ms = (time.perf_counter() - t0) * 1e3
         metrics.observe_stage("preprocess", model, ms, len(items))
-        return Rows(len(items), np.stack(rows) if rows else None, owner, errors, {"preprocess": ms})
+        return HostRows(len(items), owner, errors, ms, data=np.stack(rows) if rows else None)
 
     def check_health(self) -> None:
         """Healthy while the process lives: decoding holds no device and no queue of its own: a stuck decode shows as the

@@ -21,6 +21,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,7 +33,7 @@ from pipeline.errors import FerryError, ModelNotFound, QueueFull
 from pipeline.executor import GpuExecutor
 from pipeline.threads import thread_pool
 
-from .messages import Encoded, PostSpec, RequestMeta, Rows
+from .messages import Answer, DeviceRows, Encoded, HostRows, Logits, PostSpec, RequestMeta, RowTimes
 
 logger = logging.getLogger(__name__)
 TENSORS = "#tensors"  # the scheduler key of a model's v2 tensors: batched apart from images
@@ -52,7 +53,18 @@ def _concat(parts: list[Any]) -> Any:
     return np.concatenate(parts)
 
 
-Fetch = Callable[[str, list[Encoded], dict], Awaitable[Rows]]
+@dataclass(frozen=True)
+class RowOut:
+    """One row's result of a GPU batch: the model's output row (a tuple of them for a model
+    of several outputs), how long the row queued and the batch ran (ms), the batch's size."""
+
+    row: Any
+    queue_ms: float
+    gpu_ms: float
+    batch_size: int
+
+
+Fetch = Callable[[str, list[Encoded], dict], Awaitable[DeviceRows]]
 
 
 class InferenceStage:
@@ -164,7 +176,7 @@ class InferenceStage:
             pause = min(pause * 2, 1e-3)
         return posted.wait()[0][0]
 
-    async def _images(self, model: str, items: list[Encoded]) -> Rows:
+    async def _images(self, model: str, items: list[Encoded]) -> HostRows | DeviceRows:
         """Encoded images: decoded and resized in this process, or by PreprocessGPU, which
         sends the batch here (on this GPU)."""
         if self.local_pre is not None:
@@ -172,10 +184,9 @@ class InferenceStage:
         if self.fetch is None:
             raise FerryError("this placement decodes in the Preprocess deployment, not here")
         images = await self.fetch(model, items, self.to)
-        if images.envelope is not None:
-            images.data = await self._recv(images.envelope)
-            images.envelope = None
-        return images
+        if images.envelope is None:  # every image failed: nothing was sent
+            return images
+        return images.received(await self._recv(images.envelope))
 
     def _on_batch(self, batch: Batch) -> None:
         model = split_key(batch.key)[0]  # a model's v2 tensors count as the model
@@ -189,7 +200,7 @@ class InferenceStage:
             p, rows, label=f"{key}[{len(rows)}]"
         )  # rows go straight to pinned memory
 
-    async def _run_batch(self, batch: Batch) -> list[Any]:
+    async def _run_batch(self, batch: Batch) -> list[RowOut]:
         t0 = time.monotonic()
         loop = asyncio.get_running_loop()
         rows = [p.item for p in batch.items]
@@ -210,12 +221,16 @@ class InferenceStage:
         multi = isinstance(logits, tuple)  # a model of several outputs: a tuple per row
         for i, p in enumerate(batch.items):
             row = tuple(o[i] for o in logits) if multi else logits[i]
-            out.append((row, (t0 - p.enqueued) * 1e3, gpu_ms, len(batch)))
+            out.append(RowOut(row, (t0 - p.enqueued) * 1e3, gpu_ms, len(batch)))
         return out
 
     async def _logits(
-        self, model: str, images: Rows, meta: list[RequestMeta], feed: str = "image"
-    ) -> Rows:
+        self,
+        model: str,
+        images: HostRows | DeviceRows,
+        meta: list[RequestMeta],
+        feed: str = "image",
+    ) -> Logits:
         """``feed``: ``image`` (uint8 pixels) or ``tensors`` (the model's own input tensor,
         from a v2 request)."""
         key = model if feed == "image" else f"{model}{TENSORS}"
@@ -259,7 +274,7 @@ class InferenceStage:
                 errors.setdefault(o, exc)
         results = await asyncio.gather(*(f for f in futs if f is not None), return_exceptions=True)
         it = iter(results)
-        rows, owner, queue_ms, gpu_ms, bsz = [], [], [], [], []
+        rows, owner, times = [], [], RowTimes()
         for i, f in enumerate(futs):
             if f is None:
                 continue
@@ -272,11 +287,11 @@ class InferenceStage:
                 continue
             if o in errors:
                 continue
-            rows.append(r[0])
+            rows.append(r.row)
             owner.append(o)
-            queue_ms.append(r[1])
-            gpu_ms.append(r[2])
-            bsz.append(r[3])
+            times.queue.append(r.queue_ms)
+            times.gpu.append(r.gpu_ms)
+            times.batch_size.append(r.batch_size)
         # a request whose rows partly failed is dropped whole
         keep = [j for j, o in enumerate(owner) if o not in errors]
         data, more = None, ()
@@ -286,30 +301,27 @@ class InferenceStage:
             more = tuple(np.stack(c) for c in cols[1:])
         elif keep:
             data = np.stack([rows[j] for j in keep]).astype(np.float32)
-        metrics.observe_items("queue", model, queue_ms)  # each item's own wait
-        return Rows(
+        metrics.observe_items("queue", model, times.queue)  # each item's own wait
+        kept = RowTimes(*([c[j] for j in keep] for c in (times.queue, times.gpu, times.batch_size)))
+        return Logits(
             images.n_requests,
-            data,
             [owner[j] for j in keep],
             errors,
-            dict(images.timings_ms),
-            {
-                "queue": [queue_ms[j] for j in keep],
-                "gpu": [gpu_ms[j] for j in keep],
-                "batch_size": [float(bsz[j]) for j in keep],
-            },
-            random_weights=self.random[model],
+            images.preprocess_ms,
+            data=data,
             more=more,
+            row_times=kept,
+            random_weights=self.random[model],
         )
 
     async def run(
         self,
         model: str,
-        images: Rows,
+        images: HostRows | DeviceRows,
         meta: list[RequestMeta],
         specs: list[PostSpec] | None = None,
         feed: str = "image",
-    ) -> Rows | list[Any]:
+    ) -> Logits | list[Answer | FerryError]:
         """The logits of decoded images or v2 tensors; with ``specs`` (this stage answers in
         the placement) the answers themselves, softmax and top-k in a worker thread."""
         logits = await self._logits(model, images, meta, feed)
@@ -321,7 +333,7 @@ class InferenceStage:
 
     async def encoded(
         self, model: str, items: list[Encoded], meta: list[RequestMeta], specs: list[PostSpec]
-    ) -> list[Any]:
+    ) -> list[Answer | FerryError]:
         """Checked image bytes in, answers out: decode (here or by PreprocessGPU), batch, run."""
         images = await self._images(model, items)
         out = await self.run(model, images, meta, specs)

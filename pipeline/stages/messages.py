@@ -7,13 +7,17 @@ on the way are carried as errors, so one bad image never fails its neighbours.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pipeline.errors import FerryError
 from pipeline.imaging import DecodePlan, Target, plan_decode
+
+if TYPE_CHECKING:
+    from pipeline.transport.base import Envelope
 
 
 @dataclass(frozen=True)
@@ -43,19 +47,14 @@ class Encoded:
 
 @dataclass
 class Rows:
-    """Images (after preprocessing) or logits (after inference) of one call."""
+    """What the rows of one call carry, wherever they are: ``HostRows`` (numpy, host
+    memory), ``DeviceRows`` (views of a batch in an executor's pool) and ``Logits`` (the
+    model's outputs) add the data."""
 
     n_requests: int
-    data: np.ndarray | None  # [rows, ...]; None when every request failed
     owner: list[int]  # request index of each row
-    errors: dict[int, FerryError] = field(default_factory=dict)
-    timings_ms: dict[str, float] = field(default_factory=dict)  # per call
-    row_timings_ms: dict[str, list[float]] = field(
-        default_factory=dict
-    )  # per row (queue, gpu, batch)
-    random_weights: bool = False
-    envelope: Any = None  # GPU preprocessing: the batch is on its way over a transport
-    more: tuple[np.ndarray, ...] = ()  # a model's outputs after the first, row for row
+    errors: dict[int, FerryError] = field(default_factory=dict)  # requests that failed
+    preprocess_ms: float | None = None  # the call's decoding; None: it was not decoded
 
     def rows_by_request(self) -> dict[int, list[int]]:
         """Each request's row indices, in one pass over ``owner``."""
@@ -65,6 +64,127 @@ class Rows:
         return rows
 
 
+@dataclass
+class HostRows(Rows):
+    """Rows in host memory: images decoded on CPU threads, or a v2 request's tensors."""
+
+    data: np.ndarray | None = None  # [rows, ...]; None when every request failed
+
+
+@dataclass
+class DeviceRows(Rows):
+    """Rows on the device, made by GPU preprocessing: ``data[i]`` is row ``i``, a view of a
+    batch complete on the device -- from the executor's pool (cupy on a GPU; numpy arrays
+    of the pool where the backend is numpy), or the batch received from PreprocessGPU.
+    Sent to another process, ``data`` is None and ``envelope`` stands for the batch on its
+    way over a transport (``received`` makes the rows of what came)."""
+
+    data: Sequence[Any] | None = None  # device arrays, row for row; None: no row (all failed)
+    envelope: Envelope | None = None
+
+    def received(self, batch: Any) -> HostRows | DeviceRows:
+        """The rows of the batch this envelope stood for: on the device, or host rows
+        where the receiver is on the host (the object store to a numpy executor)."""
+        if isinstance(batch, np.ndarray):
+            return HostRows(self.n_requests, self.owner, self.errors, self.preprocess_ms, batch)
+        return DeviceRows(self.n_requests, self.owner, self.errors, self.preprocess_ms, batch)
+
+
+@dataclass
+class RowTimes:
+    """Each logit row's own times: how long it queued for the GPU and its batch ran (ms),
+    and the size of that batch."""
+
+    queue: list[float] = field(default_factory=list)
+    gpu: list[float] = field(default_factory=list)
+    batch_size: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Logits(HostRows):
+    """The model's outputs of one call: its first output in ``data``, the others in
+    ``more``, row for row."""
+
+    more: tuple[np.ndarray, ...] = ()
+    row_times: RowTimes = field(default_factory=RowTimes)
+    random_weights: bool = False
+
+
+@dataclass
+class Hop:
+    """The Serve call that reached the replica that answered, in wall-clock ms (the ingress
+    and that replica share no other clock): ``arrived`` and ``left`` stamped by the replica
+    (``deployments/replica.py``), ``sent`` by the ingress."""
+
+    arrived: float
+    left: float
+    sent: float | None = None
+
+
+@dataclass
+class Timings:
+    """Where one request's time went, as its answer brings it back: each stage's ms (None:
+    it did not pass that stage) and the stamps from which the ingress splits the rest."""
+
+    preprocess: float | None = None
+    queue: float | None = None  # waiting for the GPU (the slowest of its rows)
+    gpu: float | None = None  # its GPU batch running (the slowest of its rows)
+    postprocess: float | None = None
+    left_coalescer: float | None = None  # ingress perf_counter ms: its group left
+    hop: Hop | None = None  # only where a Serve call reached the replica that answered
+
+    def report(
+        self, arrived: float, queued: float, now: float, now_wall: float
+    ) -> dict[str, float]:
+        """The answer's ``timings_ms``, rounded to the microsecond: the stages it passed;
+        ``ingress``, from its arrival (``arrived``, perf_counter ms) to its group leaving
+        the coalescer, and of that ``coalesce``, the wait in the coalescer's queue (from
+        ``queued``: the queue the budget bounds there); of a stamped hop, ``hop_in`` (the
+        call's way there) and ``hop_out`` (its way back, to ``now_wall``); ``hops``, what
+        no stage accounts for; ``total`` (to ``now``, perf_counter ms)."""
+        total = now - arrived
+        t = {k: v for k, v in self.stages().items() if v is not None}
+        left = arrived if self.left_coalescer is None else self.left_coalescer
+        t["ingress"] = left - arrived
+        t["coalesce"] = max(0.0, left - queued)
+        hop = self.hop
+        if hop is not None and hop.sent is not None:
+            t["hop_in"] = max(0.0, hop.arrived - hop.sent)
+            t["hop_out"] = max(0.0, now_wall - hop.left)
+        stages = sum(t.get(k, 0.0) for k in ("ingress", *STAGES))
+        t["hops"] = max(0.0, total - stages)
+        t["total"] = total
+        return {k: round(v, 3) for k, v in t.items()}
+
+    def stages(self) -> dict[str, float | None]:
+        return {k: getattr(self, k) for k in STAGES}
+
+
+STAGES = ("preprocess", "queue", "gpu", "postprocess")  # Timings' own, in report order
+
+
+@dataclass
+class Answer:
+    """One request's answer from the stage that answers: its top-k (classify) or its
+    output tensors by name (v2), and what it cost."""
+
+    timings: Timings
+    batch_size: int = 0  # the largest GPU batch its rows rode in
+    random_weights: bool = False
+    top_k: list[dict[str, Any]] | None = None
+    outputs: dict[str, np.ndarray] | None = None
+
+    def body(self, timings_ms: dict[str, float]) -> dict[str, Any]:
+        """The answer as the ingress sends it on (``timings_ms``: ``Timings.report``)."""
+        head = {"top_k": self.top_k} if self.outputs is None else {"outputs": self.outputs}
+        return {
+            **head,
+            "timings_ms": timings_ms,
+            "batch_size": self.batch_size,
+            "random_weights": self.random_weights,
+        }
+
+
 @dataclass(frozen=True)
 class RequestMeta:
     """What the inference stage needs to know of each request."""
@@ -72,6 +192,25 @@ class RequestMeta:
     request_id: str
     deadline: float | None = None  # epoch seconds
     priority: bool = False
+
+
+@dataclass(frozen=True)
+class ImageRequest:
+    """One image as the ingress coalesces it (a classify request, or one image of a v2
+    request of encoded images): its checked bytes, who asks and what it asks back."""
+
+    image: Encoded
+    spec: PostSpec
+    meta: RequestMeta
+
+
+@dataclass(frozen=True)
+class TensorRequest:
+    """A v2 request of tensors as the ingress coalesces it: its rows, who asks, what back."""
+
+    tensors: np.ndarray  # [rows, ...], the model's input
+    meta: RequestMeta
+    spec: PostSpec
 
 
 @dataclass(frozen=True)

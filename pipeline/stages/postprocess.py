@@ -4,15 +4,15 @@ tensors (Open Inference Protocol), one answer per request of the call."""
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from pipeline import metrics
 from pipeline.config import PipelineConfig
+from pipeline.errors import FerryError
 from pipeline.models.repository import model_card
 from pipeline.ops import SOFTMAX, TOPK
 from pipeline.ops.base import eager
 
-from .messages import PostSpec, Rows
+from .messages import Answer, Logits, PostSpec, Timings
 
 
 class PostprocessStage:
@@ -22,9 +22,7 @@ class PostprocessStage:
     def __init__(self, config: PipelineConfig) -> None:
         self.cards = {m.name: model_card(m) for m in config.models}
 
-    def run(
-        self, model: str, logits: Rows, specs: list[PostSpec]
-    ) -> list[dict[str, Any] | BaseException]:
+    def run(self, model: str, logits: Logits, specs: list[PostSpec]) -> list[Answer | FerryError]:
         t0 = time.perf_counter()
         card = self.cards[model]
         probs = vals = idx = None
@@ -39,20 +37,20 @@ class PostprocessStage:
                 vals, idx = eager(TOPK, probs, k=kmax)
                 vals, idx = vals.tolist(), idx.tolist()
         rows_of = logits.rows_by_request()
-        out: list[dict[str, Any] | BaseException] = []
+        out: list[Answer | FerryError] = []
         for r, spec in enumerate(specs):
             if r in logits.errors:
                 out.append(logits.errors[r])
                 continue
             rows = rows_of.get(r, [])
+            a = self._answer(logits, rows)
             if spec.kind == "classify":
                 k = min(spec.top_k, classes)
                 row = rows[0]
-                top = [
+                a.top_k = [
                     {"label": card.label(i), "class": i, "score": v}
                     for v, i in zip(vals[row][:k], idx[row][:k], strict=True)
                 ]
-                out.append({"top_k": top, **self._timings(logits, rows)})
             else:
                 tensors = {}
                 own = dict(zip(spec.names, (logits.data, *logits.more), strict=False))
@@ -61,25 +59,27 @@ class PostprocessStage:
                         tensors[name] = probs[rows]
                     else:
                         tensors[name] = own[name][rows]
-                out.append({"outputs": tensors, **self._timings(logits, rows)})
+                a.outputs = tensors
+            out.append(a)
         ms = (time.perf_counter() - t0) * 1e3
         metrics.observe_stage("postprocess", model, ms, len(out))
-        for d in out:
-            if isinstance(d, dict):
-                d["timings_ms"]["postprocess"] = ms
+        for a in out:
+            if isinstance(a, Answer):
+                a.timings.postprocess = ms
         return out
 
     @staticmethod
-    def _timings(logits: Rows, rows: list[int]) -> dict[str, Any]:
-        t = dict(logits.timings_ms)
-        rt = logits.row_timings_ms
-        if rows and rt.get("gpu"):
-            t["queue"] = max(rt["queue"][i] for i in rows)
-            t["gpu"] = max(rt["gpu"][i] for i in rows)
-            bs = int(max(rt["batch_size"][i] for i in rows))
-        else:
-            bs = 0
-        return {"timings_ms": t, "batch_size": bs, "random_weights": logits.random_weights}
+    def _answer(logits: Logits, rows: list[int]) -> Answer:
+        """A request's answer, its timings so far: the call's decoding, and the slowest of
+        its rows' queue and GPU times."""
+        t = Timings(preprocess=logits.preprocess_ms)
+        rt = logits.row_times
+        bs = 0
+        if rows and rt.gpu:
+            t.queue = max(rt.queue[i] for i in rows)
+            t.gpu = max(rt.gpu[i] for i in rows)
+            bs = max(rt.batch_size[i] for i in rows)
+        return Answer(t, batch_size=bs, random_weights=logits.random_weights)
 
     def check_health(self) -> None:
         """Healthy while the process lives: postprocessing is a pure function of its input: there is nothing to wedge."""

@@ -1,6 +1,6 @@
 """The GPU preprocess stage (``PreprocessGpuStage``): ``pipeline.preprocess_gpu``'s core
 given the CPU stage's decoder (for PNG and what the GPU decoder refuses) and answering in
-``Rows``.
+``DeviceRows``.
 
 Two places it runs (the placement decides): inside the inference stage (``local=True``,
 ``one_process`` and ``split`` on a GPU: the rows are device views of a batch from the
@@ -15,7 +15,7 @@ from pipeline.memory import DevicePool
 from pipeline.preprocess_gpu.stage import PreprocessGpuCore
 
 from .decode import PreprocessStage
-from .messages import Encoded, Rows
+from .messages import DeviceRows, Encoded
 
 
 class PreprocessGpuStage:
@@ -31,9 +31,8 @@ class PreprocessGpuStage:
         cpu = PreprocessStage(config, fitted=False)  # decoding, as the CPU stage does it
         self.core = PreprocessGpuCore(config, cpu, device, local, pool)
 
-    async def run(self, model: str, items: list[Encoded], to: dict | None = None) -> Rows:
-        data, owner, errors, timings, env = await self.core.process(model, items, to)
-        return Rows(len(items), data, owner, errors, timings, envelope=env)
+    async def run(self, model: str, items: list[Encoded], to: dict | None = None) -> DeviceRows:
+        return await self.core.process(model, items, to)
 
     def check_health(self) -> None:
         from pipeline.health import probe

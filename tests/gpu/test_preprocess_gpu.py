@@ -154,9 +154,9 @@ def test_local_form_batches_digits_through_the_scheduler():
     results = asyncio.run(calls())
     target = model_info("digits").target()
     want = np.stack([decode(b, ct, target, 1 << 20) for b, ct in pngs])
-    got = np.concatenate([cupy.stack(r[0]).get() for r in results])
+    got = np.concatenate([cupy.stack(r.data).get() for r in results])
     assert sum(sizes) == 200 and len(sizes) < 10, sizes  # calls shared batches
-    assert all(r[1] == list(range(20)) and not r[2] for r in results)
+    assert all(r.owner == list(range(20)) and not r.errors for r in results)
     diff = np.abs(got.astype(np.int16) - want)
     assert diff.mean() < 0.5 and diff.max() <= 2, (diff.mean(), diff.max())
     del results

@@ -11,7 +11,7 @@ import numpy as np
 from pipeline.config import PipelineConfig
 from pipeline.queue_budget import RateMeter
 from pipeline.stages.inference import InferenceStage
-from pipeline.stages.messages import RequestMeta, Rows
+from pipeline.stages.messages import HostRows, Logits, RequestMeta
 
 
 def _stage() -> InferenceStage:
@@ -35,9 +35,9 @@ def test_a_requests_own_rows_are_not_queue_ahead_of_one_another():
     stage = _stage()
     # a warm queue that drains 10 rows/s: 40 rows ahead would be a 4 s wait
     stage.scheduler.queue.rates["digits"] = RateMeter(rate=10.0, samples=3)
-    rows = Rows(1, np.zeros((40, 8, 8, 1), np.uint8), [0] * 40)
+    rows = HostRows(1, [0] * 40, data=np.zeros((40, 8, 8, 1), np.uint8))
 
-    async def go() -> Rows:
+    async def go() -> Logits:
         return await stage._logits("digits", rows, [RequestMeta("one")])
 
     out = asyncio.run(go())
@@ -48,9 +48,9 @@ def test_a_requests_own_rows_are_not_queue_ahead_of_one_another():
 def test_a_second_request_still_sees_the_first_as_ahead():
     stage = _stage()
     stage.scheduler.queue.rates["digits"] = RateMeter(rate=10.0, samples=3)
-    rows = Rows(2, np.zeros((40, 8, 8, 1), np.uint8), [0] * 20 + [1] * 20)
+    rows = HostRows(2, [0] * 20 + [1] * 20, data=np.zeros((40, 8, 8, 1), np.uint8))
 
-    async def go() -> Rows:
+    async def go() -> Logits:
         return await stage._logits("digits", rows, [RequestMeta("a"), RequestMeta("b")])
 
     out = asyncio.run(go())

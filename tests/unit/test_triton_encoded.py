@@ -166,7 +166,9 @@ def test_views_metadata_and_merge():
         return out
 
     async def ok():
-        return await te.answer(futures(rows), lambda r: r["timings_ms"].update(done=1))
+        return await te.answer(
+            futures(rows), lambda r: {**r, "timings_ms": {**r["timings_ms"], "done": 1}}
+        )
 
     out = asyncio.run(ok())
     np.testing.assert_array_equal(out["outputs"]["logits"][:, 0], [1, 4, 2])
