@@ -13,6 +13,7 @@ from typing import Any
 
 from pipeline.config import PipelineConfig
 from pipeline.stages.inference import InferenceStage
+from pipeline.stages.messages import SendTo
 
 from .replica import stage_deployment
 
@@ -22,7 +23,7 @@ def build_inference(config: PipelineConfig, preprocess: Any = None) -> Inference
     fetch = None
     if preprocess is not None:
 
-        async def fetch(model: str, items: list, to: dict) -> Any:
+        async def fetch(model: str, items: list, to: SendTo) -> Any:
             return await preprocess.remote(model, items, to)
 
     return InferenceStage(config, fetch)

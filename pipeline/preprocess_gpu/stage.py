@@ -35,7 +35,7 @@ from ..config import PipelineConfig
 from ..device import Backend, Event, Stream, select_backend
 from ..errors import FerryError, InvalidInput, ModelNotFound, QueueFull, TransportError
 from ..memory import DevicePool, PinnedRing, make_pool
-from ..stages.messages import DeviceRows, Encoded
+from ..stages.messages import DeviceRows, Encoded, SendTo
 from ..threads import thread_pool
 from .fitter import GpuFitter
 
@@ -141,7 +141,7 @@ class PreprocessGpuCore:
             self.backend.device_id, config.preprocess.threads, config.preprocess.gpu_decode_backend
         )
 
-    async def process(self, model: str, items: Items, to: dict | None = None) -> DeviceRows:
+    async def process(self, model: str, items: Items, to: SendTo | None = None) -> DeviceRows:
         """Decode ``items`` and make the batch on the GPU. With ``to=None`` (local) the rows'
         data are device rows, complete on the device; else the batch was sent as ``to``
         says and the rows' envelope stands for it."""
@@ -316,22 +316,22 @@ class PreprocessGpuCore:
             row += len(part)
         return out, keep, refused
 
-    def make_and_send(self, model: str, imgs: list[Any], to: dict) -> tuple[Any, list, dict]:
+    def make_and_send(self, model: str, imgs: list[Any], to: SendTo) -> tuple[Any, list, dict]:
         out, keep, refused = self.batch(model, imgs)
         if not keep:  # every image refused: nothing to send, each request has its error
             return None, keep, refused
         with self.stream:  # the send starts when this stream reaches it
             return self._sender(to).send(out, {"model": model}), keep, refused
 
-    def _sender(self, to: dict) -> Any:
-        kind = to.get("transport")
+    def _sender(self, to: SendTo) -> Any:
+        kind = to.transport
         if kind == "object_store":
             return self.os_tx
         if kind != "nccl":
             raise InvalidInput("unknown transport", transport=kind)
         if self.endpoint is None:
             raise TransportError("NCCL is not available in this preprocess replica")
-        if to.get("gpu") == self.endpoint.gpu:  # both replicas share this GPU: NCCL can't
+        if to.gpu == self.endpoint.gpu:  # both replicas share this GPU: NCCL can't
             if not self._same_gpu_warned:
                 self._same_gpu_warned = True
                 logger.warning(
@@ -340,7 +340,7 @@ class PreprocessGpuCore:
                     self.endpoint.gpu,
                 )
             return self.os_tx
-        dst = to["endpoint"]
+        dst = to.endpoint
         s = self._senders.get(dst)
         if s is None:
             s = self._senders[dst] = self.endpoint.sender(dst, "preprocess->inference")

@@ -33,7 +33,17 @@ from pipeline.errors import FerryError, ModelNotFound, QueueFull
 from pipeline.executor import GpuExecutor
 from pipeline.threads import thread_pool
 
-from .messages import Answer, DeviceRows, Encoded, HostRows, Logits, PostSpec, RequestMeta, RowTimes
+from .messages import (
+    Answer,
+    DeviceRows,
+    Encoded,
+    HostRows,
+    Logits,
+    PostSpec,
+    RequestMeta,
+    RowTimes,
+    SendTo,
+)
 
 logger = logging.getLogger(__name__)
 TENSORS = "#tensors"  # the scheduler key of a model's v2 tensors: batched apart from images
@@ -64,7 +74,7 @@ class RowOut:
     batch_size: int
 
 
-Fetch = Callable[[str, list[Encoded], dict], Awaitable[DeviceRows]]
+Fetch = Callable[[str, list[Encoded], SendTo], Awaitable[DeviceRows]]
 
 
 class InferenceStage:
@@ -138,7 +148,7 @@ class InferenceStage:
         """The receiving end of the GPU preprocess hop, when there is one."""
         self.endpoint: Any = None
         self.receivers: dict[str, Any] = {}
-        self.to: dict[str, Any] = {}
+        self.to: SendTo | None = None
         if self.fetch is None:
             return
         from pipeline.transport.base import choose_transport
@@ -147,7 +157,7 @@ class InferenceStage:
         cuda = self.executor.backend.is_cuda
         kind = choose_transport("auto", True, cuda)
         self.receivers["object_store"] = ObjectStoreReceiver("preprocess->inference", cuda)
-        self.to = {"transport": kind}
+        self.to = SendTo(kind)
         if kind == "nccl":
             from pipeline.transport.nccl import NcclEndpoint
 
@@ -155,8 +165,7 @@ class InferenceStage:
                 self.executor.backend.device_id, timeout_s=self.config.transport.timeout_s
             )
             self.receivers["nccl"] = self.endpoint.receiver("preprocess->inference")
-            self.to["endpoint"] = self.endpoint.id
-            self.to["gpu"] = self.endpoint.gpu
+            self.to = SendTo(kind, self.endpoint.id, self.endpoint.gpu)
         self.recv_pool = thread_pool(4, "ferry-recv")
         logger.info("GPU preprocessing hands batches over by %s", kind)
 

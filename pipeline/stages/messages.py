@@ -90,6 +90,17 @@ class DeviceRows(Rows):
         return DeviceRows(self.n_requests, self.owner, self.errors, self.preprocess_ms, batch)
 
 
+@dataclass(frozen=True)
+class SendTo:
+    """Where PreprocessGPU sends a call's batch: the inference replica's receiving end --
+    its transport (``nccl`` or ``object_store``) and, for NCCL, its endpoint and its GPU
+    (two replicas on one GPU cannot link: the batch goes by the object store)."""
+
+    transport: str
+    endpoint: str | None = None
+    gpu: str | None = None
+
+
 @dataclass
 class RowTimes:
     """Each logit row's own times: how long it queued for the GPU and its batch ran (ms),

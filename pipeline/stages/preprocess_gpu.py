@@ -15,7 +15,7 @@ from pipeline.memory import DevicePool
 from pipeline.preprocess_gpu.stage import PreprocessGpuCore
 
 from .decode import PreprocessStage
-from .messages import DeviceRows, Encoded
+from .messages import DeviceRows, Encoded, SendTo
 
 
 class PreprocessGpuStage:
@@ -31,7 +31,7 @@ class PreprocessGpuStage:
         cpu = PreprocessStage(config, fitted=False)  # decoding, as the CPU stage does it
         self.core = PreprocessGpuCore(config, cpu, device, local, pool)
 
-    async def run(self, model: str, items: list[Encoded], to: dict | None = None) -> DeviceRows:
+    async def run(self, model: str, items: list[Encoded], to: SendTo | None = None) -> DeviceRows:
         return await self.core.process(model, items, to)
 
     def check_health(self) -> None:

@@ -15,9 +15,12 @@ from hypothesis import strategies as st
 
 from deployments.replica import _stamp_hops
 from pipeline.config import PipelineConfig
-from pipeline.errors import InvalidInput
+from pipeline.device import Backend
+from pipeline.errors import InvalidInput, TransportError
 from pipeline.imaging import encode_png
 from pipeline.models.repository import model_card
+from pipeline.preprocess_gpu.stage import PreprocessGpuCore
+from pipeline.stages.decode import PreprocessStage
 from pipeline.stages.inference import InferenceStage
 from pipeline.stages.messages import (
     Answer,
@@ -29,6 +32,7 @@ from pipeline.stages.messages import (
     PostSpec,
     RequestMeta,
     RowTimes,
+    SendTo,
     Timings,
 )
 from pipeline.stages.postprocess import PostprocessStage
@@ -197,3 +201,20 @@ def test_report_accounts_for_the_whole_total(stages, waits, hop):
     assert [k for k in STAGE_KEYS if k in got] == [
         k for k, s in zip(STAGE_KEYS, stages, strict=True) if s is not None
     ]
+
+
+def test_preprocess_gpu_sends_where_send_to_says():
+    cfg = _config("four_stage")
+    cpu = PreprocessStage(cfg, fitted=False)
+    core = PreprocessGpuCore(cfg, cpu, local=False, backend=Backend("numpy"))
+    try:
+        to = _hop(SendTo("nccl", "inference-1", "GPU-0"))  # (it rides in the Serve call)
+        assert (to.transport, to.endpoint, to.gpu) == ("nccl", "inference-1", "GPU-0")
+        assert core._sender(SendTo("object_store")) is core.os_tx
+        with pytest.raises(TransportError):  # no NCCL endpoint on the numpy backend
+            core._sender(to)
+        with pytest.raises(InvalidInput) as e:
+            core._sender(SendTo("pigeon"))
+        assert e.value.fields["transport"] == "pigeon"
+    finally:
+        core.close()
