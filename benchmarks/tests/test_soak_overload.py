@@ -38,14 +38,21 @@ def test_judge_flags_drift_unexpected_and_growth():
     t0 = 1000.0
     for i in range(100):
         book.rows.append((t0 + i, "classify m", 200, 10.0 if i < 55 else 13.0))
-    book.add(bad, 400, 1.0, True)
-    book.add(bad, 500, 1.0, True)  # a bad request must get its 4xx
-    book.add(good, 503, 1.0, True)
+    book.add(bad, 400, 1.0, True, False)
+    book.add(bad, 500, 1.0, True, False)  # a bad request must get its 4xx
+    book.add(good, 503, 1.0, True, False)  # a 503 without Retry-After is no shed: unexpected
+    book.add(good, 503, 1.0, True, True)  # the queue budget's 503: shed, counted apart
+    book.add(good, 503, 1.0, False, True)  # ...but only with Ferry's JSON error
     rss = {"p": [(t0 + i, 400.0 * 2**20) for i in range(100)]}
     res = soak.judge(_args(), book, rss, {}, t0, t0 + 100)
     assert res["p99_drift"] == pytest.approx(0.3)
     assert res["pass"] == {"memory": True, "drift": False, "no_unexpected": False}
-    assert res["unexpected"] == {"bad v2 -> 500": 1, "classify m -> 503": 1}
+    assert res["unexpected"] == {
+        "bad v2 -> 500": 1,
+        "classify m -> 503": 1,
+        "classify m -> 503 (not Ferry JSON)": 1,
+    }
+    assert res["shed_503"] == 1
     assert [w["from_s"] for w in res["windows"]] == [10, 30, 50, 70, 90]
     lines = soak.section(
         {"cpu": {**res, "label": "short check", "config": "c", "machine": "m", "clients": 8}}
