@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -20,6 +20,12 @@ from .stages import IngressConfig, PreprocessConfig, TransportConfig
 
 class PipelineConfig(Strict):
     """A whole Ferry application: its placement, models, executor, batching and stages."""
+
+    removed: ClassVar[dict[str, str]] = {
+        "fusion": "placement replaced it (four_stage, one_process, split or gpu_preprocess; "
+        "README, Placements)",
+        "warmup": "replicas always warm up before they report ready; delete it",
+    }
 
     placement: Placement = "four_stage"
     """Where the stages run, one named form (``pipeline.config.forms.FORMS``): ``four_stage``

@@ -3,7 +3,7 @@ and the tensor transport between GPU stages."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -12,6 +12,11 @@ from .base import Strict
 
 class IngressConfig(Strict):
     """The HTTP front."""
+
+    removed: ClassVar[dict[str, str]] = {
+        "dispatch_when_idle": "a group that starts while none is out always leaves at "
+        "once; delete it"
+    }
 
     coalesce_window_ms: float = Field(1.0, ge=0.0, le=100.0)
     """Requests arriving within this window go downstream as one call."""

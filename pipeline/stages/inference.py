@@ -101,7 +101,9 @@ class InferenceStage:
             retry_after_s=b.retry_after_s,
             on_batch=self._on_batch,
             on_drop=lambda p, e: metrics.count_rejected(e.reason),
-            dispatch_when_idle=b.dispatch_when_idle,
+            # with no batch running the queue leaves at once: a lone request pays no
+            # max_wait_ms (RESULTS.md, "The GPU queue leaves at once when idle")
+            dispatch_when_idle=True,
         )
         self.submit_pool = thread_pool(config.executor.max_in_flight + 1, "ferry-submit")
         self.default_deadline_s = (

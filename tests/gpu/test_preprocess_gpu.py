@@ -101,6 +101,7 @@ def test_gpu_batch_matches_cpu_decode_for_photos_jpeg_and_png():
     import skimage.data as d
 
     core = _stage()
+    assert core.decoder is None  # preprocess.decoder: cpu -- JPEGs on CPU threads, even here
     target = model_info("resnet50").target()
     blobs = []
     for name in ("chelsea", "astronaut", "coffee", "rocket"):

@@ -149,7 +149,7 @@ def test_every_placement_builds_the_deployments_its_form_names():
 def test_placement_is_validated_with_its_cross_field_rules():
     with pytest.raises(ValidationError, match="placement"):
         PipelineConfig.model_validate({"placement": "preprocess_in_ingress"})
-    with pytest.raises(ValidationError, match="extra"):
+    with pytest.raises(ValidationError, match="'fusion' is no longer a setting: placement"):
         PipelineConfig.model_validate({"fusion": {"inference_in_ingress": True}})  # gone
     with pytest.raises(ValidationError, match="gpu_preprocess.*num_gpus is 0.0"):
         PipelineConfig.model_validate({"placement": "gpu_preprocess"})
@@ -243,3 +243,25 @@ def test_field_docstrings_reach_the_json_schema():
         if not p.get("description")
     ]
     assert undocumented == [], undocumented
+
+
+@pytest.mark.parametrize(
+    "raw, where, says",
+    [
+        ({"batching": {"dispatch_when_idle": False}}, "batching", "always leaves at once"),
+        ({"ingress": {"dispatch_when_idle": True}}, "ingress", "always leaves at once"),
+        ({"executor": {"cuda_graphs": False}}, "executor", "executor.mode replaced it"),
+        ({"fusion": {"inference_in_ingress": True}}, "", "placement replaced it"),
+        ({"warmup": False}, "", "always warm up"),
+    ],
+)
+def test_a_removed_setting_is_refused_naming_what_replaced_it(raw, where, says):
+    key = next(iter(raw[where])) if where else next(iter(raw))
+    with pytest.raises(ValidationError) as info:
+        PipelineConfig.model_validate(raw)
+    (err,) = info.value.errors()
+    assert err["loc"] == ((where,) if where else ())
+    assert f"{key!r} is no longer a setting" in err["msg"] and says in err["msg"]
+    assert "Extra inputs" not in str(info.value)
+    with pytest.raises(ValidationError, match="Extra inputs"):  # other unknown keys as before
+        PipelineConfig.model_validate({where: {"no_such": 1}} if where else {"no_such": 1})

@@ -57,3 +57,39 @@ def test_a_second_request_still_sees_the_first_as_ahead():
     # b arrives behind a's 20 rows (2 s at 10 rows/s): refused at once, a answered whole
     assert set(out.errors) == {1} and out.errors[1].fields["reason"] == "queue_budget"
     assert out.data is not None and out.data.shape[0] == 20
+
+
+def test_a_lone_request_leaves_at_once_instead_of_waiting_max_wait_ms():
+    """The GPU queue's idle dispatch is fixed behaviour (batching.dispatch_when_idle is
+    gone): with nothing running, one row leaves at once, not after a 10 s max_wait_ms."""
+    stage = InferenceStage(
+        PipelineConfig.model_validate(
+            {
+                "placement": "four_stage",
+                "models": [{"name": "digits", "arch": "digits"}],
+                "executor": {"backend": "numpy", "buckets": [1, 8], "max_in_flight": 2},
+                "batching": {
+                    "max_batch_size": 8,
+                    "max_wait_ms": 10_000,
+                    "queue_policy": {"timeout_ms": None},
+                },
+            }
+        )
+    )
+    reasons: list[str] = []
+    on_batch = stage.scheduler.on_batch
+
+    def seen(batch) -> None:
+        reasons.append(batch.reason)
+        if on_batch:
+            on_batch(batch)
+
+    stage.scheduler.on_batch = seen
+    rows = HostRows(1, [0], data=np.zeros((1, 8, 8, 1), np.uint8))
+
+    async def go() -> Logits:
+        return await asyncio.wait_for(stage._logits("digits", rows, [RequestMeta("a")]), 5.0)
+
+    out = asyncio.run(go())
+    assert not out.errors and out.data is not None and out.data.shape[0] == 1
+    assert reasons == ["idle"]
