@@ -14,7 +14,7 @@ from pipeline.stages.inference import InferenceStage
 from pipeline.stages.messages import HostRows, Logits, RequestMeta
 
 
-def _stage() -> InferenceStage:
+def _stage(max_wait_ms: float = 5, timeout_ms: float | None = 1000) -> InferenceStage:
     return InferenceStage(
         PipelineConfig.model_validate(
             {
@@ -23,8 +23,8 @@ def _stage() -> InferenceStage:
                 "executor": {"backend": "numpy", "buckets": [1, 8], "max_in_flight": 2},
                 "batching": {
                     "max_batch_size": 8,
-                    "max_wait_ms": 5,
-                    "queue_policy": {"timeout_ms": 1000},
+                    "max_wait_ms": max_wait_ms,
+                    "queue_policy": {"timeout_ms": timeout_ms},
                 },
             }
         )
@@ -62,20 +62,7 @@ def test_a_second_request_still_sees_the_first_as_ahead():
 def test_a_lone_request_leaves_at_once_instead_of_waiting_max_wait_ms():
     """The GPU queue's idle dispatch is fixed behaviour (batching.dispatch_when_idle is
     gone): with nothing running, one row leaves at once, not after a 10 s max_wait_ms."""
-    stage = InferenceStage(
-        PipelineConfig.model_validate(
-            {
-                "placement": "four_stage",
-                "models": [{"name": "digits", "arch": "digits"}],
-                "executor": {"backend": "numpy", "buckets": [1, 8], "max_in_flight": 2},
-                "batching": {
-                    "max_batch_size": 8,
-                    "max_wait_ms": 10_000,
-                    "queue_policy": {"timeout_ms": None},
-                },
-            }
-        )
-    )
+    stage = _stage(max_wait_ms=10_000, timeout_ms=None)
     reasons: list[str] = []
     on_batch = stage.scheduler.on_batch
 
