@@ -162,12 +162,10 @@ def budget_of(path: str) -> Any:
 
     with open(path) as f:
         doc = yaml.safe_load(f)
-    cfg = doc["applications"][0]["args"]["config"]
-    b, ing = cfg.get("batching", {}), cfg.get("ingress", {})
+    b = doc["applications"][0]["args"]["config"].get("batching", {})
     return {
         "queue_policy": b.get("queue_policy", "default (1000 ms)"),
         **({"model_queue_policy": b["model_queue_policy"]} if "model_queue_policy" in b else {}),
-        "ingress.budget_counts_downstream": ing.get("budget_counts_downstream", False),
     }
 
 

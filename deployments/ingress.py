@@ -64,12 +64,6 @@ def _finish(result: Answer | BaseException, t0: float, queued: float) -> dict[st
     return result.body(result.timings.report(t0 * 1e3, queued * 1e3, now * 1e3, wall * 1e3))
 
 
-def _queue_wait_s(result: Any) -> float | None:
-    """Seconds an answer waited in the GPU stage's queue (``Timings.queue``)."""
-    q = result.timings.queue if isinstance(result, Answer) else None
-    return None if q is None else q / 1e3
-
-
 @serve.deployment
 @serve.ingress(app)
 class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_routes.py)
@@ -135,9 +129,6 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
                 budget_s=self.cfg.batching.policy_for(model).budget_s,
                 retry_after_s=self.cfg.batching.retry_after_s,
                 on_reject=metrics.count_rejected,
-                # (opt-in: the budget covers the GPU queue behind this one too)
-                downstream_wait_s=_queue_wait_s if ic.budget_counts_downstream else None,
-                downstream_batch_wait_s=self.cfg.batching.max_wait_ms / 1e3,
             )
         return c
 

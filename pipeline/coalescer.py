@@ -7,11 +7,8 @@ carry micro-batches under load. (The GPU stage's batches are ``batching.BatchSch
 With a queue-time budget (``queue_budget.py``) a request is refused at once when the
 requests waiting here ahead of it, over the rate at which groups come back while requests
 wait, say it would wait here past the budget, and one that waited past it is dropped before
-it is sent. Given ``downstream_wait_s`` (how long an answer waited in the downstream's own
-queue), the prediction also counts the requests sent on and not yet answered as ahead, less
-the time downstream work takes (``queue_budget.through_wait_s``): the budget then covers the
-request's wait here and downstream, not each queue's alone. (Downstream, the GPU stage's
-scheduler keeps the budget for its own queue as well.)
+it is sent. (Downstream, the GPU stage's scheduler keeps the same budget, counted from the
+request's arrival here.)
 """
 
 from __future__ import annotations
@@ -47,11 +44,7 @@ class Coalescer:
 
     ``budget_s``: the queue-time budget (None: none); ``on_reject(reason)`` hears of each
     request refused or dropped by it. A request whose caller gave up (its future
-    cancelled) is not sent. ``downstream_wait_s(result)``: the seconds an answer waited in
-    the downstream's queues (None where it does not say); with it, admission predicts the
-    wait through the downstream too (the module's docstring), and an answer that waited
-    there longer than ``downstream_batch_wait_s`` (the time a batch may wait to fill) is a
-    sample of the rate: the downstream was backlogged.
+    cancelled) is not sent.
     """
 
     def __init__(
@@ -64,8 +57,6 @@ class Coalescer:
         budget_s: float | None = None,
         retry_after_s: float = 1.0,
         on_reject: Callable[[str], None] | None = None,
-        downstream_wait_s: Callable[[Any], float | None] | None = None,
-        downstream_batch_wait_s: float = 0.0,
     ) -> None:
         self.run = run
         self.window_s = window_s
@@ -76,11 +67,6 @@ class Coalescer:
         self.retry_after_s = retry_after_s
         self.on_reject = on_reject
         self.meter = queue_budget.RateMeter()  # requests answered per second
-        self.downstream_wait_s = downstream_wait_s
-        if downstream_wait_s is not None:  # samples are picked by the downstream's waits
-            self.meter.span_samples = True
-        self.downstream_batch_wait_s = downstream_batch_wait_s
-        self.service = queue_budget.ServiceMeter()  # a request's work downstream
         self._out_items = 0  # requests in the groups that are out
         self._last_dispatch = float("-inf")
         self.in_flight = 0
@@ -108,24 +94,16 @@ class Coalescer:
 
     def _admit(self, now: float, request_id: str) -> None:
         if self.budget_s is not None:
-            ahead = len(self._group)
-            through = (
-                None
-                if self.downstream_wait_s is None
-                else queue_budget.through_wait_s(ahead, self._out_items, self.meter, self.service)
-            )
             try:
                 queue_budget.admit(
                     0.0,
-                    ahead,
+                    len(self._group),
                     self.meter,
                     now - self._group[0][2] if self._group else None,
                     self.budget_s,
                     self.retry_after_s,
                     request_id,
                     "ingress",
-                    through,
-                    None if through is None else self._out_items,
                 )
             except QueueFull:
                 if self.on_reject:
@@ -192,15 +170,7 @@ class Coalescer:
         try:
             results = await self.run([item for item, *_ in group])
             busy = bool(self._group) or self._due  # requests wait for this slot
-            now = asyncio.get_running_loop().time()
-            if self.downstream_wait_s is not None:
-                waits = [w for w in map(self.downstream_wait_s, results) if w is not None]
-                self.service.done(now - started, waits)
-                # or they waited downstream longer than a batch fills: backlogged there
-                busy = busy or (bool(waits) and max(waits) > self.downstream_batch_wait_s)
-            # what was worked on: a request refused downstream says nothing of the rate
-            served = sum(1 for r in results if not isinstance(r, BaseException))
-            self.meter.done(served, started, now, busy)
+            self.meter.done(len(group), started, asyncio.get_running_loop().time(), busy)
         except BaseException as exc:
             for _, f, *_ in group:
                 if not f.done():

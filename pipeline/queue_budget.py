@@ -11,19 +11,13 @@ keep it, wherever requests wait (the ingress's coalescer, the GPU stage's schedu
 * **dispatch**: a request that has waited past its budget anyway is dropped before it
   costs any work (``reason: queue_timeout``).
 
-A queue in front of others (the ingress's coalescer) predicts with the requests it sent on
-and has no answer for yet counted as ahead too (``through_wait_s``), so the budget it keeps
-covers the waits downstream: else each queue keeps the budget for its own wait, and an
-accepted request may wait about one budget per queue.
-
 Pure logic with the clock passed in; tests drive it with a fake one.
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .errors import QueueFull
 
@@ -50,16 +44,10 @@ class RateMeter:
     # idle spell come back one at a time and undercount what the pipelined queue drains
     mean_n: float | None = None  # weighted mean items a completion
     mean_dt: float | None = None  # weighted mean seconds a completion
-    span_samples: bool = False  # a sample's time runs from the previous sample, not from
-    # the previous completion: where completions that are no sample come back just before
-    # ones that are (groups answered by one downstream batch, some of whose requests waited
-    # there and some not), the sample's time would be ~0 and the rate err high; this way
-    # it errs low (the others' items are not counted), which refuses sooner, not later
 
     def done(self, n: int, started: float, now: float, busy: bool = True) -> None:
         dt = now - max(self.last_done, started)
-        if busy or not self.span_samples:
-            self.last_done = now
+        self.last_done = now
         if n <= 0 or dt < 0 or not busy:
             return
         if self.mean_n is None or self.mean_dt is None:
@@ -76,51 +64,6 @@ class RateMeter:
         if self.rate is None or self.rate <= 0 or self.samples < self.min_samples:
             return None
         return ahead / self.rate
-
-
-@dataclass
-class ServiceMeter:
-    """How long a request is worked on downstream when the load does not stretch it: per
-    answered call, its round trip less the mean time its requests waited in the
-    downstream's own queue (the GPU stage's scheduler); ``service_s`` is a low quantile of
-    the last ``window`` calls. Taking the low end, not the mean, makes the time that grows
-    with the load admitted -- a fuller batch, a second batch beside it on the device, a
-    queue in preprocessing -- count as waiting, as the queue's own wait does."""
-
-    window: int = 64
-    quantile: float = 0.1
-    samples: deque = field(default_factory=deque)
-
-    def done(self, round_trip_s: float, waited_s: list[float]) -> None:
-        if not waited_s or round_trip_s < 0:
-            return
-        self.samples.append(max(0.0, round_trip_s - sum(waited_s) / len(waited_s)))
-        while len(self.samples) > self.window:
-            self.samples.popleft()
-
-    @property
-    def service_s(self) -> float | None:
-        """None until a call came back with its waits."""
-        if not self.samples:
-            return None
-        xs = sorted(self.samples)
-        return xs[int(self.quantile * (len(xs) - 1))]
-
-
-def through_wait_s(
-    ahead: int, out: int, meter: RateMeter | None, service: ServiceMeter | None
-) -> float | None:
-    """A queue's prediction that covers the queues downstream of it too: a request arriving
-    now, with ``ahead`` requests waiting here and ``out`` sent on and not yet answered, is
-    answered after all of them and itself at the measured rate, and its work starts one
-    service time before that answer; the rest, ``(ahead + out + 1) / rate - service``, is
-    waiting, here or downstream. (In a steady state this is Little's law: ``out + 1`` in
-    the system at ``rate`` stay ``(out + 1) / rate``, of which the service is work.) None
-    while the rate or the service time is unknown."""
-    if service is None or service.service_s is None:
-        return None
-    w = meter.wait_s(ahead + out + 1) if meter is not None else None
-    return None if w is None else max(0.0, w - service.service_s)
 
 
 def predicted_wait_s(ahead: int, meter: RateMeter | None, head_age_s: float | None) -> float:
@@ -141,19 +84,13 @@ def admit(
     retry_after_s: float,
     request_id: str = "",
     queue: str = "",
-    through_s: float | None = None,
-    sent_ahead: int | None = None,
 ) -> None:
     """Raise ``QueueFull`` (reason ``queue_budget``) when a request that has already waited
     ``waited_s`` would wait past ``budget_s`` in this queue (named ``queue`` in the error);
-    nothing when it fits. ``through_s``: a prediction that also covers the queues
-    downstream (``through_wait_s``, with ``sent_ahead`` requests sent on); the longer of
-    the two counts."""
+    nothing when it fits."""
     if budget_s is None:
         return
     wait = predicted_wait_s(ahead, meter, head_age_s)
-    if through_s is not None:
-        wait = max(wait, through_s)
     if waited_s + wait > budget_s:
         raise QueueFull(
             "overloaded: the predicted queue wait passes the model's queue budget",
@@ -162,7 +99,6 @@ def admit(
             predicted_wait_ms=round((waited_s + wait) * 1e3, 1),
             budget_ms=round(budget_s * 1e3, 1),
             queue_ahead=ahead,
-            **({} if sent_ahead is None else {"sent_ahead": sent_ahead}),
             retry_after_s=retry_after_s,
             request_id=request_id,
         )

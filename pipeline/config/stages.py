@@ -25,12 +25,6 @@ class IngressConfig(Strict):
     max_groups_in_flight: int = Field(4, ge=1, le=1024)
     """Downstream calls one ingress replica keeps open per model; while they are all out, the
     next group keeps growing (calls follow the pipeline's pace, not the arrival rate)."""
-    budget_counts_downstream: bool = False
-    """The queue budget at the coalescer also counts the requests sent on and not yet
-    answered as ahead, less their work (``queue_budget.through_wait_s``): one budget for the
-    wait through the whole pipeline, refused before decoding. Off: each queue keeps the
-    budget for its own wait. (On the CPU default under locust's pulse: accepted p99 in bursts
-    1.65x steady instead of 2.11x, but 52% refused at the steady level; README.)"""
     max_body_bytes: int = Field(8 << 20, ge=1024, le=1 << 30)
     """Bodies over this get 413."""
     max_pixels: int = Field(40_000_000, ge=1, le=1 << 31)
