@@ -72,6 +72,33 @@ async def test_slow_uploads_past_the_bound_are_refused_and_quick_bodies_never_wa
     assert gate.active == 0
 
 
+async def test_a_whole_body_whose_first_bytes_come_late_is_read_while_the_slots_are_full():
+    """Through Serve's proxy the replica fetches even a body that came with the headers by an
+    actor call; under a flood that fetch took over a grace: with no slot free, the first bytes
+    get one more grace before the request is refused (a partial body does not)."""
+    gate = UploadGate(1, idle_s=1.0, total_s=5.0, grace_s=0.1)
+    holder = asyncio.create_task(gate.read(_request(asyncio.Queue()), 100))
+    await asyncio.sleep(0.25)  # past its grace (and the extra one): it holds the only slot
+    assert gate.active == 1
+    late: asyncio.Queue = asyncio.Queue()
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.15, late.put_nowait, {"type": "http.request", "body": b"ok"})
+    assert await gate.read(_request(late), 100) == b"ok"  # 1.5 graces: read, not refused
+    partial: asyncio.Queue = asyncio.Queue()
+    partial.put_nowait({"type": "http.request", "body": b"o", "more_body": True})
+    loop.call_later(0.15, partial.put_nowait, {"type": "http.request", "body": b"k"})
+    t0 = loop.time()
+    with pytest.raises(UploadsFull):  # bytes came and the body is slow: refused at its grace
+        await gate.read(_request(partial), 100)
+    assert loop.time() - t0 < 0.14
+    t0 = loop.time()
+    with pytest.raises(UploadsFull):  # not a byte in two graces: refused
+        await gate.read(_request(asyncio.Queue()), 100)
+    assert 0.19 < loop.time() - t0 < 0.35
+    assert gate.refused == 2
+    holder.cancel()
+
+
 async def test_declared_or_actual_bodies_over_the_limit_are_413():
     gate = UploadGate(2, idle_s=1.0, total_s=5.0)
     with pytest.raises(PayloadTooLarge):
