@@ -102,7 +102,7 @@ def test_batches_form_under_64_concurrent_requests(app):
         return rs
 
     rs = asyncio.run(main())
-    assert all(r.status_code == 200 for r in rs)
+    assert all(r.status_code == 200 for r in rs), [r.text for r in rs if r.status_code != 200]
     sizes = [r.json()["batch_size"] for r in rs]
     assert max(sizes) > 1, sizes
 
