@@ -134,12 +134,13 @@ class ResourceExhausted(FerryError):
         self.limit_bytes = limit_bytes
 
 
-class QueueFull(FerryError):
-    """The bounded queue is full: retry after ``retry_after_s`` (the answer's Retry-After).
-    ``reason`` (the rejection metric's label): ``queue_full`` unless the queue-time budget
-    refused it (``queue_budget``, ``queue_timeout``: ``pipeline.queue_budget``)."""
+class RetryLater(FerryError):
+    """A 503 the client may retry after ``retry_after_s`` (the answer's Retry-After), with
+    ``reason``: the class's ``default_reason`` unless given (a default left unsaid stays
+    out of ``fields``, so the error's detail shows only what was said)."""
 
     http_status = 503
+    default_reason: str | None = None
 
     def __init__(
         self,
@@ -152,7 +153,15 @@ class QueueFull(FerryError):
         given = {} if reason is None else {"reason": reason}
         super().__init__(message, retry_after_s=retry_after_s, **given, **fields)
         self.retry_after_s = float(retry_after_s)
-        self.reason = "queue_full" if reason is None else reason
+        self.reason = self.default_reason if reason is None else reason
+
+
+class QueueFull(RetryLater):
+    """The bounded queue is full: retry after ``retry_after_s`` (the answer's Retry-After).
+    ``reason`` (the rejection metric's label): ``queue_full`` unless the queue-time budget
+    refused it (``queue_budget``, ``queue_timeout``: ``pipeline.queue_budget``)."""
+
+    default_reason = "queue_full"
 
 
 class UploadsFull(QueueFull):
@@ -169,25 +178,11 @@ class RequestTimeout(InvalidInput):
     closes_connection = True
 
 
-class Unavailable(FerryError):
+class Unavailable(RetryLater):
     """This replica cannot take work now (it is draining: its device failed, its
     scheduler is wedged, or it was told to stop). Nothing was run: retry, on another
-    replica, after ``retry_after_s``."""
-
-    http_status = 503
-
-    def __init__(
-        self,
-        message: str = "",
-        *,
-        retry_after_s: float = 1.0,
-        reason: str | None = None,
-        **fields: Any,
-    ) -> None:
-        given = {} if reason is None else {"reason": reason}
-        super().__init__(message, retry_after_s=retry_after_s, **given, **fields)
-        self.retry_after_s = float(retry_after_s)
-        self.reason = reason  # why the replica drains (a device error, a wedge, a stop)
+    replica, after ``retry_after_s``. ``reason``, when given: why it drains (a device
+    error, a wedge, a stop)."""
 
 
 class DeadlineExceeded(FerryError):
@@ -253,6 +248,7 @@ __all__ = [
     "UnsupportedMediaType",
     "PayloadTooLarge",
     "ResourceExhausted",
+    "RetryLater",
     "QueueFull",
     "UploadsFull",
     "RequestTimeout",
