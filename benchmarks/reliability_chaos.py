@@ -266,6 +266,7 @@ def main() -> int:
     ap.add_argument("--cpus", type=int, default=6, help="the local cluster's logical CPUs")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "reliability.json"))
     ap.add_argument("--drain-only", action="store_true", help="keep the chaos section as it is")
+    ap.add_argument("--chaos-only", action="store_true", help="keep the drain section as it is")
     a = ap.parse_args()
     import ray
     from ray import serve
@@ -298,11 +299,12 @@ def main() -> int:
             **chaos(base, png, cfg, a.duration, a.kill_every, a.clients, a.deadline_s),
         }
         time.sleep(10)  # the last kill's replacement
-    doc[f"drain{key}"] = {
-        "date": datetime.date.today().isoformat(),
-        "method": __doc__.split("drain: ")[1].split("\n\n")[0].replace("\n", " "),
-        **drain(base, png, cfg, a.clients, a.port),
-    }
+    if not a.chaos_only:
+        doc[f"drain{key}"] = {
+            "date": datetime.date.today().isoformat(),
+            "method": __doc__.split("drain: ")[1].split("\n\n")[0].replace("\n", " "),
+            **drain(base, png, cfg, a.clients, a.port),
+        }
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)
     print(json.dumps({k: doc[k] for k in (f"chaos{key}", f"drain{key}") if k in doc}, indent=1))

@@ -7,9 +7,11 @@ never import this into a process that imported ssl first (Ray does) -- gevent br
 Environment: FERRY_MODEL (resnet50), FERRY_CORPUS (loadtest/corpus, made by
 ``python -m loadtest.corpus``), FERRY_SHAPE (step | pulse | slow; unset: -u/-r/-t decide),
 FERRY_SHAPE_SECONDS (how long a shape runs; else -t/--run-time, else the shape's schedule),
-FERRY_SLOW_BPS (bytes per second of slow uploads, 20000), FERRY_PULSE_USERS (the pulse's
+FERRY_SLOW_BPS (bytes per second of slow uploads, 20000), FERRY_HONOUR_RETRY_AFTER (1: a
+refused ClassifyUser waits the 503's Retry-After before it asks again), FERRY_PULSE_USERS (the pulse's
 sustained level, 64), FERRY_EVENTS (a file: one line per request -- wall time, name, status,
-ms, whether an error answer was Ferry's JSON with a request id, its Retry-After -- and a
+ms, whether an error answer was Ferry's JSON with a request id, its Retry-After, and either
+the queue and reason of a refusal or an answer's ``timings_ms`` parts -- and a
 ``start`` line when the test starts, for analyses locust's percentiles cannot give, such as
 the accepted requests' p99 within the bursts).
 """
@@ -52,6 +54,7 @@ def _corpus() -> list[tuple[bytes, str]]:
 
 IMAGES = _corpus()
 _EVENTS = os.environ.get("FERRY_EVENTS")
+_PARTS = ("coalesce", "ingress", "preprocess", "queue", "gpu", "hops")  # of timings_ms
 if _EVENTS:
     _log = open(_EVENTS, "a", buffering=1)  # noqa: SIM115 -- open for the process's life
 
@@ -62,15 +65,24 @@ if _EVENTS:
     @events.request.add_listener
     def _record(name, response_time, response=None, **_kw) -> None:
         status = getattr(response, "status_code", 0) or 0
-        ferry_json, retry = 1, ""
+        ferry_json, retry, where = 1, "", ""
+        try:
+            body = json.loads(response.content or b"") if status else {}
+        except (ValueError, AttributeError):
+            body = None
         if status and status != 200:
-            try:
-                body = json.loads(response.content or b"")
-                ferry_json = int(bool(body.get("error")) and bool(body.get("request_id")))
-            except (ValueError, AttributeError):
-                ferry_json = 0
+            ferry_json = int(isinstance(body, dict) and bool(body.get("error")))
+            ferry_json &= int(isinstance(body, dict) and bool(body.get("request_id")))
             retry = (response.headers or {}).get("retry-after", "") or ""
-        _log.write(f"{time.time():.3f},{name},{status},{response_time:.2f},{ferry_json},{retry}\n")
+            detail = body.get("detail") if isinstance(body, dict) else None
+            if isinstance(detail, dict):  # which queue refused it, and why
+                where = f"{detail.get('queue') or ''}:{detail.get('reason') or ''}"
+        elif isinstance(body, dict) and isinstance(body.get("timings_ms"), dict):
+            t = body["timings_ms"]  # where an answered request's time went
+            where = ";".join(f"{k}={t[k]:.0f}" for k in _PARTS if isinstance(t.get(k), float | int))
+        _log.write(
+            f"{time.time():.3f},{name},{status},{response_time:.2f},{ferry_json},{retry},{where}\n"
+        )
 
 
 def _v2_body() -> tuple[bytes, str]:
@@ -92,6 +104,20 @@ def _v2_body() -> tuple[bytes, str]:
     return head + x, str(len(head))
 
 
+HONOUR_RETRY_AFTER = os.environ.get("FERRY_HONOUR_RETRY_AFTER") == "1"
+
+
+def _back_off(response) -> None:
+    """With FERRY_HONOUR_RETRY_AFTER=1, a client refused with 503 waits its Retry-After (at
+    most 10 s) before it asks again, as README asks of clients; else it asks again at once."""
+    if HONOUR_RETRY_AFTER and getattr(response, "status_code", 0) == 503:
+        try:
+            wait = float((response.headers or {}).get("retry-after") or 1.0)
+        except ValueError:
+            wait = 1.0
+        gevent.sleep(min(10.0, max(0.0, wait)))
+
+
 class ClassifyUser(FastHttpUser):
     """Posts corpus images (JPEG and PNG, several sizes) to /v1/models/{model}/classify."""
 
@@ -100,12 +126,13 @@ class ClassifyUser(FastHttpUser):
     @task
     def classify(self) -> None:
         data, ct = random.choice(IMAGES)
-        self.client.post(
+        r = self.client.post(
             f"/v1/models/{MODEL}/classify",
             data=data,
             name="classify",
             headers={"content-type": ct, "x-request-id": uuid.uuid4().hex},
         )
+        _back_off(r)
 
 
 class V2User(FastHttpUser):

@@ -92,6 +92,12 @@ class Coalescer:
         started = [False]
         return [self._put(item, request_id, started) for item in items]
 
+    def check(self, request_id: str = "") -> None:
+        """``QueueFull`` now if a request arriving now would be refused: callers ask before
+        they read a body, so a refusal costs no upload and no parsing (``submit`` asks
+        again)."""
+        self._admit(asyncio.get_running_loop().time(), request_id)
+
     def _admit(self, now: float, request_id: str) -> None:
         if self.budget_s is not None:
             try:

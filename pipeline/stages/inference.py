@@ -252,6 +252,7 @@ class InferenceStage:
         errors = dict(images.errors)
         futs = []
         now_epoch, now_mono = time.time(), time.monotonic()
+        decoding_s = (images.preprocess_ms or 0.0) / 1e3
         admitted: set[int] = set()  # a request's rows are admitted as one: by its first row
         for i in range(n):
             o = images.owner[i]
@@ -272,7 +273,9 @@ class InferenceStage:
                         m.priority,
                         deadline,
                         m.request_id,
-                        None,  # the budget counts this queue's own wait (Triton's rule)
+                        # one budget for the model, as Triton's: what the request waited
+                        # since it joined the ingress's queue, less its decoding, counts
+                        self.scheduler.clock() - waited_s(m, now_epoch, decoding_s),
                         # only a request's first row meets the budget: its own rows are not
                         # queue ahead of one another, and once admitted none is dropped
                         None if o in admitted else self.budget_s[model],
@@ -368,3 +371,12 @@ class InferenceStage:
         s["models"] = {k: {"random_weights": v} for k, v in self.random.items()}
         s["health"] = self.health.snapshot()
         return s
+
+
+def waited_s(meta: RequestMeta, now_epoch: float, decoding_s: float) -> float:
+    """How long a request has waited before the GPU queue: the time since it joined the
+    ingress's queue (``meta.queued``, epoch seconds) that was not its call's decoding --
+    the coalescer's queue, Serve's queues and the hops between (0 where it was not stamped)."""
+    if meta.queued is None:
+        return 0.0
+    return max(0.0, now_epoch - meta.queued - decoding_s)

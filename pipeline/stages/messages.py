@@ -203,6 +203,7 @@ class RequestMeta:
     request_id: str
     deadline: float | None = None  # epoch seconds
     priority: bool = False
+    queued: float | None = None  # epoch seconds: it joined the ingress's queue (the budget's start)
 
 
 @dataclass(frozen=True)

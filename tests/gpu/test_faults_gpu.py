@@ -28,12 +28,8 @@ def _gpu_form(faults: list[dict]):
                 "faults": {"faults": faults},
             },
             "batching": {"max_batch_size": 8, "max_wait_ms": 2},
-            "preprocess": {"device": "cpu", "threads": 2},
-            "fusion": {
-                "preprocess_in_inference": True,
-                "postprocess_in_inference": True,
-                "inference_in_ingress": True,
-            },
+            "preprocess": {"threads": 2},
+            "placement": "one_process",
             "ingress_deployment": {
                 "num_replicas": 1,
                 "num_gpus": 0.5,

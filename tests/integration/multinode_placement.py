@@ -55,9 +55,7 @@ def main() -> None:
 
     x, y = digits.load_split()[2][0], int(digits.load_split()[3][0])
 
-    cluster = Cluster(
-        initialize_head=True, head_node_args={"num_cpus": 3, "labels": {POOL: "cpu"}}
-    )
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 3, "labels": {POOL: "cpu"}})
     worker = cluster.add_node(num_cpus=3, num_gpus=2, labels={POOL: "gpu"})
     ray.init(address=cluster.address, log_to_driver=False)
     out: dict = {"head": cluster.head_node.node_id, "worker": worker.node_id}
