@@ -36,12 +36,13 @@ sys.path.insert(0, ROOT)
 RETRY = {502, 503, 504}
 
 
-def _pipeline_config(path: str | None, models: str | None = None):
+def _pipeline_config(path: str | None, models: str | None = None, extra: str = "digits"):
     from tests.integration.helpers import cpu_config
 
     if path is None:
         return cpu_config(
-            models=[{"name": "digits", "arch": "digits"}],
+            models=[{"name": "digits", "arch": "digits"}]
+            + ([{"name": extra, "arch": extra}] if extra != "digits" else []),
             inference_deployment={"num_replicas": 2, "graceful_shutdown_timeout_s": 10},
             ingress_deployment={"num_replicas": 1},
         )
@@ -83,8 +84,18 @@ def _alive(deployment: str) -> list[str]:
 class Load:
     """``clients`` closed loops of classify; every request's (start, end, status, tries)."""
 
-    def __init__(self, base: str, png: bytes, clients: int, deadline_s: float, retry: bool):
+    def __init__(
+        self,
+        base: str,
+        png: bytes,
+        clients: int,
+        deadline_s: float,
+        retry: bool,
+        model: str = "digits",
+        content_type: str = "image/png",
+    ):
         self.base, self.png, self.clients = base, png, clients
+        self.model, self.content_type = model, content_type
         self.deadline_s, self.retry = deadline_s, retry
         self.records: list[tuple[float, float, int, int, str]] = []  # ... why, if not 200
         self.stop = threading.Event()
@@ -98,10 +109,10 @@ class Load:
             status, wait, why = 0, 0.2, ""
             try:
                 r = await c.post(
-                    "/v1/models/digits/classify",
+                    f"/v1/models/{self.model}/classify",
                     content=self.png,
                     headers={
-                        "content-type": "image/png",
+                        "content-type": self.content_type,
                         "x-deadline-ms": str(max(1, int(left * 1e3))),
                     },
                     timeout=max(0.1, left),
@@ -210,10 +221,11 @@ def _phase(records, t: float, t_end: float) -> dict:
     }
 
 
-def _under_load(base, png, clients, act) -> dict:
+def _under_load(base, png, clients, act, model: str = "digits") -> dict:
     """Run ``act()`` (which returns its phases' (name, start, end)) 5 s into the load;
     stop the load 1 s after."""
-    load = Load(base, png, clients, 30.0, retry=False)
+    ct = "image/png" if model == "digits" else "image/jpeg"
+    load = Load(base, png, clients, 30.0, retry=False, model=model, content_type=ct)
     thread = load.run()
     time.sleep(5)
     marks = act()
@@ -223,7 +235,7 @@ def _under_load(base, png, clients, act) -> dict:
     return {name: _phase(load.records, t, t_end) for name, t, t_end in marks}
 
 
-def drain(base, png, cfg, clients, port) -> dict:
+def drain(base, png, cfg, clients, port, model: str = "digits") -> dict:
     """redeploy (a changed config), then ``serve.shutdown()`` -- Serve's own stop: it kills
     the HTTP proxies at once --; then, on a fresh Serve, ``deployments.stop``: the app
     deleted first (the proxies still answer while its replicas drain), then Serve."""
@@ -247,10 +259,10 @@ def drain(base, png, cfg, clients, port) -> dict:
         stop(["ferry"])
         return [("deployments_stop", t0, time.monotonic())]
 
-    out = _under_load(base, png, clients, redeploy_then_shutdown)
+    out = _under_load(base, png, clients, redeploy_then_shutdown, model)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     _deploy(cfg)
-    out.update(_under_load(base, png, clients, app_first))
+    out.update(_under_load(base, png, clients, app_first, model))
     return out
 
 
@@ -267,18 +279,25 @@ def main() -> int:
     ap.add_argument("--out", default=os.path.join(HERE, "results", "reliability.json"))
     ap.add_argument("--drain-only", action="store_true", help="keep the chaos section as it is")
     ap.add_argument("--chaos-only", action="store_true", help="keep the drain section as it is")
+    ap.add_argument(
+        "--drain-model",
+        default="digits",
+        choices=("digits", "resnet50"),
+        help="the drain's requests: digits PNGs, or resnet50 photos (each in flight longer)",
+    )
     a = ap.parse_args()
     import ray
     from ray import serve
 
-    from pipeline.imaging import encode_png
+    from pipeline.imaging import encode_jpeg, encode_png
     from pipeline.models import digits
 
     png = encode_png(digits.load_split()[2][0])
+    photo = encode_jpeg(__import__("skimage.data").data.chelsea())
     ray.init(num_cpus=a.cpus, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": a.port})
     base = f"http://127.0.0.1:{a.port}"
-    cfg = _pipeline_config(a.config, a.models)
+    cfg = _pipeline_config(a.config, a.models, a.drain_model)
     _deploy(cfg)
     gpu = "GPU" if cfg.executor.backend == "cupy" else "no GPU"
     doc = {}
@@ -303,7 +322,16 @@ def main() -> int:
         doc[f"drain{key}"] = {
             "date": datetime.date.today().isoformat(),
             "method": __doc__.split("drain: ")[1].split("\n\n")[0].replace("\n", " "),
-            **drain(base, png, cfg, a.clients, a.port),
+            "requests": f"{a.drain_model} classify"
+            + (" (loadtest photo: chelsea, 451x300 JPEG)" if a.drain_model == "resnet50" else ""),
+            **drain(
+                base,
+                photo if a.drain_model == "resnet50" else png,
+                cfg,
+                a.clients,
+                a.port,
+                a.drain_model,
+            ),
         }
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)

@@ -44,6 +44,7 @@ from pipeline.stages.messages import (
 )
 
 from . import ingress_http, triton, triton_encoded, triton_stats, v2
+from .drain import Drain, ray_kv
 from .http_errors import request_id_of, unwrap
 from .ingress_http import JsonAnswer, app, deadline_of, multipart_image, priority_of
 from .ingress_route import downstream
@@ -52,6 +53,16 @@ from .uploads import UploadGate
 from .validate import header_int
 
 logger = logging.getLogger(__name__)
+
+
+def _drain_of_this_replica(retry_after_s: float) -> Drain:
+    """This replica's drain, keyed by its application and replica id (outside a Serve
+    replica -- a test building the class -- a drain nobody flags)."""
+    try:
+        ctx = serve.get_replica_context()
+        return Drain(ctx.app_name, ctx.replica_tag, ray_kv(), retry_after_s)
+    except Exception:
+        return Drain("", "local", (lambda _k: None, lambda _k, _v: None), retry_after_s)
 
 
 def _finish(result: Answer | BaseException, t0: float, queued: float) -> dict[str, Any]:
@@ -99,6 +110,7 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
         )
         # the statistics extension: the sum over this app's ingress replicas
         self.stats = triton_stats.for_this_replica()
+        self.drain = _drain_of_this_replica(self.cfg.batching.retry_after_s)
         ingress_http.ACTIVE = self  # for ClassifyFastPath and RequestMetrics
 
     def check_health(self) -> None:
@@ -190,6 +202,11 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
         return await self.classify_request(model, request, top_k)
 
     async def classify_request(self, model: str, request: Request, top_k: Any) -> Response:
+        self.drain.start()
+        with self.drain.work(request_id_of(request)):  # 503 once the app is being stopped
+            return await self._classify(model, request, top_k)
+
+    async def _classify(self, model: str, request: Request, top_k: Any) -> Response:
         t0 = time.perf_counter()
         rid = request_id_of(request)
         self._model(model)
@@ -262,6 +279,9 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
         return {"live": True}
 
     async def _ready(self) -> bool:
+        self.drain.start()
+        if self.drain.draining:  # the app is being stopped: send new work elsewhere
+            return False
         if time.monotonic() - self._ready_at < 2.0:
             return True
         try:
@@ -300,6 +320,11 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
 
     @app.post("/v2/models/{model}/infer")
     async def infer(self, model: str, request: Request) -> Response:
+        self.drain.start()
+        with self.drain.work(request_id_of(request)):  # 503 once the app is being stopped
+            return await self._infer(model, request)
+
+    async def _infer(self, model: str, request: Request) -> Response:
         t0 = time.perf_counter()
         rid = request_id_of(request)
         base = self._v2_model(model)

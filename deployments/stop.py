@@ -7,7 +7,10 @@ each proxy's ``shutdown`` -- which does nothing -- and then ``ray.kill``s it
 starts stopping the replicas. The replicas drain (``graceful_shutdown_timeout_s``), but a
 request in flight has lost the connection its answer would go back on. Deleting the
 applications first drains their replicas while the proxies still carry the answers; Serve
-is then shut down with nothing in flight.
+is then shut down with nothing in flight. And as ``serve.delete`` stops all of an
+application's deployments together, a request still between them would find no replica
+downstream: so each application's ingress is drained first (``deployments/drain.py``) --
+new requests get 503 with ``Retry-After`` and readiness turns false until it holds none.
 
     python -m deployments.stop                 # every application, then Serve
     python -m deployments.stop --app ferry --keep-serve
@@ -16,19 +19,34 @@ is then shut down with nothing in flight.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 
+logger = logging.getLogger(__name__)
 
-def stop(apps: list[str] | None = None, keep_serve: bool = False) -> list[str]:
-    """Delete ``apps`` (None: every application; each call waits until its replicas have
-    drained and gone), then shut Serve down unless ``keep_serve``. Returns the apps
+
+def stop(
+    apps: list[str] | None = None, keep_serve: bool = False, drain_timeout_s: float = 60.0
+) -> list[str]:
+    """Drain ``apps`` (None: every application; ``deployments.drain``: the ingress refuses
+    new work until it holds none, at most ``drain_timeout_s``), delete each (waiting until
+    its replicas are gone), then shut Serve down unless ``keep_serve``. Returns the apps
     deleted. Needs a connected Ray (``ray.init``)."""
     from ray import serve
 
+    from .drain import drain_app, forget
+
     names = list(serve.status().applications) if apps is None else apps
     for name in names:
+        # the ingress refuses new work (503 + Retry-After) until it holds nothing: then no
+        # request is left between the app's deployments when they all stop together
+        if not drain_app(name, drain_timeout_s):
+            logger.warning(
+                "%s: requests still in flight after %.0f s; deleting", name, drain_timeout_s
+            )
         serve.delete(name)  # blocking: the proxies keep answering meanwhile
+        forget(name)
     if not keep_serve:
         serve.shutdown()
     return names
@@ -41,12 +59,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--address", default="auto", help="the Ray cluster (ray.init's address)")
     ap.add_argument("--app", action="append", help="only this application (repeatable)")
     ap.add_argument("--keep-serve", action="store_true", help="delete the apps, keep Serve")
+    ap.add_argument(
+        "--drain-timeout-s", type=float, default=60.0, help="the longest wait for a drain"
+    )
     a = ap.parse_args(argv)
     import ray
 
     ray.init(address=a.address, log_to_driver=False)
     t0 = time.monotonic()
-    names = stop(a.app, a.keep_serve)
+    names = stop(a.app, a.keep_serve, a.drain_timeout_s)
     print(
         f"deleted {', '.join(names) or 'no application'}"
         f"{'' if a.keep_serve else '; Serve shut down'} in {time.monotonic() - t0:.1f} s"
