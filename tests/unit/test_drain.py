@@ -31,9 +31,8 @@ def test_work_is_counted_and_refused_once_the_flag_is_up():
         store[flag_key("app")] = b"1000.500"
         d.poll()
         assert d.draining
-        with pytest.raises(Unavailable) as e:  # new work: 503, retry elsewhere
-            with d.work("b"):
-                pass
+        with pytest.raises(Unavailable) as e, d.work("b"):  # new work: 503, retry elsewhere
+            pass
         assert e.value.reason == "draining" and e.value.retry_after_s == 2.0
         assert e.value.http_status == 503
     assert d.in_flight == 0  # the request it held finished
