@@ -47,7 +47,7 @@ def pct(xs: list[float], q: float) -> float | None:
     return round(xs[min(len(xs) - 1, int(q * len(xs)))], 1)
 
 
-def read_events(path: str) -> tuple[float, list[tuple[float, str, int, float, int, str]]]:
+def read_events(path: str) -> tuple[float, list[tuple[float, str, int, float, int, str, str]]]:
     """(the test's start, its requests: wall time, name, status, ms, Ferry JSON, Retry-After,
     where: the refusing queue or the answer's time parts, when the events have it)."""
     start, rows = 0.0, []
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settle-seconds", type=float, default=10, help="left out after a burst")
     ap.add_argument("--model", default="resnet50")
     ap.add_argument("--port", type=int, default=8000)
-    ap.add_argument("--skip-peer", action="store_true", help="only the budgeted config")
+    ap.add_argument("--skip-peer", action="store_true", help="not the peer without a budget")
     ap.add_argument(
         "--systems",
         default="",

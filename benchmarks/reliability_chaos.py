@@ -58,6 +58,12 @@ def _pipeline_config(path: str | None, models: str | None = None, extra: str = "
     return PipelineConfig.model_validate(raw)
 
 
+def _chelsea():
+    import skimage.data
+
+    return skimage.data.chelsea()
+
+
 def _deploy(cfg) -> None:
     from ray import serve
 
@@ -283,7 +289,8 @@ def main() -> int:
         "--drain-model",
         default="digits",
         choices=("digits", "resnet50"),
-        help="the drain's requests: digits PNGs, or resnet50 photos (each in flight longer)",
+        help="the drain's requests: digits PNGs, or resnet50 photos (each in flight longer; "
+        "the CPU test app then serves resnet50 too, a --config must)",
     )
     a = ap.parse_args()
     import ray
@@ -293,7 +300,6 @@ def main() -> int:
     from pipeline.models import digits
 
     png = encode_png(digits.load_split()[2][0])
-    photo = encode_jpeg(__import__("skimage.data").data.chelsea())
     ray.init(num_cpus=a.cpus, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": a.port})
     base = f"http://127.0.0.1:{a.port}"
@@ -323,10 +329,10 @@ def main() -> int:
             "date": datetime.date.today().isoformat(),
             "method": __doc__.split("drain: ")[1].split("\n\n")[0].replace("\n", " "),
             "requests": f"{a.drain_model} classify"
-            + (" (loadtest photo: chelsea, 451x300 JPEG)" if a.drain_model == "resnet50" else ""),
+            + (" (scikit-image's chelsea, 451x300 JPEG)" if a.drain_model == "resnet50" else ""),
             **drain(
                 base,
-                photo if a.drain_model == "resnet50" else png,
+                encode_jpeg(_chelsea()) if a.drain_model == "resnet50" else png,
                 cfg,
                 a.clients,
                 a.port,

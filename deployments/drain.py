@@ -3,14 +3,15 @@
 ``serve.delete`` stops every deployment of an application at once. Each replica finishes the
 requests it holds, but a request still on its way through the pipeline -- in the ingress's
 coalescer, or answered by Preprocess and not yet sent to Inference -- finds no replica
-downstream and ends in Serve's plain 500. So ``stop`` first sets the application's drain flag
-in Ray's key-value store; every ingress replica polls it (``Drain.run``), and from then on
-refuses new requests with 503 + ``Retry-After`` (``Unavailable``, reason ``draining``; its
-readiness turns false) and reports how many requests it still holds. When every ingress
-replica has reported none, the application is deleted with nothing in the pipeline.
+downstream and ends in Serve's plain 500. So ``stop`` first raises the application's drain
+flag in Ray's key-value store; every ingress replica polls it from its start (``Drain.run``),
+and from then on refuses new requests with 503 + ``Retry-After`` (``Unavailable``, reason
+``draining``; its readiness turns false) and reports how many requests it still holds. When
+every live ingress replica -- one whose report is fresh -- says it drains and holds none, the
+application is deleted with nothing in the pipeline.
 
-The flag carries the time it was set: a replica started after it (the application deployed
-again under the same name) ignores it.
+The flag carries the time it expires (the stop's longest wait and a margin), so a flag left
+by a stop that died does not drain the application deployed again under the same name.
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ LIVE_S = 5.0  # a replica's report older than this (before the flag) is a replic
 
 
 def flag_key(app: str) -> bytes:
-    return f"drain:{app}".encode()
+    return b"drain\0" + app.encode()
 
 
 def report_prefix(app: str) -> bytes:
-    return f"busy:{app}:".encode()
+    return b"busy\0" + app.encode() + b"\0"
 
 
 @dataclass
@@ -58,7 +59,8 @@ class Report:
 
 class Drain:
     """One per ingress replica: counts the requests it holds (``work``), refuses new ones
-    once the flag is up, and reports (``run``, in the replica's event loop). ``kv`` is
+    once the flag is up, and reports (``run``, in the replica's event loop from its
+    constructor, or from its first request where the constructor has no loop). ``kv`` is
     (get, put): Ray's internal key-value store in a replica; tests pass a dict's."""
 
     def __init__(
@@ -73,7 +75,6 @@ class Drain:
         self.get, self.put = kv
         self.retry_after_s = retry_after_s
         self.clock = clock
-        self.started = clock()
         self.draining = False
         self.in_flight = 0
         self._task: asyncio.Task | None = None
@@ -94,35 +95,44 @@ class Drain:
         finally:
             self.in_flight -= 1
 
+    def seen(self, raw: bytes | None) -> None:
+        """The flag as read: an unexpired one starts the drain, for good."""
+        if not self.draining and raw is not None and float(raw.decode()) > self.clock():
+            self.draining = True
+            logger.warning("draining: the application is being stopped")
+
+    def report(self) -> bytes:
+        return Report(self.draining, self.in_flight, self.clock()).encode()
+
     def poll(self) -> None:
-        """Read the flag (one set before this replica started is an earlier stop's), then
-        report."""
-        if not self.draining:
-            raw = self.get(flag_key(self.app))
-            if raw is not None and float(raw.decode()) >= self.started:
-                self.draining = True
-                logger.warning("draining: the application is being stopped")
-        report = Report(self.draining, self.in_flight, self.clock())
-        self.put(report_prefix(self.app) + self.replica.encode(), report.encode())
+        """Read the flag, then report (one round of ``run``, without the loop)."""
+        self.seen(self.get(flag_key(self.app)))
+        self.put(report_prefix(self.app) + self.replica.encode(), self.report())
 
     def start(self) -> None:
-        """Poll in the running event loop from now on (once)."""
+        """Poll in the running event loop from now on (once; nothing without a loop)."""
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self.run())
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return
+            self._task = loop.create_task(self.run())
 
     async def run(self) -> None:
+        key = report_prefix(self.app) + self.replica.encode()
         while True:
-            try:
-                await asyncio.to_thread(self.poll)
+            try:  # only the store's calls in a thread: the flag and the count stay the loop's
+                self.seen(await asyncio.to_thread(self.get, flag_key(self.app)))
+                await asyncio.to_thread(self.put, key, self.report())
             except Exception as exc:  # the store may be briefly away; the next poll tries again
                 logger.debug("drain poll failed: %s", exc)
             await asyncio.sleep(POLL_S)
 
 
-def drained(reports: list[Report], flag_at: float) -> bool:
-    """Every live ingress replica (one that reported within ``LIVE_S`` of the flag) has
-    seen the flag and holds nothing."""
-    live = [r for r in reports if r.at >= flag_at - LIVE_S]
+def drained(reports: list[Report], now: float) -> bool:
+    """Every live ingress replica (one that reported within ``LIVE_S``: they report every
+    ``POLL_S``) has seen the flag and holds nothing."""
+    live = [r for r in reports if r.at >= now - LIVE_S]
     return all(r.draining and r.in_flight == 0 for r in live)
 
 
@@ -136,29 +146,31 @@ def ray_kv() -> tuple[Callable[[bytes], bytes | None], Callable[[bytes, bytes], 
 
 
 def drain_app(app: str, timeout_s: float = 60.0) -> bool:
-    """Raise ``app``'s flag and wait until its ingress replicas hold nothing (True), or
+    """Raise ``app``'s flag and wait until its live ingress replicas hold nothing (True), or
     ``timeout_s`` passes (False). Needs a connected Ray."""
     from ray.experimental import internal_kv as kv
 
-    t0 = time.time()
-    kv._internal_kv_put(flag_key(app), f"{t0:.3f}".encode(), overwrite=True, namespace=NAMESPACE)
-    while time.time() - t0 < timeout_s:
+    t0 = time.monotonic()
+    expires = time.time() + timeout_s + 30.0
+    kv._internal_kv_put(
+        flag_key(app), f"{expires:.3f}".encode(), overwrite=True, namespace=NAMESPACE
+    )
+    while time.monotonic() - t0 < timeout_s:
         time.sleep(POLL_S)
-        keys = kv._internal_kv_list(report_prefix(app), namespace=NAMESPACE)
+        if time.monotonic() - t0 < 2 * POLL_S:
+            continue  # every live replica has polled since the flag went up
         reports = []
-        for k in keys:
+        for k in kv._internal_kv_list(report_prefix(app), namespace=NAMESPACE):
             raw = kv._internal_kv_get(k, namespace=NAMESPACE)
             if raw is not None:
                 reports.append(Report.decode(raw))
-        if reports and drained(reports, t0) and time.time() - t0 > 2 * POLL_S:
+        if drained(reports, time.time()):  # (none at all: no Ferry ingress polls)
             return True
-        if not reports and time.time() - t0 > LIVE_S:
-            return True  # no ingress replica of this app reports (an app of another kind)
     return False
 
 
 def forget(app: str) -> None:
-    """Drop ``app``'s flag and reports (after it is deleted)."""
+    """Drop ``app``'s flag and reports (after it is deleted, or its stop failed)."""
     from ray.experimental import internal_kv as kv
 
     kv._internal_kv_del(flag_key(app), namespace=NAMESPACE)

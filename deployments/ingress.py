@@ -111,6 +111,7 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
         # the statistics extension: the sum over this app's ingress replicas
         self.stats = triton_stats.for_this_replica()
         self.drain = _drain_of_this_replica(self.cfg.batching.retry_after_s)
+        self.drain.start()  # (in Serve's event loop; else from the first request)
         ingress_http.ACTIVE = self  # for ClassifyFastPath and RequestMetrics
 
     def check_health(self) -> None:

@@ -41,12 +41,12 @@ def stop(
     for name in names:
         # the ingress refuses new work (503 + Retry-After) until it holds nothing: then no
         # request is left between the app's deployments when they all stop together
-        if not drain_app(name, drain_timeout_s):
-            logger.warning(
-                "%s: requests still in flight after %.0f s; deleting", name, drain_timeout_s
-            )
-        serve.delete(name)  # blocking: the proxies keep answering meanwhile
-        forget(name)
+        try:
+            if not drain_app(name, drain_timeout_s):
+                logger.warning("%s: still in flight after %.0f s; deleting", name, drain_timeout_s)
+            serve.delete(name)  # blocking: the proxies keep answering meanwhile
+        finally:
+            forget(name)  # (a stop that failed leaves no flag behind)
     if not keep_serve:
         serve.shutdown()
     return names

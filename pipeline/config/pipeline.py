@@ -124,14 +124,16 @@ class PipelineConfig(Strict):
             raise ValueError(
                 f"batching.max_batch_size ({mb}) exceeds the largest bucket ({self.executor.buckets[-1]})"
             )
-        # each queue keeps its own budget: the ingress's coalescer holds a group a window
-        window = self.ingress.coalesce_window_ms
+        # one budget for both queues: under load a request waits a window in the ingress's
+        # coalescer and up to max_wait_ms for its GPU batch to fill
+        window, fill = self.ingress.coalesce_window_ms, self.batching.max_wait_ms
         for where, timeout_ms in self.batching.budgets().items():
-            if timeout_ms <= window:
+            if timeout_ms <= window + fill:
                 raise ValueError(
                     f"batching.{where}.timeout_ms ({timeout_ms}) must exceed "
-                    f"ingress.coalesce_window_ms ({window}): under load a request waits that "
-                    "long in the ingress's coalescer, and past its budget it is dropped with 503"
+                    f"ingress.coalesce_window_ms ({window}) + batching.max_wait_ms ({fill}): "
+                    "under load a request waits that long in the ingress's coalescer and for "
+                    "its batch, and past its budget it is dropped with 503"
                 )
         from ..placement import check_pools
 

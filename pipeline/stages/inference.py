@@ -376,7 +376,8 @@ class InferenceStage:
 def waited_s(meta: RequestMeta, now_epoch: float, decoding_s: float) -> float:
     """How long a request has waited before the GPU queue: the time since it joined the
     ingress's queue (``meta.queued``, epoch seconds) that was not its call's decoding --
-    the coalescer's queue, Serve's queues and the hops between (0 where it was not stamped)."""
+    the coalescer's queue, Serve's queues and the hops between (0 where it was not stamped).
+    Across nodes the two wall clocks are as close as their time sync keeps them."""
     if meta.queued is None:
         return 0.0
     return max(0.0, now_epoch - meta.queued - decoding_s)

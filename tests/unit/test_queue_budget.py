@@ -288,7 +288,7 @@ def test_a_budget_no_longer_than_the_coalesce_window_is_refused_at_validation():
     with pytest.raises(
         ValueError,
         match=r"queue_policy.timeout_ms \(5.0\) must exceed "
-        r"ingress.coalesce_window_ms \(20.0\)",
+        r"ingress.coalesce_window_ms \(20.0\) \+ batching.max_wait_ms \(2.0\)",
     ):
         PipelineConfig.model_validate(
             {"batching": {"queue_policy": {"timeout_ms": 5}}, "ingress": {"coalesce_window_ms": 20}}
@@ -301,10 +301,17 @@ def test_a_budget_no_longer_than_the_coalesce_window_is_refused_at_validation():
                 "ingress": {"coalesce_window_ms": 20},
             }
         )
+    with pytest.raises(ValueError, match=r"must exceed ingress.coalesce_window_ms"):
+        PipelineConfig.model_validate(  # above the window, not above the window and the fill
+            {
+                "batching": {"queue_policy": {"timeout_ms": 21}},
+                "ingress": {"coalesce_window_ms": 20},
+            }
+        )
     ok = PipelineConfig.model_validate(
-        {"batching": {"queue_policy": {"timeout_ms": 21}}, "ingress": {"coalesce_window_ms": 20}}
+        {"batching": {"queue_policy": {"timeout_ms": 23}}, "ingress": {"coalesce_window_ms": 20}}
     )
-    assert ok.batching.policy_for("x").timeout_ms == 21
+    assert ok.batching.policy_for("x").timeout_ms == 23
     off = PipelineConfig.model_validate(
         {"batching": {"queue_policy": {"timeout_ms": None}}, "ingress": {"coalesce_window_ms": 20}}
     )
