@@ -13,8 +13,9 @@ takes longer than its deadline plus a second.
 
 drain: the same load without retries while (1) the app is redeployed with a changed config
 (what ``serve deploy`` does), (2) Serve shuts down (``serve.shutdown()``, what ``serve
-shutdown`` does), and (3) on a fresh Serve, ``python -m deployments.stop`` (the app
-deleted first, then Serve shut down): every request in flight when each began is counted,
+shutdown`` does), and (3) on a fresh Serve, ``python -m deployments.stop`` (the app's
+ingress drained, the app deleted, then Serve shut down): every request in flight when each
+began is counted,
 and each must end in a 200 (a dropped one is counted by its status and why).
 """
 

@@ -540,7 +540,8 @@ def chaos_lines(rel: dict) -> list[str]:
                 f"(worst {ch['worst_s']} s); final statuses {ch['final_statuses']}.",
             ]
         if dr and dr.get("method"):
-            out += ["", f"Drain ({dr.get('date')}): {dr['method']}"]
+            req = f" Requests: {dr['requests']}." if dr.get("requests") else ""
+            out += ["", f"Drain ({dr.get('date')}): {dr['method']}{req}"]
         for phase, d in (dr or {}).items():
             if not isinstance(d, dict):  # (its date and method)
                 continue
