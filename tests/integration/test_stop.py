@@ -27,7 +27,10 @@ def test_stop_drains_the_requests_in_flight_then_the_routes_are_gone(ray_cluster
     from deployments.stop import stop
     from pipeline.imaging import encode_jpeg
 
-    serve.run(build(cpu_config()), name=APP, route_prefix=PREFIX)
+    # the queue budget off: on two busy cores a burst of 16 photos may wait past it (a
+    # retryable 503 that says nothing of the stop); every refusal here must be the drain's
+    cfg = cpu_config(batching={"queue_policy": {"timeout_ms": None}})
+    serve.run(build(cfg), name=APP, route_prefix=PREFIX)
     url = f"{BASE}{PREFIX}/v1/models/resnet50/classify"
     body = encode_jpeg(photos()["chelsea"])
     ok = httpx.post(url, content=body, headers={"content-type": "image/jpeg"}, timeout=60)
