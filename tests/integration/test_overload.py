@@ -80,8 +80,13 @@ def test_a_burst_is_shed_with_quick_503s_and_the_accepted_stay_within_budget(app
         assert b["detail"]["reason"] in ("queue_budget", "queue_timeout"), b
         assert int(r.headers["retry-after"]) >= 1
         reasons.add((b["detail"]["queue"], b["detail"]["reason"]))
-        assert dt < BUDGET_MS / 1e3 + 1.5, (dt, b)  # refused within the budget, not queued
-    assert ("ingress", "queue_budget") in reasons, reasons  # most are refused on arrival
+        if b["detail"]["queue"] == "ingress":
+            assert dt < BUDGET_MS / 1e3 + 1.5, (dt, b)  # refused within the budget, not queued
+        else:  # refused at the GPU queue: after its decoding and the hops, on two busy cores
+            assert dt < BUDGET_MS / 1e3 + 3.0, (dt, b)
+    assert ("ingress", "queue_budget") in reasons, reasons
+    at_gpu = sum(1 for r, _, _ in shed if r.json()["detail"]["queue"] == "gpu")
+    assert at_gpu < len(shed) / 2, (at_gpu, len(shed))  # most are refused on arrival
     # an accepted request waited at most the budget in each queue it passed: the ingress's
     # coalescer and the GPU stage's scheduler (reading the body, its decode are work, not
     # waiting in a queue)
