@@ -28,7 +28,7 @@ from pipeline.errors import Unavailable
 
 logger = logging.getLogger(__name__)
 NAMESPACE = "ferry"
-POLL_S = 0.2  # how often an ingress replica reads the flag and reports
+POLL_S = 0.5  # how often an ingress replica reads the flag and reports
 LIVE_S = 5.0  # a replica's report older than this (before the flag) is a replica gone
 
 
