@@ -102,11 +102,18 @@ def test_a_shape_honours_the_run_time_and_writes_csvs(app, tmp_path):
     # other failure is not
     with open(tmp_path / "direct_failures.csv") as f:
         failures = list(csv.DictReader(f))
+
     # (locust's own wording for classify, the slow user's RuntimeError for slow_classify)
-    assert all("code=503" in row["Error"] or "'status 503'" in row["Error"] for row in failures), [
-        (r["Name"], r["Error"], r["Occurrences"])
-        for r in failures
-        if "code=503" not in r["Error"] and "'status 503'" not in r["Error"]
+    # (the ingress refuses before it reads a body: a slow upload may meet that 503 as a broken
+    # pipe while it still sends -- a connection error, which README counts as safe to retry)
+    def shed(r: dict) -> bool:
+        early = r["Name"] == "slow_classify" and (
+            "BrokenPipe" in r["Error"] or "Reset" in r["Error"]
+        )
+        return "code=503" in r["Error"] or "'status 503'" in r["Error"] or early
+
+    assert all(shed(r) for r in failures), [
+        (r["Name"], r["Error"], r["Occurrences"]) for r in failures if not shed(r)
     ]
     # the runner: --shape for --seconds, CSVs with the per-second history, a summary
     out = tmp_path / "shape"
