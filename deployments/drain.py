@@ -29,7 +29,7 @@ from pipeline.errors import Unavailable
 logger = logging.getLogger(__name__)
 NAMESPACE = "ferry"
 POLL_S = 0.5  # how often an ingress replica reads the flag and reports
-LIVE_S = 5.0  # a replica's report older than this (before the flag) is a replica gone
+LIVE_S = 5.0  # a replica whose last report is older than this is a replica gone
 
 
 def flag_key(app: str) -> bytes:
@@ -77,6 +77,7 @@ class Drain:
         self.clock = clock
         self.draining = False
         self.in_flight = 0
+        self._key = report_prefix(app) + replica.encode()  # where this replica reports
         self._task: asyncio.Task | None = None
 
     @contextlib.contextmanager
@@ -107,7 +108,7 @@ class Drain:
     def poll(self) -> None:
         """Read the flag, then report (one round of ``run``, without the loop)."""
         self.seen(self.get(flag_key(self.app)))
-        self.put(report_prefix(self.app) + self.replica.encode(), self.report())
+        self.put(self._key, self.report())
 
     def start(self) -> None:
         """Poll in the running event loop from now on (once; nothing without a loop)."""
@@ -119,11 +120,10 @@ class Drain:
             self._task = loop.create_task(self.run())
 
     async def run(self) -> None:
-        key = report_prefix(self.app) + self.replica.encode()
         while True:
             try:  # only the store's calls in a thread: the flag and the count stay the loop's
                 self.seen(await asyncio.to_thread(self.get, flag_key(self.app)))
-                await asyncio.to_thread(self.put, key, self.report())
+                await asyncio.to_thread(self.put, self._key, self.report())
             except Exception as exc:  # the store may be briefly away; the next poll tries again
                 logger.debug("drain poll failed: %s", exc)
             await asyncio.sleep(POLL_S)
@@ -150,18 +150,16 @@ def drain_app(app: str, timeout_s: float = 60.0) -> bool:
     ``timeout_s`` passes (False). Needs a connected Ray."""
     from ray.experimental import internal_kv as kv
 
+    get, put = ray_kv()
     t0 = time.monotonic()
-    expires = time.time() + timeout_s + 30.0
-    kv._internal_kv_put(
-        flag_key(app), f"{expires:.3f}".encode(), overwrite=True, namespace=NAMESPACE
-    )
+    put(flag_key(app), f"{time.time() + timeout_s + 30.0:.3f}".encode())  # when it expires
     while time.monotonic() - t0 < timeout_s:
         time.sleep(POLL_S)
         if time.monotonic() - t0 < 2 * POLL_S:
             continue  # every live replica has polled since the flag went up
         reports = []
         for k in kv._internal_kv_list(report_prefix(app), namespace=NAMESPACE):
-            raw = kv._internal_kv_get(k, namespace=NAMESPACE)
+            raw = get(k)
             if raw is not None:
                 reports.append(Report.decode(raw))
         if drained(reports, time.time()):  # (none at all: no Ferry ingress polls)
