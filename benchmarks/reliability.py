@@ -86,7 +86,7 @@ def main() -> int:
         "slow_clients": {
             "method": "CPU test app (serve_config.yaml's ingress max_ongoing_requests 2048), "
             "ingress.max_concurrent_uploads 64, body_idle_timeout_s 3, upload_grace_s 1: 1,000 "
-            "connections declare a 1,000-byte body and send 10 bytes (waves of 100 over 2 s) "
+            "connections declare a 1,000-byte body and send 10 bytes (50 every 0.5 s, over 10 s) "
             "while one client alternates GET /v2/health/ready and a digits classify",
             **slow_clients(),
         },

@@ -1,6 +1,6 @@
 """A load generator of stalled uploads, run as its own process by test_slow_clients.py (so
 the probe that measures the service does not share an event loop with 1,000 sockets):
-opens ``STALLED`` connections to 127.0.0.1:``PORT`` in waves of 100, each declaring a
+opens ``STALLED`` connections to 127.0.0.1:``PORT``, 50 every half-second, each declaring a
 1,000-byte body and sending 10 bytes, then waits for every answer and prints one JSON line:
 ``{"opened_s": s, "outcomes": [[status, seconds to the answer, closed], ...]}``.
 
@@ -17,6 +17,7 @@ import os
 import sys
 import time
 
+WAVE, WAVE_EVERY_S = 50, 0.5  # 100 new connections a second
 HEAD = (
     b"POST /v1/models/digits/classify HTTP/1.1\r\nHost: t\r\nContent-Type: image/png\r\n"
     b"Content-Length: 1000\r\n\r\n\x89PNG\r\n\x1a\n\x00\x00"
@@ -53,9 +54,9 @@ async def _outcome(
 async def main(port: int, stalled: int, wait_s: float) -> None:
     t0 = time.perf_counter()
     conns = []
-    for _wave in range(0, stalled, 100):  # waves of 100, 1,000 in about 2 s
-        conns += await asyncio.gather(*(_stall(port) for _ in range(100)))
-        await asyncio.sleep(0.2)
+    for _wave in range(0, stalled, WAVE):  # 1,000 in about 10 s
+        conns += await asyncio.gather(*(_stall(port) for _ in range(WAVE)))
+        await asyncio.sleep(WAVE_EVERY_S)
     opened_s = time.perf_counter() - t0
     outcomes = await asyncio.gather(*(_outcome(r, w, wait_s) for r, w in conns))
     print(json.dumps({"opened_s": opened_s, "outcomes": outcomes}))
