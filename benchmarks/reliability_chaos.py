@@ -7,9 +7,9 @@ sections (the file's other sections are kept).
 chaos: closed-loop clients classify digits PNGs while a replica of the deployment that holds
 the executor (Inference, or the one-deployment form's Ingress) is killed (``ray.kill``) every
 ``--kill-every`` seconds. The client retries what README says is safe to retry (connection
-errors, 502, 503 -- honouring Retry-After, capped --, a proxy's 504) within the request's
-deadline; a request succeeds if an answer of 200 comes before its deadline, and hangs if it
-takes longer than its deadline plus a second.
+errors, 502, 503 -- honouring Retry-After, capped --, a proxy's 500 or 504, i.e. one without
+Ferry's JSON body) within the request's deadline; a request succeeds if an answer of 200
+comes before its deadline, and hangs if it takes longer than its deadline plus a second.
 
 drain: the same load without retries while (1) the app is redeployed with a changed config
 (what ``serve deploy`` does), (2) Serve shuts down (``serve.shutdown()``, what ``serve
@@ -35,17 +35,23 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 RETRY = {502, 503, 504}
+PROXY_RETRY = {500}  # retried only without Ferry's JSON body: Serve's proxy, the replica died
 
 
-def _pipeline_config(path: str | None, models: str | None = None, extra: str = "digits"):
+def _pipeline_config(
+    path: str | None, models: str | None = None, extra: str = "digits", placement: str = ""
+):
     from tests.integration.helpers import cpu_config
 
     if path is None:
+        one = placement == "one_process"  # the executor in the ingress: two of those
         return cpu_config(
             models=[{"name": "digits", "arch": "digits"}]
             + ([{"name": extra, "arch": extra}] if extra != "digits" else []),
+            placement=placement or "four_stage",
             inference_deployment={"num_replicas": 2, "graceful_shutdown_timeout_s": 10},
-            ingress_deployment={"num_replicas": 1},
+            ingress_deployment={"num_replicas": 2 if one else 1}
+            | ({"graceful_shutdown_timeout_s": 10, "num_cpus": 1.0} if one else {}),
         )
     import yaml
 
@@ -74,7 +80,9 @@ def _deploy(cfg) -> None:
 
 
 def _target(cfg) -> str:
-    return "Ingress" if cfg.fusion.inference_in_ingress else "Inference"
+    from pipeline.config.forms import FORMS
+
+    return "Ingress" if FORMS[cfg.placement].executor_in == "ingress" else "Inference"
 
 
 def _alive(deployment: str) -> list[str]:
@@ -113,7 +121,7 @@ class Load:
         while True:
             tries += 1
             left = t_end - time.monotonic()
-            status, wait, why = 0, 0.2, ""
+            status, wait, why, ferry = 0, 0.2, "", False
             try:
                 r = await c.post(
                     f"/v1/models/{self.model}/classify",
@@ -132,7 +140,8 @@ class Load:
                 wait = min(float(r.headers.get("retry-after", 0.2)), 0.5)
             except Exception as exc:  # connection refused or reset, or no answer in time
                 status, why = -1, type(exc).__name__
-            if status == 200 or not self.retry or status not in RETRY | {-1}:
+            retryable = status in RETRY | {-1} or (status in PROXY_RETRY and not ferry)
+            if status == 200 or not self.retry or not retryable:
                 return status, tries, why
             if time.monotonic() + wait >= t_end:
                 return status, tries, why
@@ -164,8 +173,12 @@ class Load:
         ok = sum(1 for r in recs if r[2] == 200)
         lat = sorted(r[1] - r[0] for r in recs)
         statuses: dict[str, int] = {}
+        failed: dict[str, int] = {}  # a request that did not end in 200: its status and why
         for r in recs:
             statuses[str(r[2])] = statuses.get(str(r[2]), 0) + 1
+            if r[2] != 200:
+                k = f"{r[2]} {r[4]}".strip()
+                failed[k] = failed.get(k, 0) + 1
         return {
             "requests": n,
             "succeeded": ok,
@@ -175,6 +188,7 @@ class Load:
             "worst_s": round(lat[-1], 3) if lat else None,
             "p99_s": round(lat[int(0.99 * (n - 1))], 3) if lat else None,
             "final_statuses": statuses,
+            "failed_as": failed,
         }
 
 
@@ -293,6 +307,12 @@ def main() -> int:
         help="the drain's requests: digits PNGs, or resnet50 photos (each in flight longer; "
         "the CPU test app then serves resnet50 too, a --config must)",
     )
+    ap.add_argument(
+        "--placement",
+        choices=("one_process",),
+        help="the CPU test app in this form (a replica killed is then the one that holds the "
+        "request, as in serve_config.gpu.yaml); its sections are chaos_one_process, ...",
+    )
     a = ap.parse_args()
     import ray
     from ray import serve
@@ -304,14 +324,14 @@ def main() -> int:
     ray.init(num_cpus=a.cpus, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": a.port})
     base = f"http://127.0.0.1:{a.port}"
-    cfg = _pipeline_config(a.config, a.models, a.drain_model)
+    cfg = _pipeline_config(a.config, a.models, a.drain_model, a.placement)
     _deploy(cfg)
     gpu = "GPU" if cfg.executor.backend == "cupy" else "no GPU"
     doc = {}
     if os.path.exists(a.out):
         with open(a.out) as f:
             doc = json.load(f)
-    key = "" if a.config is None else "_gpu"
+    key = "_gpu" if a.config else f"_{a.placement}" if a.placement else ""
     if not a.drain_only:
         doc[f"chaos{key}"] = {
             "machine": f"{platform.node()}: {os.cpu_count()} cores, {gpu}",
@@ -319,6 +339,8 @@ def main() -> int:
             "config": (
                 f"{a.config} (models: {a.models or 'all'})"
                 if a.config
+                else "CPU test app, one_process: digits, 2 Ingress replicas (each its executor)"
+                if a.placement
                 else "CPU test app: digits, 2 Inference replicas"
             ),
             "method": __doc__.split("chaos: ")[1].split("\n\n")[0].replace("\n", " "),

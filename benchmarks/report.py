@@ -528,7 +528,7 @@ def reliability_section(rel: dict) -> list[str]:
 def chaos_lines(rel: dict) -> list[str]:
     """reliability_chaos.py's sections: replicas killed under load; redeploy and shutdown."""
     out = []
-    for key in ("", "_gpu"):
+    for key in ("", "_one_process", "_gpu"):
         ch, dr = rel.get(f"chaos{key}"), rel.get(f"drain{key}")
         if ch:
             out += [
@@ -537,7 +537,9 @@ def chaos_lines(rel: dict) -> list[str]:
                 f"kills of {ch['killed']} in {ch['duration_s']} s, {ch['clients']} clients: "
                 f"{ch['succeeded']:,} of {ch['requests']:,} succeeded ({ch['success_rate']:.3%}), "
                 f"{ch['retried']} retried, {ch['hung_past_deadline']} past the deadline "
-                f"(worst {ch['worst_s']} s); final statuses {ch['final_statuses']}.",
+                f"(worst {ch['worst_s']} s); final statuses {ch['final_statuses']}"
+                + (f", the failures {ch['failed_as']}." if ch.get("failed_as") else "."),
+                *([f"Note: {ch['note']}"] if ch.get("note") else []),
             ]
         if dr and dr.get("method"):
             req = f" Requests: {dr['requests']}." if dr.get("requests") else ""

@@ -378,7 +378,8 @@ def section(soaks: dict[str, Any]) -> list[str]:
             f"{d['p99_first_half_ms']} / {d['p99_second_half_ms']} | {'n/a' if d['p99_drift'] is None else format(d['p99_drift'], '+.0%')} | "
             f"{'yes' if all(p.values()) else 'no: ' + ', '.join(k for k, v in p.items() if not v)} |"
         )
-    return lines
+    notes = [f"* {name}: {d['conditions']}." for name, d in soaks.items() if d.get("conditions")]
+    return lines + ([""] + notes if notes else [])
 
 
 def main(argv: list[str] | None = None) -> int:
