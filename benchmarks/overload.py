@@ -307,6 +307,13 @@ def section(doc: dict[str, Any]) -> list[str]:
             f"{r['steady']['refused_503']} of {r['steady']['requests']} | "
             f"{r['pulse']['all']['other_statuses'] or 'none'} |"
         )
+    for rep in doc.get("repeats", []):  # later runs of one system, kept for the spread
+        lines.append(
+            f"| {rep['system']} (repeat, {rep['date']}, {rep['commit']}) | "
+            f"{rep['unloaded_p99_ms']} | {rep['accepted_p99_in_bursts_ms']} | {rep['ratio']}x | "
+            f"{rep['accepted_per_s_in_bursts']} | {rep['refused_in_bursts']} | | "
+            f"{rep['refused_at_steady']} | |"
+        )
     return lines
 
 
