@@ -173,12 +173,8 @@ class Load:
         ok = sum(1 for r in recs if r[2] == 200)
         lat = sorted(r[1] - r[0] for r in recs)
         statuses: dict[str, int] = {}
-        failed: dict[str, int] = {}  # a request that did not end in 200: its status and why
         for r in recs:
             statuses[str(r[2])] = statuses.get(str(r[2]), 0) + 1
-            if r[2] != 200:
-                k = f"{r[2]} {r[4]}".strip()
-                failed[k] = failed.get(k, 0) + 1
         return {
             "requests": n,
             "succeeded": ok,
@@ -188,7 +184,7 @@ class Load:
             "worst_s": round(lat[-1], 3) if lat else None,
             "p99_s": round(lat[int(0.99 * (n - 1))], 3) if lat else None,
             "final_statuses": statuses,
-            "failed_as": failed,
+            "failed_as": _failed_as(recs),
         }
 
 
@@ -219,6 +215,17 @@ def chaos(base, png, cfg, duration, kill_every, clients, deadline_s) -> dict:
     }
 
 
+def _failed_as(records) -> dict[str, int]:
+    """The requests that did not end in 200, counted by their status and why (the
+    exception, or the error's text)."""
+    out: dict[str, int] = {}
+    for r in records:
+        if r[2] != 200:
+            k = f"{r[2]} {r[4]}".strip()
+            out[k] = out.get(k, 0) + 1
+    return out
+
+
 def _in_flight_at(records, t) -> list:
     return [r for r in records if r[0] <= t < r[1]]
 
@@ -227,11 +234,7 @@ def _phase(records, t: float, t_end: float) -> dict:
     """The requests in flight at ``t`` (each must end in 200) and those started until
     ``t_end``; a dropped one by its status and why (the exception, or the error's text)."""
     inflight = _in_flight_at(records, t)
-    dropped: dict[str, int] = {}
-    for r in inflight:
-        if r[2] != 200:
-            k = f"{r[2]} {r[4]}".strip()
-            dropped[k] = dropped.get(k, 0) + 1
+    dropped = _failed_as(inflight)
     return {
         "in_flight_at_start": len(inflight),
         "in_flight_finished_200": sum(1 for r in inflight if r[2] == 200),
