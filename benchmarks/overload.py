@@ -18,12 +18,11 @@ Writes the ``overload`` section of results/reliability.json (``--no-write``: onl
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
+import math
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +33,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 from benchmarks import ray_probe  # noqa: E402
-from loadtest.run import run_level, start_app, stop_app, venv_bin, wait_ready  # noqa: E402
+from loadtest.run import end_local_ray, run_level, start_app, wait_ready  # noqa: E402
 
 RESULTS = os.path.join(HERE, "results", "reliability.json")
 AT_ONCE = "_retry_at_once"  # a system whose refused clients ask again at once
@@ -48,7 +47,7 @@ def pct(xs: list[float], q: float) -> float | None:
 
 
 def read_events(path: str) -> tuple[float, list[tuple[float, str, int, float, int, str, str]]]:
-    """(the test's start, its requests: wall time, name, status, ms, Ferry JSON, Retry-After,
+    """(the test's start -- the earliest ``start`` line --, its requests: wall time, name, status, ms, Ferry JSON, Retry-After,
     where: the refusing queue or the answer's time parts, when the events have it)."""
     start, rows = 0.0, []
     with open(path) as f:
@@ -56,8 +55,8 @@ def read_events(path: str) -> tuple[float, list[tuple[float, str, int, float, in
             p = line.rstrip("\n").split(",")
             if len(p) < 6:
                 continue
-            if p[1] == "start":
-                start = float(p[0])
+            if p[1] == "start":  # with --processes, one a process: the first is locust's
+                start = min(start or math.inf, float(p[0]))  # master, whose clock the shape keeps
                 continue
             where = p[6] if len(p) > 6 else ""
             rows.append((float(p[0]), p[1], int(p[2]), float(p[3]), int(p[4]), p[5], where))
@@ -144,7 +143,9 @@ def one_system(args: argparse.Namespace, name: str, config: str, out: str) -> di
             os.environ["FERRY_PULSE_USERS"] = str(args.users)
             os.environ["FERRY_HONOUR_RETRY_AFTER"] = "0" if name.endswith(AT_ONCE) else "1"
             try:
-                run_level(url, args.users, seconds, out, "ClassifyUser", args.model, shape)
+                run_level(
+                    url, args.users, seconds, out, "ClassifyUser", args.model, shape, args.processes
+                )
             finally:
                 os.environ.pop("FERRY_EVENTS", None)
             start, rows = read_events(ev)
@@ -160,9 +161,7 @@ def one_system(args: argparse.Namespace, name: str, config: str, out: str) -> di
         }
         return res
     finally:
-        stop_app(proc)
-        with contextlib.suppress(OSError):  # (inside the caller's lock: this run's Ray only)
-            subprocess.run([venv_bin("ray"), "stop", "--force"], capture_output=True)
+        end_local_ray(proc)  # (inside the caller's lock: this run's Ray only)
 
 
 def config_without_budget(path: str, tmp: str) -> str:
@@ -217,6 +216,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settle-seconds", type=float, default=10, help="left out after a burst")
     ap.add_argument("--model", default="resnet50")
     ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--content-type", help="only the corpus files of this type (image/jpeg)")
+    ap.add_argument(
+        "--processes", type=int, default=1, help="locust worker processes (the GPU's load)"
+    )
     ap.add_argument("--skip-peer", action="store_true", help="not the peer without a budget")
     ap.add_argument(
         "--systems",
@@ -229,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.factor != 3.0:
         raise SystemExit("loadtest.shapes.Pulse bursts to 3x; --factor is recorded, not applied")
+    if args.content_type:
+        os.environ["FERRY_CONTENT_TYPE"] = args.content_type  # read by the locust users
     tmp = tempfile.mkdtemp()
     systems = {"budget": args.config}
     if not args.skip_peer:
@@ -247,7 +252,11 @@ def main(argv: list[str] | None = None) -> int:
 
     doc = {
         "method": (
-            f"locust ClassifyUser ({args.model}, loadtest/corpus photos) as its own process: "
+            f"locust ClassifyUser ({args.model}, loadtest/corpus photos"
+            + (f", {args.content_type} only" if args.content_type else "")
+            + ") as its own process"
+            + (f" ({args.processes} workers)" if args.processes > 1 else "")
+            + ": "
             f"{args.users} steady clients for {args.steady_seconds:.0f} s (unloaded), then "
             f"loadtest.shapes.Pulse for {args.pulse_seconds:.0f} s ({args.users} clients, "
             f"bursts to {round(args.users * args.factor)} for a third of each "

@@ -7,6 +7,7 @@ never import this into a process that imported ssl first (Ray does) -- gevent br
 Environment: FERRY_MODEL (resnet50), FERRY_CORPUS (loadtest/corpus, made by
 ``python -m loadtest.corpus``), FERRY_SHAPE (step | pulse | slow; unset: -u/-r/-t decide),
 FERRY_SHAPE_SECONDS (how long a shape runs; else -t/--run-time, else the shape's schedule),
+FERRY_CONTENT_TYPE (only the corpus files of this type, e.g. image/jpeg),
 FERRY_SLOW_BPS (bytes per second of slow uploads, 20000), FERRY_HONOUR_RETRY_AFTER (1: a
 refused ClassifyUser waits the 503's Retry-After before it asks again), FERRY_PULSE_USERS (the pulse's
 sustained level, 64), FERRY_EVENTS (a file: one line per request -- wall time, name, status,
@@ -45,8 +46,11 @@ def _corpus() -> list[tuple[bytes, str]]:
         build(CORPUS)
     with open(index_path) as f:
         index = json.load(f)
+    only = os.environ.get("FERRY_CONTENT_TYPE")  # e.g. image/jpeg: that kind alone
     out = []
     for e in index:
+        if only and e["content_type"] != only:
+            continue
         with open(os.path.join(CORPUS, e["file"]), "rb") as f:
             out.append((f.read(), e["content_type"]))
     return out

