@@ -323,7 +323,7 @@ def section(doc: dict[str, Any]) -> list[str]:
             f"{rep['accepted_per_s_in_bursts']} | {rep['refused_in_bursts']} | | "
             f"{rep['refused_at_steady']} | |"
         )
-    return lines
+    return lines + (["", f"Note: {doc['note']}"] if doc.get("note") else [])
 
 
 if __name__ == "__main__":

@@ -456,6 +456,11 @@ def render() -> str:
             from benchmarks import overload
 
             out += ["### Overload (`overload.py`)", "", *overload.section(rel["overload"]), ""]
+        if "overload_gpu" in rel:
+            from benchmarks import overload
+
+            gpu = overload.section(rel["overload_gpu"])
+            out += ["### Overload on the GPU (`overload.py`)", "", *gpu, ""]
         if "soak" in rel:
             from benchmarks import soak
 
