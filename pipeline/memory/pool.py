@@ -174,32 +174,45 @@ class _PoolBase:
         against the limit without allocating them here; ``ResourceExhausted`` past it. The
         reservation has no buffer; releasing it gives the count back."""
         size = round_up(max(int(nbytes), 1))
-        with self._lock:
+        with self._lock:  # (nothing made while it is held: see stats)
             in_use = self._in_use + size
-            if in_use > self.limit_bytes:
+            refuse = in_use > self.limit_bytes
+            if refuse:
                 self._refused += 1
-                raise ResourceExhausted(
-                    "memory pool limit reached",
-                    requested_bytes=size,
-                    in_use_bytes=in_use - size,
-                    limit_bytes=self.limit_bytes,
-                )
-            self._in_use = in_use
-            self._high_water = max(self._high_water, in_use)
+            else:
+                self._in_use = in_use
+                if in_use > self._high_water:
+                    self._high_water = in_use
+        if refuse:
+            raise ResourceExhausted(
+                "memory pool limit reached",
+                requested_bytes=size,
+                in_use_bytes=in_use - size,
+                limit_bytes=self.limit_bytes,
+            )
         return Reservation(self, size, None, _ACCOUNTED)
 
     def stats(self) -> PoolStats:
+        # Plain reads under the lock, no object made: making one may start a collection,
+        # which may finalize a batch lease whose __del__ gives its bytes back through this
+        # lock -- the thread would wait on itself (a replica's metrics thread, once a second).
         with self._lock:
-            return PoolStats(
-                limit_bytes=self.limit_bytes,
-                bytes_in_use=self._in_use,
-                bytes_held=self._held_bytes(),
-                high_water_bytes=self._high_water,
-                reservations=self._reservations,
-                hits=self._hits,
-                driver_allocs=self._driver_allocs,
-                refused=self._refused,
-            )
+            in_use = self._in_use
+            high = self._high_water
+            n = self._reservations
+            hits = self._hits
+            allocs = self._driver_allocs
+            refused = self._refused
+        return PoolStats(
+            limit_bytes=self.limit_bytes,
+            bytes_in_use=in_use,
+            bytes_held=self._held_bytes(),
+            high_water_bytes=high,
+            reservations=n,
+            hits=hits,
+            driver_allocs=allocs,
+            refused=refused,
+        )
 
     @property
     def bytes_in_use(self) -> int:
@@ -335,8 +348,9 @@ class HostArena(_PoolBase):
         return np.empty(size, dtype=np.uint8), None, False
 
     def _put(self, size: int, buf: Any, token: Any) -> None:
+        new: list = []  # a size's first list is made outside the lock (see stats)
         with self._lock:
-            self._free[size].append(buf)
+            self._free.setdefault(size, new).append(buf)
 
     def _held_bytes(self) -> int:
         return self._held

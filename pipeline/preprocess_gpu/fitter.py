@@ -63,6 +63,19 @@ class PreparedFit:
         self.images, self.out = [], None  # the batch's bytes follow its rows, not this fit
 
 
+# What each live lease must release: its reservation and the event of the last work that
+# writes its batch, held from here (by the lease's id) as well as by the lease. A batch's rows,
+# and with them its lease, can end up in a reference cycle -- a refusal's traceback holds the
+# frame that holds the call's rows -- and the cyclic GC runs the finalizers of everything in
+# such a cycle in no fixed order (PEP 442). cupy.cuda.Event is a Python class whose __del__
+# destroys its CUDA handle and keeps ``.ptr``: finalized before the lease, it left the lease
+# querying a destroyed event, and replicas died of a SIGSEGV in cuEventQuery (or, waited on
+# by the watcher, cuEventSynchronize) under the GPU overload pulse. Reachable from this
+# module, neither is ever part of such a cycle, so neither is finalized before the lease has
+# handed them on.
+_HELD: dict[int, list[Any]] = {}
+
+
 class _Lease:
     """Owns a batch's reservation for as long as any view of it lives; the last view gone,
     the bytes go back to the pool -- after the last work that writes them (``after``)."""
@@ -70,7 +83,7 @@ class _Lease:
     def __init__(self, res: Reservation, watcher: CompletionWatcher) -> None:
         self.res = res
         self.watcher = watcher
-        self.after: Event | None = None
+        _HELD[id(self)] = [res, None]
         buf = res.buffer
         self.__array_interface__ = (
             {  # the numpy backend's view keeps the lease alive
@@ -83,15 +96,24 @@ class _Lease:
             else None
         )
 
+    @property
+    def after(self) -> Event | None:
+        held = _HELD.get(id(self))
+        return None if held is None else held[1]
+
+    @after.setter
+    def after(self, ev: Event | None) -> None:
+        _HELD[id(self)][1] = ev
+
     def __del__(self) -> None:
-        ev = self.after
+        res, ev = _HELD.pop(id(self), None) or (self.res, None)
         try:
             if ev is None or ev.raw is None or ev.done():
-                self.res.release()
+                res.release()
             else:
-                self.watcher.watch(ev, self.res.release, AsyncResult("batch lease"))
+                self.watcher.watch(ev, res.release, AsyncResult("batch lease"))
         except Exception:  # interpreter teardown, a closed watcher
-            self.res.release()
+            res.release()
 
 
 class GpuFitter:

@@ -198,7 +198,7 @@ class PreprocessGpuCore:
                 futs.append(self.scheduler.submit_nowait(d, model))
             except QueueFull as exc:
                 futs.append(asyncio.get_running_loop().create_future())
-                futs[-1].set_exception(exc)
+                futs[-1].set_exception(exc.with_traceback(None))  # (as InferenceStage._logits)
         done = await asyncio.gather(*futs, return_exceptions=True)
         retry = []
         for (i, _), r in zip(entries, done, strict=True):

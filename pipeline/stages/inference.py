@@ -285,7 +285,9 @@ class InferenceStage:
             except QueueFull as exc:  # this request, not the whole call
                 metrics.count_rejected(exc.reason)
                 futs.append(None)
-                errors.setdefault(o, exc)
+                # without its traceback: that holds this frame, and with it every row of the
+                # call (and their batch's lease), in a cycle only the cyclic GC would end
+                errors.setdefault(o, exc.with_traceback(None))
         results = await asyncio.gather(*(f for f in futs if f is not None), return_exceptions=True)
         it = iter(results)
         rows, owner, times = [], [], RowTimes()
