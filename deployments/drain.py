@@ -136,30 +136,46 @@ def drained(reports: list[Report], now: float) -> bool:
     return all(r.draining and r.in_flight == 0 for r in live)
 
 
-def ray_kv() -> tuple[Callable[[bytes], bytes | None], Callable[[bytes, bytes], Any]]:
-    from ray.experimental import internal_kv as kv
+class RayKv:
+    """Ray's internal key-value store in Ferry's namespace: what the drain reads and writes."""
 
-    return (
-        lambda k: kv._internal_kv_get(k, namespace=NAMESPACE),
-        lambda k, v: kv._internal_kv_put(k, v, overwrite=True, namespace=NAMESPACE),
-    )
+    def __init__(self) -> None:
+        from ray.experimental import internal_kv
+
+        self._kv = internal_kv
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._kv._internal_kv_get(key, namespace=NAMESPACE)
+
+    def put(self, key: bytes, value: bytes) -> Any:
+        return self._kv._internal_kv_put(key, value, overwrite=True, namespace=NAMESPACE)
+
+    def keys(self, prefix: bytes) -> list[bytes]:
+        return self._kv._internal_kv_list(prefix, namespace=NAMESPACE)
+
+    def delete(self, key: bytes, by_prefix: bool = False) -> Any:
+        return self._kv._internal_kv_del(key, del_by_prefix=by_prefix, namespace=NAMESPACE)
+
+
+def ray_kv() -> tuple[Callable[[bytes], bytes | None], Callable[[bytes, bytes], Any]]:
+    """A replica's ``(get, put)`` of the store (``Drain`` takes no more)."""
+    kv = RayKv()
+    return kv.get, kv.put
 
 
 def drain_app(app: str, timeout_s: float = 60.0) -> bool:
     """Raise ``app``'s flag and wait until its live ingress replicas hold nothing (True), or
     ``timeout_s`` passes (False). Needs a connected Ray."""
-    from ray.experimental import internal_kv as kv
-
-    get, put = ray_kv()
+    kv = RayKv()
     t0 = time.monotonic()
-    put(flag_key(app), f"{time.time() + timeout_s + 30.0:.3f}".encode())  # when it expires
+    kv.put(flag_key(app), f"{time.time() + timeout_s + 30.0:.3f}".encode())  # when it expires
     while time.monotonic() - t0 < timeout_s:
         time.sleep(POLL_S)
         if time.monotonic() - t0 < 2 * POLL_S:
             continue  # every live replica has polled since the flag went up
         reports = []
-        for k in kv._internal_kv_list(report_prefix(app), namespace=NAMESPACE):
-            raw = get(k)
+        for k in kv.keys(report_prefix(app)):
+            raw = kv.get(k)
             if raw is not None:
                 reports.append(Report.decode(raw))
         if drained(reports, time.time()):  # (none at all: no Ferry ingress polls)
@@ -169,7 +185,6 @@ def drain_app(app: str, timeout_s: float = 60.0) -> bool:
 
 def forget(app: str) -> None:
     """Drop ``app``'s flag and reports (after it is deleted, or its stop failed)."""
-    from ray.experimental import internal_kv as kv
-
-    kv._internal_kv_del(flag_key(app), namespace=NAMESPACE)
-    kv._internal_kv_del(report_prefix(app), del_by_prefix=True, namespace=NAMESPACE)
+    kv = RayKv()
+    kv.delete(flag_key(app))
+    kv.delete(report_prefix(app), by_prefix=True)
