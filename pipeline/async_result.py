@@ -164,12 +164,18 @@ class CompletionWatcher:
         if event.raw is None:
             _complete(event, finish, result, on_error)
             return
+        # the thread object is made before the lock is taken: a collection started while it
+        # is held may finalize a batch lease that hands its event to this watcher, here
+        thread = None
+        if self._thread is None:
+            thread = threading.Thread(target=self._run, name=self._name, daemon=True)
         with self._lock:
-            if self._closed:
-                raise RuntimeError("completion watcher is closed")
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-                self._thread.start()
+            closed = self._closed
+            if not closed and self._thread is None and thread is not None:
+                self._thread = thread
+                thread.start()  # (under the lock: close() never joins a thread not started)
+        if closed:
+            raise RuntimeError("completion watcher is closed")
         self._q.put((event, finish, result, on_error))
 
     def _run(self) -> None:

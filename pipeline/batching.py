@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import queue_budget
-from .errors import DeadlineExceeded, QueueFull
+from .errors import DeadlineExceeded, FerryError, QueueFull
 
 logger = logging.getLogger(__name__)
 _seq = itertools.count()
@@ -358,6 +358,13 @@ class BatchScheduler:
                     else:
                         p.future.set_result(r)
         except BaseException as exc:  # the whole batch failed: every item hears of it
+            if not isinstance(exc, asyncio.CancelledError):
+                if not isinstance(exc, FerryError):  # a bug: its traceback goes to the log
+                    logger.error("batch of %d (%s) failed", len(batch), batch.key, exc_info=exc)
+                # and not with the answers: it holds this frame and the ones below it --
+                # the batch, its rows and their device memory -- in a cycle only the cyclic
+                # collector would end, keeping the bytes whose shortage often caused it
+                exc = exc.with_traceback(None)
             for p in batch.items:
                 if p.future is not None and not p.future.done():
                     p.future.set_exception(exc)

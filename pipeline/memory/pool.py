@@ -195,7 +195,7 @@ class _PoolBase:
     def stats(self) -> PoolStats:
         # Plain reads under the lock, no object made: making one may start a collection,
         # which may finalize a batch lease whose __del__ gives its bytes back through this
-        # lock -- the thread would wait on itself (a replica's metrics thread, once a second).
+        # lock -- the thread would wait on itself.
         with self._lock:
             in_use = self._in_use
             high = self._high_water
@@ -339,12 +339,16 @@ class HostArena(_PoolBase):
         self._held = 0
 
     def _take(self, size: int) -> tuple[Any, Any, bool]:
-        with self._lock:
+        buf = None
+        with self._lock:  # (nothing made while it is held: see stats)
             lst = self._free.get(size)
             if lst:
-                return lst.pop(), None, True
-            self._held += size
-            self._driver_allocs += 1
+                buf = lst.pop()
+            else:
+                self._held += size
+                self._driver_allocs += 1
+        if buf is not None:
+            return buf, None, True
         return np.empty(size, dtype=np.uint8), None, False
 
     def _put(self, size: int, buf: Any, token: Any) -> None:
@@ -356,10 +360,10 @@ class HostArena(_PoolBase):
         return self._held
 
     def trim(self) -> None:
+        empty: dict[int, list[np.ndarray]] = defaultdict(list)  # made outside the lock
         with self._lock:
-            for size, lst in self._free.items():
-                self._held -= size * len(lst)
-            self._free.clear()
+            old, self._free = self._free, empty
+        self._held -= sum(size * len(lst) for size, lst in old.items())
 
 
 def make_pool(

@@ -72,7 +72,7 @@ class PreparedFit:
 # querying a destroyed event, and replicas died of a SIGSEGV in cuEventQuery (or, waited on
 # by the watcher, cuEventSynchronize) under the GPU overload pulse. Reachable from this
 # module, neither is ever part of such a cycle, so neither is finalized before the lease has
-# handed them on.
+# handed them on. (Whatever goes in ``after`` must never refer back to the lease.)
 _HELD: dict[int, list[Any]] = {}
 
 
@@ -105,8 +105,9 @@ class _Lease:
     def after(self, ev: Event | None) -> None:
         _HELD[id(self)][1] = ev
 
-    def __del__(self) -> None:
-        res, ev = _HELD.pop(id(self), None) or (self.res, None)
+    def __del__(self, _held: dict[int, list[Any]] = _HELD) -> None:
+        # (_HELD bound as a default: at interpreter teardown the module's names go first)
+        res, ev = _held.pop(id(self), None) or (self.res, None)
         try:
             if ev is None or ev.raw is None or ev.done():
                 res.release()

@@ -5,7 +5,8 @@ own finalizer destroyed (tests/unit/test_lease_gc.py on the numpy backend; the f
 The lease's life is the GPU form's: GpuFitter.output, work on the stage's stream,
 ``lease.after`` its event, row views handed on, then a GPU-queue refusal whose traceback
 holds the rows in a cycle; half the rounds leave the work running when the lease dies, so
-its ``__del__`` hands the event to the watcher. A child process counts every
+its ``__del__`` hands the event to the watcher, and in a quarter the event is made before
+the lease, so the lease's own query meets it. A child process counts every
 ``Event.done``/``synchronize`` on a cupy event whose ``__del__`` already ran (without
 making the call, which is what crashed) and the test fails on a signal too.
 """
@@ -70,11 +71,12 @@ CHILD = textwrap.dedent(
 
     def round_(k):
         h = Holder()
-        out, lease = fitter.output(target, 4)
+        early = stream.record() if k % 4 == 2 else None  # made before the lease: the collector
+        out, lease = fitter.output(target, 4)  # then finalizes it first, and the lease queries it
         with stream:
             out.fill(7)
             spin((1,), (1,), (cupy.int64(100_000_000 if k % 2 else 1_000_000),))
-        lease.after = stream.record()
+        lease.after = early or stream.record()
         h.rows = [out[i] for i in range(4)]
         del lease, out  # only the rows hold the lease now
         gc.collect(0)  # a young collection while the work runs

@@ -76,8 +76,8 @@ def test_local_stage_batches_calls_through_the_scheduler_and_matches_cpu():
             assert np.abs(row.astype(np.int16) - want).max() <= 1
     assert core.ring.available() == core.ring.slots
     del results, rows, row, got
-    # every batch's bytes are back with its rows gone -- once the stage's thread has let go
-    # of its last call's result too (a pool thread holds it until it takes the next job)
+    # every batch's bytes are back with its rows gone -- once the stage's pool thread, which
+    # holds its call's result for a moment after handing it on, has let go of it too
     until = time.monotonic() + 5.0
     while core.pool.bytes_in_use and time.monotonic() < until:
         time.sleep(0.01)

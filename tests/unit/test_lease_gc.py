@@ -14,13 +14,16 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
+import time
 import weakref
 
 import numpy as np
 
 from pipeline.async_result import CompletionWatcher
+from pipeline.batching import BatchScheduler
 from pipeline.config import PipelineConfig
 from pipeline.device import Backend, Event
+from pipeline.errors import ResourceExhausted
 from pipeline.imaging import encode_jpeg
 from pipeline.memory import make_pool
 from pipeline.memory import pool as pool_mod
@@ -64,6 +67,7 @@ class Owner:
 
 
 def test_a_lease_collected_in_a_cycle_never_uses_its_finalized_event():
+    held_before = set(fitter_mod._HELD)  # (leases other tests still hold)
     pool = make_pool(CPU, 1 << 24)
     watcher = CompletionWatcher("t")
     CupyLikeEvent.used_after_destroy = 0
@@ -84,7 +88,7 @@ def test_a_lease_collected_in_a_cycle_never_uses_its_finalized_event():
         gc.enable()
     watcher.close()
     assert CupyLikeEvent.used_after_destroy == 0
-    assert pool.bytes_in_use == 0 and not fitter_mod._HELD
+    assert pool.bytes_in_use == 0 and set(fitter_mod._HELD) <= held_before
 
 
 def test_a_gpu_queue_refusal_frees_the_calls_batch_without_the_collector():
@@ -129,6 +133,10 @@ def test_a_gpu_queue_refusal_frees_the_calls_batch_without_the_collector():
     gc.disable()  # reference counting alone from here
     try:
         errors = asyncio.run(call())
+        # the stage's pool thread holds its call's result for a moment after handing it on
+        until = time.monotonic() + 5.0
+        while any(r() is not None for r in leases) and time.monotonic() < until:
+            time.sleep(0.01)
         alive = [r for r in leases if r() is not None]
         in_use = stage.executor.pool.bytes_in_use
     finally:
@@ -160,3 +168,34 @@ def test_pool_stats_survives_a_collection_that_releases_into_the_pool(monkeypatc
         gc.enable()
     assert not th.is_alive()  # before: it waited on the pool's lock that it held itself
     assert pool.bytes_in_use == 0
+
+
+class Rows:
+    """Device rows a failed batch was working on (GC-tracked, as cupy arrays are)."""
+
+
+def test_a_failed_batch_leaves_its_rows_to_reference_counting():
+    rows: list = []
+
+    async def run_batch(batch):
+        held = Rows()  # in this frame when it raises: the exception's traceback holds it
+        rows.append(weakref.ref(held))
+        raise ResourceExhausted("memory pool limit reached", requested_bytes=1 << 20)
+
+    async def main():
+        s = BatchScheduler(run_batch, max_batch_size=4, max_wait_ms=1, max_queue=16)
+        got = await asyncio.gather(
+            *(s.submit_nowait(i, "m") for i in range(4)), return_exceptions=True
+        )
+        await s.close()
+        return [type(e).__name__ for e in got]
+
+    gc.collect()
+    gc.disable()
+    try:
+        names = asyncio.run(main())
+        alive = [r for r in rows if r() is not None]
+    finally:
+        gc.enable()
+    assert rows and names == ["ResourceExhausted"] * 4  # every item heard of the failure
+    assert not alive  # before: the exception, traceback and all, kept them until a collection
