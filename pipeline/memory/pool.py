@@ -140,24 +140,7 @@ class _PoolBase:
         if nbytes < 0:
             raise ValueError(f"nbytes must be >= 0, got {nbytes}")
         size = round_up(max(int(nbytes), 1))
-        # The locked regions below hold no calls: CPython only switches threads at calls
-        # and backward jumps, so a holder is never preempted inside and no convoy forms.
-        with self._lock:
-            in_use = self._in_use + size
-            refuse = in_use > self.limit_bytes
-            if refuse:
-                self._refused += 1
-            else:
-                self._in_use = in_use
-                if in_use > self._high_water:
-                    self._high_water = in_use
-        if refuse:
-            raise ResourceExhausted(
-                "memory pool limit reached",
-                requested_bytes=size,
-                in_use_bytes=in_use - size,
-                limit_bytes=self.limit_bytes,
-            )
+        self._charge(size)
         try:
             buf, token, hit = self._take(size)
         except BaseException:
@@ -174,7 +157,15 @@ class _PoolBase:
         against the limit without allocating them here; ``ResourceExhausted`` past it. The
         reservation has no buffer; releasing it gives the count back."""
         size = round_up(max(int(nbytes), 1))
-        with self._lock:  # (nothing made while it is held: see stats)
+        self._charge(size)
+        return Reservation(self, size, None, _ACCOUNTED)
+
+    def _charge(self, size: int) -> None:
+        """Count ``size`` bytes in use, or refuse them (``ResourceExhausted``) past the limit."""
+        # The locked regions hold no calls -- CPython only switches threads at calls and
+        # backward jumps, so a holder is never preempted inside and no convoy forms -- and
+        # make no object (see stats): the refusal is raised after the lock is let go.
+        with self._lock:
             in_use = self._in_use + size
             refuse = in_use > self.limit_bytes
             if refuse:
@@ -190,7 +181,6 @@ class _PoolBase:
                 in_use_bytes=in_use - size,
                 limit_bytes=self.limit_bytes,
             )
-        return Reservation(self, size, None, _ACCOUNTED)
 
     def stats(self) -> PoolStats:
         # Plain reads under the lock, no object made: making one may start a collection,
