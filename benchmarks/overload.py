@@ -47,8 +47,9 @@ def pct(xs: list[float], q: float) -> float | None:
 
 
 def read_events(path: str) -> tuple[float, list[tuple[float, str, int, float, int, str, str]]]:
-    """(the test's start -- the earliest ``start`` line --, its requests: wall time, name, status, ms, Ferry JSON, Retry-After,
-    where: the refusing queue or the answer's time parts, when the events have it)."""
+    """(the test's start -- the earliest ``start`` line --, its requests: wall time, name,
+    status, ms, Ferry JSON, Retry-After, where: the refusing queue or the answer's time
+    parts, when the events have it)."""
     start, rows = 0.0, []
     with open(path) as f:
         for line in f:

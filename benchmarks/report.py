@@ -452,15 +452,11 @@ def render() -> str:
     if rel:
         out += ["## Reliability (`reliability.py`)", "", *reliability_section(rel), ""]
         sys.path.insert(0, os.path.dirname(HERE))  # (run as a script: benchmarks importable)
-        if "overload" in rel:
-            from benchmarks import overload
+        from benchmarks import overload
 
-            out += ["### Overload (`overload.py`)", "", *overload.section(rel["overload"]), ""]
-        if "overload_gpu" in rel:
-            from benchmarks import overload
-
-            gpu = overload.section(rel["overload_gpu"])
-            out += ["### Overload on the GPU (`overload.py`)", "", *gpu, ""]
+        for key, title in (("overload", "Overload"), ("overload_gpu", "Overload on the GPU")):
+            if key in rel:
+                out += [f"### {title} (`overload.py`)", "", *overload.section(rel[key]), ""]
         if "soak" in rel:
             from benchmarks import soak
 
