@@ -40,7 +40,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks import loadgen  # noqa: E402
-from benchmarks.common import machine, today, write_json  # noqa: E402
+from benchmarks.common import commit, machine, today, write_json  # noqa: E402
 from loadtest.cores import busy_cores_since  # noqa: E402
 from loadtest.corpus import Corpus, corpus  # noqa: E402
 from loadtest.run import end_local_ray, start_app, wait_ok  # noqa: E402
@@ -287,13 +287,6 @@ def main() -> int:
     except Exception as exc:  # a plot must not lose the numbers
         print(f"plot failed: {exc}")
     return 0
-
-
-def commit() -> str:
-    r = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    )
-    return r.stdout.strip() or "unknown"
 
 
 def _write(

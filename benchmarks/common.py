@@ -25,6 +25,22 @@ def machine() -> str:
     return f"{gpu} | {os.cpu_count()} CPU cores | {platform.processor() or platform.machine()} | Python {platform.python_version()}"
 
 
+def commit() -> str:
+    """HEAD's short hash; FERRY_COMMIT where the tree is a copy without .git (the GPU machine)."""
+    try:
+        r = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+            timeout=20,
+        )
+        got = r.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        got = ""
+    return os.environ.get("FERRY_COMMIT") or got or "unknown"
+
+
 def today() -> str:
     return _dt.date.today().isoformat()
 

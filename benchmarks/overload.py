@@ -33,6 +33,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 from benchmarks import ray_probe  # noqa: E402
+from benchmarks.common import commit  # noqa: E402
 from loadtest.run import end_local_ray, run_level, start_app, wait_ready  # noqa: E402
 
 RESULTS = os.path.join(HERE, "results", "reliability.json")
@@ -107,11 +108,14 @@ def summarize(rows: list, seconds: float) -> dict[str, Any]:
     }
 
 
-def pulse_split(start: float, rows: list, period: float, burst: float, settle: float) -> dict:
+def pulse_split(
+    start: float, rows: list, period: float, burst: float, settle: float, duration: float
+) -> dict:
     """The pulse's requests by phase (by the time each was answered, minus its latency: when
-    it was sent): ``burst`` windows, and ``base`` windows from ``settle`` s after a burst."""
+    it was sent): ``burst`` windows, and ``base`` windows from ``settle`` s after a burst.
+    Rates are over the windows' seconds within the pulse's ``duration`` (the time the
+    windows held, not a count of periods from the last answer, which runs past the end)."""
     base, hi = [], []
-    t_base = t_hi = 0.0
     for r in rows:
         t = r[0] - r[3] / 1e3 - start
         ph = t % period
@@ -119,10 +123,24 @@ def pulse_split(start: float, rows: list, period: float, burst: float, settle: f
             hi.append(r)
         elif ph >= settle or t < period - burst:
             base.append(r)
-    n = int((rows[-1][0] - start) // period) + 1 if rows else 0
-    t_hi = burst * n
-    t_base = max(1.0, (period - burst - settle) * n)
-    return {"burst": summarize(hi, t_hi), "base": summarize(base, t_base)}
+    t_hi, t_base = window_seconds(period, burst, settle, duration)
+    return {"burst": summarize(hi, t_hi), "base": summarize(base, max(1.0, t_base))}
+
+
+def window_seconds(
+    period: float, burst: float, settle: float, duration: float
+) -> tuple[float, float]:
+    """Seconds of burst and of base windows (as ``pulse_split`` assigns them) in ``duration``:
+    a period's last ``burst`` s are its burst; the base is the rest, less ``settle`` s after
+    each burst (the first period, before any burst, is base from its start)."""
+    t_hi = t_base = 0.0
+    k = 0
+    while k * period < duration:
+        p0 = k * period
+        t_hi += max(0.0, min(duration, p0 + period) - (p0 + period - burst))
+        t_base += max(0.0, min(duration, p0 + period - burst) - (p0 + (settle if k else 0.0)))
+        k += 1
+    return round(t_hi, 3), round(t_base, 3)
 
 
 def one_system(args: argparse.Namespace, name: str, config: str, out: str) -> dict[str, Any]:
@@ -154,7 +172,9 @@ def one_system(args: argparse.Namespace, name: str, config: str, out: str) -> di
                 res[phase] = summarize(rows, seconds)
             else:
                 period = min(180.0, seconds / 2)
-                res[phase] = pulse_split(start, rows, period, period / 3, args.settle_seconds)
+                res[phase] = pulse_split(
+                    start, rows, period, period / 3, args.settle_seconds, seconds
+                )
                 res[phase]["all"] = summarize(rows, seconds)
         after = ray_probe.rejected()
         res["rejected_by_reason"] = {
@@ -230,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--conditions", default="", help="what else ran on the machine")
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "ferry-overload"))
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument(
+        "--section", default="overload", help="reliability.json's key (overload_gpu on the GPU)"
+    )
     args = ap.parse_args(argv)
     if args.factor != 3.0:
         raise SystemExit("loadtest.shapes.Pulse bursts to 3x; --factor is recorded, not applied")
@@ -274,27 +297,50 @@ def main(argv: list[str] | None = None) -> int:
         "conditions": f"{args.conditions}; load average at the end "
         f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}".lstrip("; "),
         "date": datetime.date.today().isoformat(),
+        "commit": commit(),
         "runs": runs,
     }
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "overload.json"), "w") as f:
         json.dump(doc, f, indent=2)
     if not args.no_write:
-        write_section("overload", doc)
+        write_section(args.section, doc)
     print(json.dumps({k: v["verdict"] for k, v in runs.items()}, indent=2))
     return 0
 
 
 def write_section(key: str, doc: dict[str, Any], path: str = RESULTS) -> None:
-    """Put ``doc`` under ``key`` in reliability.json, leaving the other sections as they are."""
+    """Put ``doc`` under ``key`` in reliability.json, leaving the other sections as they are.
+
+    The runs it replaces become rows of its ``repeats`` (their spread stays in view)."""
     rel = {}
     if os.path.exists(path):
         with open(path) as f:
             rel = json.load(f)
+    old = rel.get(key) or {}
+    if old.get("runs"):
+        rows = [repeat_row(name, r, old) for name, r in old["runs"].items()]
+        doc = {**doc, "repeats": old.get("repeats", []) + rows}
     rel[key] = doc
     with open(path, "w") as f:
-        json.dump(rel, f, indent=2)
+        json.dump(rel, f, indent=1)
         f.write("\n")
+
+
+def repeat_row(name: str, run: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
+    """One ``repeats`` row: a run's figures, with the date and commit of the doc it came from."""
+    v, b, steady = run["verdict"], run["pulse"]["burst"], run["steady"]
+    return {
+        "system": name,
+        "date": doc.get("date", "?"),
+        "commit": doc.get("commit", "?"),
+        "unloaded_p99_ms": v["unloaded_p99_ms"],
+        "accepted_p99_in_bursts_ms": v["accepted_p99_in_bursts_ms"],
+        "ratio": v["ratio"],
+        "accepted_per_s_in_bursts": b["accepted_per_s"],
+        "refused_in_bursts": b["refused_503"],
+        "refused_at_steady": f"{steady['refused_503']} of {steady['requests']}",
+    }
 
 
 def section(doc: dict[str, Any]) -> list[str]:

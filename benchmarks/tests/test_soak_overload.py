@@ -79,7 +79,7 @@ def test_pulse_split_by_when_each_request_was_sent(tmp_path):
     ev.write_text("".join(lines) + "junk\n")
     s, rows = overload.read_events(str(ev))
     assert s == start and len(rows) == 6
-    split = overload.pulse_split(s, rows, 30.0, 10.0, settle=5.0)
+    split = overload.pulse_split(s, rows, 30.0, 10.0, settle=5.0, duration=60.0)
     assert split["burst"]["accepted"] == 1 and split["burst"]["refused_503"] == 2
     assert split["burst"]["refusals_without_retry_after"] == 0
     assert split["base"]["accepted"] == 2  # t=5 (before the first burst) and 45; 33 settles
@@ -90,6 +90,19 @@ def test_pulse_split_by_when_each_request_was_sent(tmp_path):
         "ratio": 2.0,
         "within_2x": True,
     }
+
+
+def test_pulse_rates_count_the_windows_the_pulse_held():
+    # a 90 s pulse, period 45, bursts in [30, 45) and [75, 90): 30 s of bursts, 50 s of base
+    # (the first 30 s, then [55, 75) after a 10 s settle). Answers run past the end (in
+    # flight at the stop); counting periods from the last answer made it 3 bursts, 45 s.
+    assert overload.window_seconds(45.0, 15.0, 10.0, 90.0) == (30.0, 50.0)
+    assert overload.window_seconds(45.0, 15.0, 10.0, 80.0) == (20.0, 50.0)
+    start = 0.0
+    rows = [(t / 10 + 0.05, "classify", 200, 50.0, 1, "", "") for t in range(0, 905)]
+    split = overload.pulse_split(start, rows, 45.0, 15.0, 10.0, 90.0)
+    assert split["burst"]["accepted_per_s"] == 10.0  # one answer every 0.1 s, as sent
+    assert split["base"]["accepted_per_s"] == 10.0
 
 
 def test_sections_merge_into_reliability_json(tmp_path):
@@ -104,3 +117,31 @@ def test_sections_merge_into_reliability_json(tmp_path):
         "overload": {"a": 1},
         "soak": {"cpu": {"b": 2}, "gpu": {"c": 3}},
     }
+
+
+def test_a_new_overload_section_keeps_the_runs_it_replaces_as_repeats(tmp_path):
+    path = tmp_path / "rel.json"
+    run = {
+        "verdict": {"unloaded_p99_ms": 80.0, "accepted_p99_in_bursts_ms": 140.0, "ratio": 1.75},
+        "pulse": {"burst": {"accepted_per_s": 1000.0, "refused_503": 7}},
+        "steady": {"refused_503": 1, "requests": 900},
+    }
+    old = {"date": "2026-12-01", "commit": "abc", "runs": {"budget": run}, "repeats": [{"x": 1}]}
+    path.write_text(json.dumps({"overload_gpu": old}))
+    overload.write_section("overload_gpu", {"date": "2026-12-02", "runs": {}}, str(path))
+    doc = json.loads(path.read_text())["overload_gpu"]
+    assert doc["date"] == "2026-12-02"
+    assert doc["repeats"] == [
+        {"x": 1},
+        {
+            "system": "budget",
+            "date": "2026-12-01",
+            "commit": "abc",
+            "unloaded_p99_ms": 80.0,
+            "accepted_p99_in_bursts_ms": 140.0,
+            "ratio": 1.75,
+            "accepted_per_s_in_bursts": 1000.0,
+            "refused_in_bursts": 7,
+            "refused_at_steady": "1 of 900",
+        },
+    ]
