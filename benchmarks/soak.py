@@ -358,7 +358,7 @@ def write_section(name: str, doc: dict[str, Any], path: str) -> None:
             rel = json.load(f)
     rel.setdefault("soak", {})[name] = doc
     with open(path, "w") as f:
-        json.dump(rel, f, indent=2)
+        json.dump(rel, f, indent=1)
         f.write("\n")
 
 
