@@ -143,7 +143,9 @@ class Stats:
         # ``publish_every_s``, that this book changed (it then publishes a copy, ``books``)
         self.publish: Any = None
         self.publish_every_s = 0.05
-        self._published = 0.0
+        # -inf: the first change tells at once, however young the clock (time.monotonic
+        # counts from boot, and a fresh machine's is below an interval of an hour)
+        self._published = float("-inf")
 
     def books(self) -> dict[str, _ModelBook]:
         """A copy of this process's book (per model)."""

@@ -87,19 +87,21 @@ def test_batches_form_under_64_concurrent_requests(app):
     _, _, xte, _ = digits.load_split()
     pngs = [encode_png(x) for x in xte[:64]]
 
+    async def one(c: httpx.AsyncClient, body: bytes) -> httpx.Response:
+        # a client as README asks: a 503 is asked again after its Retry-After (on a busy
+        # 2-core machine the queue budget may refuse part of 64 at once: that is not a fault)
+        for _ in range(10):
+            r = await c.post(
+                "/v1/models/digits/classify", content=body, headers={"content-type": "image/png"}
+            )
+            if r.status_code != 503:
+                return r
+            await asyncio.sleep(float(r.headers["retry-after"]))
+        return r
+
     async def main():
         async with httpx.AsyncClient(base_url=BASE, timeout=60) as c:
-            rs = await asyncio.gather(
-                *(
-                    c.post(
-                        "/v1/models/digits/classify",
-                        content=b,
-                        headers={"content-type": "image/png"},
-                    )
-                    for b in pngs
-                )
-            )
-        return rs
+            return await asyncio.gather(*(one(c, b) for b in pngs))
 
     rs = asyncio.run(main())
     assert all(r.status_code == 200 for r in rs), [r.text for r in rs if r.status_code != 200]
