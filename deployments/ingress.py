@@ -98,7 +98,7 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
         ic = self.cfg.ingress
         self._coalescers: dict[tuple[str, str], Coalescer] = {}
         self._window_s = ic.coalesce_window_ms / 1e3
-        self._ready_at = 0.0
+        self._ready_at = float("-inf")  # when readiness was last confirmed downstream
         self.uploads = UploadGate(
             min(
                 ic.max_concurrent_uploads,
