@@ -41,6 +41,21 @@ def commit() -> str:
     return os.environ.get("FERRY_COMMIT") or got or "unknown"
 
 
+def read_results(path: str) -> dict[str, Any]:
+    """A results file's sections (reliability.json), or none where it does not exist yet."""
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
+
+
+def write_results(path: str, doc: dict[str, Any]) -> None:
+    """Write a results file that several scripts update section by section (one layout)."""
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+
+
 def today() -> str:
     return _dt.date.today().isoformat()
 

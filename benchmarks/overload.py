@@ -33,7 +33,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 from benchmarks import ray_probe  # noqa: E402
-from benchmarks.common import commit  # noqa: E402
+from benchmarks.common import commit, read_results, write_results  # noqa: E402
 from loadtest.run import end_local_ray, run_level, start_app, wait_ready  # noqa: E402
 
 RESULTS = os.path.join(HERE, "results", "reliability.json")
@@ -313,18 +313,13 @@ def write_section(key: str, doc: dict[str, Any], path: str = RESULTS) -> None:
     """Put ``doc`` under ``key`` in reliability.json, leaving the other sections as they are.
 
     The runs it replaces become rows of its ``repeats`` (their spread stays in view)."""
-    rel = {}
-    if os.path.exists(path):
-        with open(path) as f:
-            rel = json.load(f)
+    rel = read_results(path)
     old = rel.get(key) or {}
     if old.get("runs"):
         rows = [repeat_row(name, r, old) for name, r in old["runs"].items()]
         doc = {**doc, "repeats": old.get("repeats", []) + rows}
     rel[key] = doc
-    with open(path, "w") as f:
-        json.dump(rel, f, indent=1)
-        f.write("\n")
+    write_results(path, rel)
 
 
 def repeat_row(name: str, run: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:

@@ -24,6 +24,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
+from benchmarks.common import read_results, write_results  # noqa: E402
+
 
 def strip_cost() -> list[dict]:
     from pipeline.imaging import encode_jpeg, encode_png
@@ -71,10 +73,7 @@ def slow_clients() -> dict:
 
 def main() -> int:
     path = os.path.join(HERE, "results", "reliability.json")
-    doc = {}
-    if os.path.exists(path):  # reliability_chaos.py's sections stay
-        with open(path) as f:
-            doc = json.load(f)
+    doc = read_results(path)  # reliability_chaos.py's sections stay
     doc |= {
         "machine": f"{platform.node()}: {os.cpu_count()} cores, no GPU",
         "date": datetime.date.today().isoformat(),
@@ -91,8 +90,7 @@ def main() -> int:
             **slow_clients(),
         },
     }
-    with open(path, "w") as f:
-        json.dump(doc, f, indent=1)
+    write_results(path, doc)
     print(path)
     return 0
 

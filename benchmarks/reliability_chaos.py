@@ -34,6 +34,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
+
+from benchmarks.common import read_results, write_results  # noqa: E402
+
 RETRY = {502, 503, 504}
 PROXY_RETRY = {500}  # retried only without Ferry's JSON body: Serve's proxy, the replica died
 
@@ -330,10 +333,7 @@ def main() -> int:
     cfg = _pipeline_config(a.config, a.models, a.drain_model, a.placement)
     _deploy(cfg)
     gpu = "GPU" if cfg.executor.backend == "cupy" else "no GPU"
-    doc = {}
-    if os.path.exists(a.out):
-        with open(a.out) as f:
-            doc = json.load(f)
+    doc = read_results(a.out)
     key = "_gpu" if a.config else f"_{a.placement}" if a.placement else ""
     if not a.drain_only:
         doc[f"chaos{key}"] = {
@@ -365,8 +365,7 @@ def main() -> int:
                 a.drain_model,
             ),
         }
-    with open(a.out, "w") as f:
-        json.dump(doc, f, indent=1)
+    write_results(a.out, doc)
     print(json.dumps({k: doc[k] for k in (f"chaos{key}", f"drain{key}") if k in doc}, indent=1))
     ray.shutdown()
     return 0

@@ -39,6 +39,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 from benchmarks import ray_probe  # noqa: E402
+from benchmarks.common import read_results, write_results  # noqa: E402
 
 RESULTS = os.path.join(HERE, "results", "reliability.json")
 
@@ -352,14 +353,9 @@ def judge(args, book: Book, rss, pool, t0: float, t1: float) -> dict[str, Any]:
 
 
 def write_section(name: str, doc: dict[str, Any], path: str) -> None:
-    rel: dict[str, Any] = {}
-    if os.path.exists(path):
-        with open(path) as f:
-            rel = json.load(f)
+    rel = read_results(path)
     rel.setdefault("soak", {})[name] = doc
-    with open(path, "w") as f:
-        json.dump(rel, f, indent=1)
-        f.write("\n")
+    write_results(path, rel)
 
 
 def section(soaks: dict[str, Any]) -> list[str]:
