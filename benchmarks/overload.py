@@ -33,7 +33,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 from benchmarks import ray_probe  # noqa: E402
-from benchmarks.common import commit, read_results, write_results  # noqa: E402
+from benchmarks.common import commit, read_results, write_json, write_results  # noqa: E402
 from loadtest.run import end_local_ray, run_level, start_app, wait_ready  # noqa: E402
 
 RESULTS = os.path.join(HERE, "results", "reliability.json")
@@ -300,9 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         "commit": commit(),
         "runs": runs,
     }
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "overload.json"), "w") as f:
-        json.dump(doc, f, indent=2)
+    write_json(os.path.join(args.out, "overload.json"), doc)
     if not args.no_write:
         write_section(args.section, doc)
     print(json.dumps({k: v["verdict"] for k, v in runs.items()}, indent=2))

@@ -39,7 +39,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 from benchmarks import ray_probe  # noqa: E402
-from benchmarks.common import read_results, write_results  # noqa: E402
+from benchmarks.common import read_results, write_json, write_results  # noqa: E402
 
 RESULTS = os.path.join(HERE, "results", "reliability.json")
 
@@ -447,8 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         f"second half vs first, within {args.max_drift:.0%}",
         **res,
     }
-    with open(os.path.join(args.out, "soak.json"), "w") as f:
-        json.dump(doc, f, indent=2)
+    write_json(os.path.join(args.out, "soak.json"), doc)
     if not args.no_write:
         write_section(args.name, doc, args.write_to)
     print(
