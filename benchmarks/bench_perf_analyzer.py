@@ -30,9 +30,7 @@ import csv
 import json
 import lzma
 import os
-import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -48,7 +46,7 @@ from benchmarks import loadgen  # noqa: E402
 from benchmarks.bench_e2e import FERRY_ENV  # noqa: E402
 from benchmarks.common import commit, machine, today, write_json  # noqa: E402
 from loadtest.corpus import corpus  # noqa: E402
-from loadtest.run import start_app, stop_app, venv_bin, wait_ok  # noqa: E402
+from loadtest.run import start_app, stop_app, wait_ok  # noqa: E402
 
 HOST = "127.0.0.1:8000"
 BASE = f"http://{HOST}"
@@ -94,13 +92,6 @@ def perf_analyzer() -> str:
 def stop(proc: subprocess.Popen) -> None:
     """The app this run started, its Ray, and the HAProxy it left on port 8000 (by pid)."""
     stop_app(proc, timeout=45)
-    subprocess.run([venv_bin("ray"), "stop", "--force"], capture_output=True, timeout=60)
-    try:
-        r = subprocess.run(["ss", "-ltnpH", "sport = :8000"], capture_output=True, text=True)
-    except OSError:  # no ss here: nothing to find
-        return
-    for pid in {int(p) for p in re.findall(r"pid=(\d+)", r.stdout)}:
-        os.kill(pid, signal.SIGTERM)
 
 
 def v2_body(

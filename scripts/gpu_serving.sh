@@ -3,11 +3,12 @@
 # chelsea, 30 s of 64 closed-loop clients; then the alloc and conv benchmarks. Logs in $OUT.
 set -u
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
+. "$(dirname "$0")/procs.sh"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -c "import skimage.data as d, simplejpeg; open('/tmp/chelsea.jpg','wb').write(simplejpeg.encode_jpeg(d.chelsea(), quality=90))"
 start_serve() { RAY_SERVE_ENABLE_HA_PROXY=$1 setsid serve run serve_config.gpu.yaml > "$OUT/serve_ha$1.log" 2>&1 & echo $! > /tmp/serve.pid; }
 wait_ready() { for _ in $(seq 1 "$1"); do curl -sf -m 2 127.0.0.1:8000/v2/health/ready > /dev/null && return 0; sleep 2; done; return 1; }
-stop_serve() { kill -INT -"$(cat /tmp/serve.pid)" 2>/dev/null; sleep 8; ray stop --force > /dev/null 2>&1; }
+stop_serve() { kill -INT -"$(cat /tmp/serve.pid)" 2>/dev/null; sleep 8; clean; }
 HA=1; start_serve 1
 if ! wait_ready 100; then
   echo "HAProxy mode did not become ready; trying the default proxy"; tail -30 "$OUT/serve_ha1.log"

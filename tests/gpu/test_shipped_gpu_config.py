@@ -4,7 +4,6 @@ names: it becomes ready, answers classify and v2 for both models, and takes a bu
 from __future__ import annotations
 
 import asyncio
-import subprocess
 
 import numpy as np
 import pytest
@@ -25,24 +24,7 @@ def shipped(tmp_path_factory):
             pytest.fail(f"not ready:\n{log.read_text(errors='replace')[-4000:]}")
         yield log
     finally:
-        stop_app(proc)
-        _stop_listener(8000)  # Serve's HAProxy outlives `ray stop`
-
-
-def _stop_listener(port: int) -> None:
-    """SIGTERM what listens on ``port`` (by pid, as ``ss`` names it; nothing without ss)."""
-    import contextlib
-    import os
-    import re
-    import signal
-
-    try:
-        r = subprocess.run(["ss", "-ltnpH", f"sport = :{port}"], capture_output=True, text=True)
-    except OSError:
-        return
-    for pid in {int(p) for p in re.findall(r"pid=(\d+)", r.stdout)}:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
+        stop_app(proc)  # Serve's HAProxy outlives `ray stop`: stop_app ends it by PID
 
 
 def test_classify_and_v2_answer_for_both_models(shipped):

@@ -15,6 +15,7 @@ import httpx
 import numpy as np
 import pytest
 
+from loadtest import procs
 from loadtest.run import start_app, stop_app, subprocess_env, wait_ready
 from pipeline.imaging import encode_png
 from pipeline.models import digits
@@ -65,8 +66,10 @@ def test_serve_deploy_to_a_running_ray_start_head(tmp_path):
     bindir = os.path.dirname(sys.executable)
     ray_bin = shutil.which("ray", path=bindir) or "ray"
     serve_bin = shutil.which("serve", path=bindir) or "serve"
-    # Ray 2.60's `ray start` turns token auth on; the CLI must send it
-    env = subprocess_env({"RAY_AUTH_MODE": "token"})
+    # Ray 2.60's `ray start` turns token auth on; the CLI must send it. The run id marks what
+    # `ray start` leaves running, so the test stops its own cluster by PID, no other
+    run_id = procs.new_run_id("ray-start")
+    env = subprocess_env({"RAY_AUTH_MODE": "token", procs.MARK: run_id})
     subprocess.run(
         [ray_bin, "start", "--head", "--num-cpus", "4", "--disable-usage-stats"],
         cwd=str(tmp_path),
@@ -80,7 +83,7 @@ def test_serve_deploy_to_a_running_ray_start_head(tmp_path):
         assert wait_ready(URL, 240), "serve deploy serve_config.yaml did not become ready"
         _assert_classifies_the_first_held_out_digit()
     finally:
-        subprocess.run([ray_bin, "stop", "--force"], env=env, capture_output=True, timeout=120)
+        procs.stop(run_id, grace_s=30)
 
 
 def test_throughput_mode_takes_calls_over_grpcs_4_mb(tmp_path):

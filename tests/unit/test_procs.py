@@ -1,0 +1,75 @@
+"""loadtest.procs: a run's processes found by the id in their environment and stopped by PID,
+an orphan re-parented to init included, and nothing of another run touched."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from loadtest import procs
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
+
+# a child that starts a sleeping grandchild and exits at once: the grandchild is an orphan
+ORPHAN = (
+    "import subprocess, sys; "
+    "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], "
+    "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
+    "print(p.pid, flush=True)"
+)
+
+
+def _spawn_orphan(run_id: str) -> int:
+    env = {**os.environ, procs.MARK: run_id}
+    out = subprocess.run(
+        [sys.executable, "-c", ORPHAN], env=env, capture_output=True, text=True, check=True
+    )
+    return int(out.stdout.strip())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_an_orphan_is_found_by_its_run_id_and_stopped_and_another_run_is_left_alone():
+    mine, other = procs.new_run_id("t"), procs.new_run_id("t")
+    orphan, bystander = _spawn_orphan(mine), _spawn_orphan(other)
+    try:
+        assert set(procs.marked(mine)) == {orphan}
+        assert "time.sleep(120)" in procs.marked(mine)[orphan]
+        assert procs.stop(mine, grace_s=5).keys() == {orphan}
+        for _ in range(50):  # the kernel reaps it once its new parent waits
+            if not _alive(orphan):
+                break
+            time.sleep(0.1)
+        assert not _alive(orphan) and procs.marked(mine) == {}
+        assert _alive(bystander) and set(procs.marked(other)) == {bystander}
+    finally:
+        procs.stop(other, grace_s=5)
+    assert procs.marked(other) == {}
+
+
+def test_a_nested_run_is_found_under_its_outer_id(monkeypatch):
+    outer = procs.new_run_id("outer")
+    monkeypatch.setenv(procs.MARK, outer)
+    inner = procs.new_run_id("inner")
+    assert inner.startswith(outer + ".")
+    pid = _spawn_orphan(inner)
+    try:
+        assert set(procs.marked(outer)) == {pid}  # the outer run sees what the inner left
+        assert procs.marked(outer + "x") == {}  # a prefix of the id is not the id
+    finally:
+        procs.stop(outer, grace_s=5)
+    assert procs.marked(inner) == {}
+
+
+def test_the_asking_process_is_never_its_own_orphan():
+    assert os.getpid() not in procs.marked(os.environ[procs.MARK])
