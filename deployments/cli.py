@@ -3,6 +3,7 @@
     ferry classify IMAGE ...          # as python -m pipeline classify
     ferry models [FILE ...] [--no-load] [--json]   # list and check a config's model repository
     ferry config check FILE [FILE...] [--gpus N]   # Serve's and Ferry's validation, in one go
+    ferry metrics-url [--address ADDR]   # the running cluster's metrics endpoint(s)
 
 ``config check`` takes a Serve config file (``serve run`` / ``serve deploy``; checked with
 ``ray.serve.schema.ServeDeploySchema``, as ``serve deploy`` does, then every application
@@ -116,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
         from .cli_models import main as models_main
 
         return models_main(argv[1:])
+    if argv[:1] == ["metrics-url"]:
+        from .cli_metrics import main as metrics_url_main
+
+        return metrics_url_main(argv[1:])
     if argv[:1] != ["config"]:
         from pipeline.__main__ import main as pipeline_main
 
