@@ -112,6 +112,7 @@ def parse(
     if not isinstance(req, dict) or not isinstance(req.get("inputs"), list):
         raise InvalidInput("a request needs exactly one input tensor", inputs=[INPUT])
     t = object_list(req["inputs"], "inputs", 1, 1)[0]
+    v2.check_name("input", t.get("name"), [INPUT])
     if t.get("datatype") != "BYTES":
         raise InvalidInput(
             "this model takes encoded images as BYTES (its model without the suffix "

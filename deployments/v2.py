@@ -5,7 +5,8 @@ framework. Client bytes become numpy arrays with ``np.frombuffer``: nothing is u
 A request carries the model's *own* input tensor, by its name, datatype and shape, as
 Triton's do (FP32 NCHW for a torchvision model, UINT8 NHWC for the built-ins), and gets
 back every output by its own name -- plus ``probabilities``, the softmax of a classifier's
-first output. The specs come from the loaded engine (``Signature``).
+first output. An input or output name the model does not have is a 400 that lists the
+names it has. The specs come from the loaded engine (``Signature``).
 """
 
 from __future__ import annotations
@@ -101,18 +102,16 @@ def parse_infer(
     """Decode a v2 infer request and check it against the model's own input tensor."""
     head, binary = split_body(body, header_length)
     req = json_loads(head)
+    names = [i.name for i in sig.inputs]
     if (
         not isinstance(req, dict)
         or not isinstance(req.get("inputs"), list)
         or len(req["inputs"]) != 1
     ):
-        raise InvalidInput(
-            "a request needs exactly one input tensor", inputs=[i.name for i in sig.inputs]
-        )
+        raise InvalidInput("a request needs exactly one input tensor", inputs=names)
     t = object_list(req["inputs"], "inputs", 1, 1)[0]
-    own = sig.inputs[0]  # (a model of one input takes it under any name, as Ferry always did)
-    if len(sig.inputs) > 1 and t.get("name") != own.name:
-        raise InvalidInput("unknown input", input=str(t.get("name"))[:64], expected=own.name)
+    check_name("input", t.get("name"), names)
+    own = sig.inputs[0]
     shape = shape_of(t.get("shape"), "input")
     dt_name = t.get("datatype")
     if not isinstance(dt_name, str) or dt_name not in DTYPES:
@@ -174,14 +173,26 @@ def parse_infer(
     return InferRequest(rid, np.ascontiguousarray(arr), outputs, binary_out)
 
 
+def check_name(kind: str, name: Any, names: list[str] | tuple[str, ...]) -> str:
+    """``name`` if the model has an input (``kind`` "input") or output of that name; else a
+    400 that lists the names it has, as Triton's "unexpected inference input" does."""
+    if isinstance(name, str) and name in names:
+        return name
+    shown = (
+        repr(name[:64]) if isinstance(name, str) else "(no name)" if name is None else "(no string)"
+    )
+    raise InvalidInput(
+        f"unknown {kind} {shown}; the model's {kind}s: {', '.join(names)}",
+        **{kind: str(name)[:64], f"{kind}s": list(names)},
+    )
+
+
 def requested(spec: Any, known: tuple[str, ...]) -> tuple[tuple[str, ...], frozenset[str]]:
     if spec is None:  # every output
         return known, frozenset()
     names, binary = [], set()
     for i, o in enumerate(object_list(spec, "outputs", 1, max(1, len(known)) * 4)):
-        name = o.get("name")
-        if not isinstance(name, str) or name not in known:
-            raise InvalidInput("unknown output", output=str(name)[:64], known=list(known))
+        name = check_name("output", o.get("name"), known)
         names.append(name)
         if params_of(o, f"outputs[{i}]").get("binary_data"):
             binary.add(name)

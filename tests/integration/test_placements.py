@@ -33,7 +33,7 @@ def _answers(base: str) -> dict:
         json={
             "inputs": [
                 {
-                    "name": "input",
+                    "name": "image",
                     "shape": list(x.shape),
                     "datatype": "UINT8",
                     "data": x.ravel().tolist(),

@@ -222,9 +222,44 @@ def test_classification_of_encoded_images_and_bad_images_are_ferry_4xx(client):
         timeout=30,
     )
     assert r.status_code == 415 and r.json()["detail"]["element"] == 1, r.text
-    body = {"inputs": [{"name": "x", "shape": [1, 1], "datatype": "BYTES", "data": ["%%"]}]}
+    body = {
+        "inputs": [{"name": "image_bytes", "shape": [1, 1], "datatype": "BYTES", "data": ["%%"]}]
+    }
     r = httpx.post(f"{BASE}/v2/models/digits_encoded/infer", json=body, timeout=30)
     assert r.status_code == 400 and "base64" in r.json()["error"], r.text
+
+
+def test_input_and_output_names_the_model_does_not_have_are_400s_listing_its_own(client):
+    """As Triton: a tensor by a name the model does not have is refused, never ignored."""
+    import base64
+
+    from pipeline.imaging import encode_png
+
+    png = base64.b64encode(encode_png(np.zeros((8, 8, 1), np.uint8))).decode()
+    good = {
+        "digits": {"shape": [1, 8, 8, 1], "datatype": "UINT8", "data": [0] * 64},
+        "digits_encoded": {"shape": [1, 1], "datatype": "BYTES", "data": [png]},
+    }
+    own = {"digits": "image", "digits_encoded": "image_bytes"}
+    outputs = [o["name"] for o in client.get_model_metadata("digits")["outputs"]]
+    for model, tensor in good.items():
+        url = f"{BASE}/v2/models/{model}/infer"
+        ok = httpx.post(url, json={"inputs": [{"name": own[model], **tensor}]}, timeout=30)
+        assert ok.status_code == 200, ok.text
+        r = httpx.post(url, json={"inputs": [{"name": "bogus", **tensor}]}, timeout=30)
+        assert r.status_code == 400, r.text
+        body = r.json()
+        assert body["type"] == "InvalidInput" and body["request_id"]
+        assert body["error"] == f"unknown input 'bogus'; the model's inputs: {own[model]}"
+        assert body["detail"]["input"] == "bogus" and own[model] in body["detail"]["inputs"]
+        asked = {"inputs": [{"name": own[model], **tensor}], "outputs": [{"name": "bogus"}]}
+        r = httpx.post(url, json=asked, timeout=30)
+        assert r.status_code == 400, r.text
+        assert (
+            r.json()["error"]
+            == f"unknown output 'bogus'; the model's outputs: {', '.join(outputs)}"
+        )
+        assert r.json()["detail"]["output"] == "bogus"
 
 
 def test_a_v2_batch_of_1024_images_is_answered(client):

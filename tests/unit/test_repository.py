@@ -127,8 +127,8 @@ DIGITS_SIG = Signature(
 )
 
 
-def _req(shape, datatype, data, outputs=None):
-    body = {"inputs": [{"name": "input", "shape": shape, "datatype": datatype, "data": data}]}
+def _req(shape, datatype, data, outputs=None, name="input"):
+    body = {"inputs": [{"name": name, "shape": shape, "datatype": datatype, "data": data}]}
     if outputs is not None:
         body["outputs"] = [{"name": o} for o in outputs]
     return json.dumps(body).encode()
@@ -150,8 +150,34 @@ def test_v2_takes_the_models_own_tensor_by_dtype_and_shape():
     with pytest.raises(InvalidInput, match="batch size out of range"):
         parse_infer(_req([9, 3, 4, 4], "FP32", [0.0] * 9 * 48), None, TORCH_SIG, 8)
     # a UINT8 model also takes pixel values as floats, as before
-    r = parse_infer(_req([1, 8, 8, 1], "FP32", [3.0] * 64), None, DIGITS_SIG, 8)
+    r = parse_infer(_req([1, 8, 8, 1], "FP32", [3.0] * 64, name="image"), None, DIGITS_SIG, 8)
     assert r.images.dtype == np.uint8 and (r.images == 3).all()
+
+
+@pytest.mark.parametrize("name", ["bogus", "", None, 7])
+def test_v2_refuses_an_input_name_the_model_does_not_have_listing_its_names(name):
+    body = {"inputs": [{"shape": [1, 8, 8, 1], "datatype": "UINT8", "data": [0] * 64}]}
+    if name is not None:
+        body["inputs"][0]["name"] = name
+    with pytest.raises(InvalidInput) as info:
+        parse_infer(json.dumps(body).encode(), None, DIGITS_SIG, 8)
+    assert info.value.http_status == 400
+    assert str(info.value.message).startswith("unknown input ")
+    assert info.value.message.endswith("; the model's inputs: image")
+    assert info.value.fields["inputs"] == ["image"]
+    if name == "bogus":
+        assert info.value.message == "unknown input 'bogus'; the model's inputs: image"
+        assert info.value.fields["input"] == "bogus"
+
+
+def test_v2_refuses_an_output_name_the_model_does_not_have_listing_its_names():
+    body = _req([1, 8, 8, 1], "UINT8", [0] * 64, ["logits", "bogus"], name="image")
+    with pytest.raises(InvalidInput) as info:
+        parse_infer(body, None, DIGITS_SIG, 8)
+    assert info.value.message == (
+        "unknown output 'bogus'; the model's outputs: logits, probabilities"
+    )
+    assert info.value.fields == {"output": "bogus", "outputs": ["logits", "probabilities"]}
 
 
 def test_v2_metadata_tells_the_real_specs():

@@ -67,7 +67,7 @@ def test_json_elements_are_base64_flat_or_one_a_row():
         [base64.b64encode(b).decode() for b in blobs],
         [[base64.b64encode(b).decode()] for b in blobs],
     ):
-        body = {"inputs": [{"name": "x", "shape": [3], "datatype": "BYTES", "data": data}]}
+        body = {"inputs": [{"name": te.INPUT, "shape": [3], "datatype": "BYTES", "data": data}]}
         assert te.parse(json.dumps(body).encode(), None, OUTS, 8).images == blobs
 
 
@@ -87,6 +87,21 @@ def test_bad_json_requests_are_400s(change, message):
     t = {"name": te.INPUT, "shape": [3, 1], "datatype": "BYTES", "data": ["aGk="] * 3, **change}
     with pytest.raises(InvalidInput, match=message):
         te.parse(json.dumps({"inputs": [t]}).encode(), None, OUTS, 8)
+
+
+def test_an_input_or_output_name_the_view_does_not_have_is_a_400_naming_its_own():
+    t = {"name": "bogus", "shape": [3, 1], "datatype": "BYTES", "data": ["aGk="] * 3}
+    with pytest.raises(InvalidInput) as info:
+        te.parse(json.dumps({"inputs": [t]}).encode(), None, OUTS, 8)
+    assert info.value.message == "unknown input 'bogus'; the model's inputs: image_bytes"
+    assert info.value.fields == {"input": "bogus", "inputs": ["image_bytes"]}
+    body, hl = binary_body(images(), outputs=[{"name": "bogus"}])
+    with pytest.raises(InvalidInput) as info:
+        te.parse(body, hl, OUTS, 8)
+    assert (
+        info.value.message == "unknown output 'bogus'; the model's outputs: logits, probabilities"
+    )
+    assert info.value.fields["outputs"] == list(OUTS)
 
 
 def test_truncated_or_padded_binary_data_is_a_400():
