@@ -1,13 +1,16 @@
-"""``ferry models [FILE ...] [--no-load] [--json]``: list and check a model repository.
+"""``ferry models [FILE ...] [--no-load] [--json]``: list and check a model repository;
+``ferry models --ops``: the ONNX ops the onnx engine runs.
 
 The repository is a config's ``models`` list (``pipeline/models/repository.py``): FILE is a
 Serve config (every application that imports Ferry) or a bare pipeline config; with no FILE,
 the default config's. For each entry: its engine and source, the input it is prepared for
-(size, channels, layout, resize, dtype), its labels, its batch limits (the largest GPU batch
-and the rows a v2 request may carry), the v2 names it answers to, and -- unless
+(size, channels, layout, resize, dtype), its labels, its batch limits (the largest batch on
+the config's backend -- the GPU's or numpy's -- and the rows a v2 request may carry), the v2
+names it answers to, and -- unless
 ``--no-load`` -- whether it loads: the engine is built and checked against the entry
 exactly as the inference replica does at startup (``load_entry``), and its own tensors are
-printed. Exit status 1 when any entry fails.
+printed. Exit status 1 when any entry fails. ``--ops`` prints, whole, the list an ONNX
+file's refusal ("this op is not supported") points to.
 """
 
 from __future__ import annotations
@@ -46,6 +49,22 @@ def configs_of(path: str | None) -> list[tuple[str, Any]]:
     return out
 
 
+BACKENDS = {
+    "numpy": "numpy (CPU)",
+    "cupy": "cupy (GPU)",
+    "auto": "cupy (GPU) where a CUDA device is visible, else numpy (CPU)",
+}
+
+
+def backend_of(config: Any) -> str:
+    """The backend the config's executor runs on (``auto``: ``FERRY_BACKEND`` where set, as
+    the executor reads it)."""
+    from pipeline.config import Settings
+
+    kind = config.executor.backend
+    return (Settings.from_env().backend or kind) if kind == "auto" else kind
+
+
 def describe(config: Any, entry: Any, load: bool) -> dict[str, Any]:
     """One entry of the repository, checked."""
     from pipeline.models.repository import load_entry, model_card, random_weights
@@ -76,7 +95,8 @@ def describe(config: Any, entry: Any, load: bool) -> dict[str, Any]:
             else {"count": None, "from": "class numbers"}
         ),
         "max_batch": {
-            "gpu": max(buckets) if buckets else None,
+            "batch": max(buckets) if buckets else None,
+            "backend": backend_of(config),
             "buckets": buckets,
             "v2_request_rows": config.batching.max_queue,
         },
@@ -114,8 +134,8 @@ def text(row: dict[str, Any]) -> str:
         f"  input {i['height']}x{i['width']}x{i['channels']} {i['layout']}, resize "
         f"{i['resize']}, {i['dtype']}",
         f"  labels: {lab['count'] or 'none'} ({lab['from']})",
-        f"  max batch: {mb['gpu']} on the GPU (buckets {mb['buckets']}), "
-        f"{mb['v2_request_rows']} rows a v2 request",
+        f"  max batch: {mb['batch']} on {BACKENDS.get(mb['backend'], mb['backend'])}, "
+        f"buckets {mb['buckets']}; {mb['v2_request_rows']} rows a v2 request",
         f"  v2: {', '.join(row['v2_names'])}",
     ]
     for kind, ts in row.get("tensors", {}).items():
@@ -125,6 +145,21 @@ def text(row: dict[str, Any]) -> str:
     if "error" in row:
         lines.append(f"  error: {row['error']}")
     return "\n".join(lines)
+
+
+def ops(as_json: bool) -> int:
+    """The ONNX ops Ferry's importer runs, whole (what a refusal points to)."""
+    from pipeline.importers.onnx_graph import FOLDED_OPS, OPSETS, supported_ops
+
+    run = supported_ops()
+    if as_json:
+        print(json.dumps({"ops": list(run), "folded": list(FOLDED_OPS), "opsets": list(OPSETS)}))
+        return 0
+    print(f"ONNX ops the onnx engine runs ({len(run)}; opsets {OPSETS[0]}-{OPSETS[1]}):")
+    for op in run:
+        print(f"  {op}")
+    print("folded away when the file loads: " + ", ".join(FOLDED_OPS))
+    return 0
 
 
 def main(argv: list[str]) -> int:
@@ -138,7 +173,12 @@ def main(argv: list[str]) -> int:
     )
     ap.add_argument("--no-load", action="store_true", help="list only; do not build the engines")
     ap.add_argument("--json", action="store_true", help="one JSON object: {where: [entries]}")
+    ap.add_argument(
+        "--ops", action="store_true", help="print the ONNX ops the onnx engine runs, and exit"
+    )
     args = ap.parse_args(argv)
+    if args.ops:
+        return ops(args.json)
     out: dict[str, list[dict[str, Any]]] = {}
     try:
         for path in args.files or [None]:

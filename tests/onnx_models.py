@@ -202,3 +202,19 @@ def single_relu_lrn():
     b.node("LRN", [b.node("Relu", ["x"])], size=3)
     b.nodes[-1].output[0] = "y"
     return b.model([tensor("x", ["batch", 4, 3, 3])], [tensor("y", ["batch", 4, 3, 3])])
+
+
+def topk_unnamed():
+    """Relu then TopK (which Ferry does not run), neither node named (ONNX makes names
+    optional; torch's exporters leave some out): a refusal must name the TopK by its
+    first output, ``scores``."""
+    from onnx import TensorProto, helper
+
+    b = Builder()
+    k = b.const(np.array([3], np.int64), "k")
+    b.nodes.append(helper.make_node("Relu", ["x"], ["r"]))
+    b.nodes.append(helper.make_node("TopK", ["r", k], ["scores", "indices"], axis=-1))
+    return b.model(
+        [tensor("x", ["batch", 10])],
+        [tensor("scores", ["batch", 3]), tensor("indices", ["batch", 3], TensorProto.INT64)],
+    )

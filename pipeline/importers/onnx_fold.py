@@ -284,5 +284,7 @@ def _fold_symbolic(node: INode, ins: list[Any]) -> np.ndarray:
             node, "shape arithmetic on the batch size is not supported here", error=str(exc)
         ) from None
     raise refuse(
-        node, "this op cannot compute on the batch size at import time", supported=sorted(SHAPE_OPS)
+        node,
+        "this op cannot compute on the batch size at import time",
+        supported=", ".join(sorted(SHAPE_OPS)),
     )

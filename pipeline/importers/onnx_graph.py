@@ -143,10 +143,20 @@ def start_graph(
     return em
 
 
+OPS_COMMAND = "ferry models --ops"  # prints supported_ops(), FOLDED_OPS and OPSETS whole
+
+
 def emit_node(em: Emitter, node: INode) -> None:
     handler = HANDLERS.get(node.op)
     if handler is None:
-        raise refuse(node, "this op is not supported", supported=supported_ops())
+        # the list itself is one command away, not in the message: 31 names and growing
+        # would be cut short in the error's one line (fields show 8 items) and bury the
+        # node and the op, which are what the reader needs first
+        raise refuse(
+            node,
+            f"this op is not supported; `{OPS_COMMAND}` lists the ops that are",
+            supported=f"{len(supported_ops())} ops, listed by `{OPS_COMMAND}`",
+        )
     handler(em, node)
 
 

@@ -52,8 +52,17 @@ class INode:
     index: int  # position in the ONNX file (keeps the emitted order close to it)
     fused: dict[str, Any] = field(default_factory=dict)  # act, alpha, beta, residual, ...
 
+    @property
+    def label(self) -> str:
+        """The node's name; a node without one (ONNX makes names optional) by the tensor it
+        produces, which the exporter's graph and Netron show: ``node producing 'y'``."""
+        if self.name:
+            return self.name
+        out = next((o for o in self.outputs if o), None)
+        return f"node producing {out!r}" if out else f"node #{self.index} of the file"
+
     def describe(self) -> str:
-        return f"{self.name or '(unnamed)'} ({self.op})"
+        return f"{self.label} ({self.op})"
 
 
 @dataclass
@@ -88,5 +97,5 @@ class Val:
 def refuse(where: INode | None, reason: str, **fields: Any) -> ModelRefused:
     """The load-time error for what the importer cannot run, naming the node and the op."""
     if where is not None:
-        fields = {"node": where.name or "(unnamed)", "op": where.op, **fields}
+        fields = {"node": where.label, "op": where.op, **fields}
     return ModelRefused(reason, **fields)

@@ -13,8 +13,15 @@ from onnx import TensorProto  # noqa: E402
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 from pipeline.errors import ModelRefused  # noqa: E402
-from pipeline.importers.onnx_graph import ImageFeed, load_onnx  # noqa: E402
-from tests.onnx_models import Builder, resnet50, run_host, small_net, tensor  # noqa: E402
+from pipeline.importers.onnx_graph import ImageFeed, load_onnx, supported_ops  # noqa: E402
+from tests.onnx_models import (  # noqa: E402
+    Builder,
+    resnet50,
+    run_host,
+    small_net,
+    tensor,
+    topk_unnamed,
+)
 
 RTOL = 1e-3
 
@@ -386,11 +393,38 @@ def _refused(tmp_path, model) -> ModelRefused:
     return info.value
 
 
-def test_refuses_an_unsupported_op_naming_node_and_the_supported_ones(tmp_path):
+def test_refuses_an_unsupported_op_naming_node_and_where_the_supported_ones_are(tmp_path):
     model = single(lambda b, x: b.node("LRN", [x], size=3), (4, 3, 3), ["batch", 4, 3, 3])
     err = _refused(tmp_path, model)
     assert err.fields["op"] == "LRN" and err.fields["node"].startswith("LRN")
-    assert "Conv" in err.fields["supported"] and "Softmax" in err.fields["supported"]
+    n = len(supported_ops())
+    assert err.fields["supported"] == f"{n} ops, listed by `ferry models --ops`"
+    assert err.message == "this op is not supported; `ferry models --ops` lists the ops that are"
+    assert "..." not in str(err)  # nothing in the message is cut short
+
+
+def test_an_unnamed_node_is_named_by_the_tensor_it_produces(tmp_path):
+    err = _refused(tmp_path, topk_unnamed())
+    assert err.fields["node"] == "node producing 'scores'" and err.fields["op"] == "TopK"
+    assert str(err).startswith(
+        "this op is not supported; `ferry models --ops` lists the ops that are "
+        "(node=\"node producing 'scores'\", op='TopK', supported="
+    )
+    assert "(unnamed)" not in str(err)
+
+
+def test_a_refused_shape_op_lists_every_op_that_computes_on_the_batch(tmp_path):
+    from pipeline.importers.onnx_fold import SHAPE_OPS
+
+    model = single(  # Abs of a shape that holds the batch size: not folded symbolically
+        lambda b, x: b.node("Reshape", [x, b.node("Abs", [b.node("Shape", [x])])]),
+        (4,),
+        ["batch", 4],
+    )
+    err = _refused(tmp_path, model)
+    assert err.fields["op"] == "Abs"
+    assert err.fields["supported"] == ", ".join(sorted(SHAPE_OPS))  # whole, not 8 and "..."
+    assert "..." not in str(err) and "Unsqueeze" in str(err)
 
 
 def test_refuses_an_unsupported_attribute(tmp_path):
