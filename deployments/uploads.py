@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pipeline.errors import PayloadTooLarge, RequestTimeout, UploadsFull
@@ -39,11 +40,19 @@ from .validate import header_int
 
 
 class UploadGate:
-    """The bound on one replica's concurrent body reads and their deadlines."""
+    """The bound on one replica's concurrent body reads and their deadlines. ``clock``: the
+    seconds the deadlines are counted in (tests pass a virtual event loop's ``loop.time``,
+    which ``asyncio.timeout`` counts in too; ``time.monotonic`` is what a real loop uses)."""
 
     def __init__(
-        self, max_uploads: int, idle_s: float, total_s: float, grace_s: float = 1.0
+        self,
+        max_uploads: int,
+        idle_s: float,
+        total_s: float,
+        grace_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self.clock = clock
         self.max_uploads = max_uploads
         self.grace_s = grace_s
         self.idle_s = idle_s
@@ -91,9 +100,9 @@ class UploadGate:
         ``idle_s`` (an upload slot held) running out of time or progress is a 408; without,
         running out of ``within_s`` returns False (the caller then wants a slot)."""
         total = sum(len(c) for c in chunks)
-        end = time.monotonic() + within_s
+        end = self.clock() + within_s
         while True:
-            left = end - time.monotonic()
+            left = end - self.clock()
             wait = left if idle_s is None else min(idle_s, left)
             try:
                 if wait <= 0:
