@@ -31,6 +31,7 @@ from pipeline.errors import (
     FerryError,
     InvalidInput,
     ModelNotFound,
+    Unavailable,
 )
 from pipeline.models.repository import model_card, random_weights
 from pipeline.stages.messages import (
@@ -53,6 +54,9 @@ from .uploads import UploadGate
 from .validate import header_int
 
 logger = logging.getLogger(__name__)
+# past a request's deadline, how long the ingress still waits for the stage holding it to
+# answer (its own 504) before it answers 503 itself (Ingress._await)
+DEADLINE_GRACE_S = 1.0
 
 
 def _drain_of_this_replica(retry_after_s: float) -> Drain:
@@ -185,11 +189,26 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
                     r.timings.hop.sent = wall_call * 1e3
         return results
 
-    async def _await(self, coro: Any, request_id: str) -> Any:
+    async def _await(self, coro: Any, request_id: str, deadline: float | None) -> Any:
+        """The answer of a request handed downstream, waited for at most ``request_timeout_s``
+        and, where it has a deadline (epoch s), until ``DEADLINE_GRACE_S`` after it. The stage
+        that holds it answers its own 504 when the deadline passes in its queue; no answer at
+        all by then means the stage is gone or wedged (a node lost under the call, which Ray
+        reports only after its health checks fail, ~15 s): 503 with Retry-After, not a hang."""
+        timeout = self.cfg.ingress.request_timeout_s
+        if deadline is not None:
+            timeout = min(timeout, max(0.0, deadline - time.time()) + DEADLINE_GRACE_S)
         try:  # (asyncio.timeout, not wait_for: no task per request)
-            async with asyncio.timeout(self.cfg.ingress.request_timeout_s):
+            async with asyncio.timeout(timeout):
                 return await coro
         except asyncio.TimeoutError:
+            if deadline is not None and timeout < self.cfg.ingress.request_timeout_s:
+                raise Unavailable(
+                    "no answer from downstream by the request's deadline",
+                    request_id=request_id,
+                    waited_s=round(timeout, 3),
+                    retry_after_s=self.cfg.batching.retry_after_s,
+                ) from None
             raise DeadlineExceeded(
                 "no answer in time",
                 timeout_s=self.cfg.ingress.request_timeout_s,
@@ -241,7 +260,7 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
             time.time(),
         )
         ask = ImageRequest(item, PostSpec("classify", top_k=k), meta)
-        result = await self._await(coalescer.submit(ask, rid), rid)
+        result = await self._await(coalescer.submit(ask, rid), rid, meta.deadline)
         body = _finish(result, t0, queued)  # (observe.RequestMetrics counts it and its total)
         triton.STATS.record(model, True, body["timings_ms"]["total"], body["timings_ms"], 1)
         return JsonAnswer({"request_id": rid, "model": model, **body})
@@ -363,10 +382,10 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
                 [ImageRequest(item, spec, meta) for item in images], rid
             )
             done = triton_encoded.answer(futs, lambda r: _finish(r, t0, queued))
-            result = await self._await(done, rid)
+            result = await self._await(done, rid, meta.deadline)
         else:
             ask = TensorRequest(req.images, meta, spec)
-            answer = await self._await(coalescer.submit(ask, rid), rid)
+            answer = await self._await(coalescer.submit(ask, rid), rid, meta.deadline)
             result = _finish(answer, t0, queued)
         total = result["timings_ms"]["total"]
         triton.STATS.record(model, True, total, result["timings_ms"], len(req.images))

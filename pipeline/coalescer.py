@@ -100,6 +100,7 @@ class Coalescer:
 
     def _admit(self, now: float, request_id: str) -> None:
         if self.budget_s is not None:
+            self._drop_gone_head()
             try:
                 queue_budget.admit(
                     0.0,
@@ -115,6 +116,18 @@ class Coalescer:
                 if self.on_reject:
                     self.on_reject(queue_budget.ADMISSION)
                 raise
+
+    def _drop_gone_head(self) -> None:
+        """Forget the oldest waiting requests whose callers gave up (their deadline passed,
+        the client went): they are neither queue ahead of a new request nor the age of the
+        queue's head. (Those further back go at the next flush.)"""
+        gone = 0
+        for e in self._group:
+            if not e[1].done():
+                break
+            gone += 1
+        if gone:
+            del self._group[:gone]
 
     def _put(self, item: Any, request_id: str, started: list[bool] | None) -> asyncio.Future:
         loop = asyncio.get_running_loop()
@@ -157,6 +170,7 @@ class Coalescer:
             task = asyncio.ensure_future(self._run(group, now))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+            _cancel_when_abandoned(task, [e[1] for e in group])
         if self._group and len(self._group) >= self.max_items:
             self._flush()
 
@@ -196,3 +210,20 @@ class Coalescer:
                 f.set_exception(r)
             else:
                 f.set_result(r)
+
+
+def _cancel_when_abandoned(task: asyncio.Task, futures: list[asyncio.Future]) -> None:
+    """Cancel a group's downstream call once every request in it has been given up (each
+    future cancelled by its waiter: a deadline, a client gone). Its slot comes back at once
+    -- not when the call ends, which for a replica on a lost node is when Ray declares the
+    node dead -- and the stage holding the call hears of the cancel. Futures answered by the
+    call itself are set while it runs, so their callbacks find it done and cancel nothing."""
+    left = [len(futures)]
+
+    def gone(_f: asyncio.Future) -> None:
+        left[0] -= 1
+        if left[0] == 0 and not task.done():
+            task.cancel()
+
+    for f in futures:
+        f.add_done_callback(gone)

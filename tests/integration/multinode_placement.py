@@ -1,8 +1,9 @@
 """Run as a script (its own Ray cluster): Ferry's split form on a simulated cluster of a CPU head
-and a worker with two (fake) GPUs, its replica counts and GPU shares from ``replicas_per_gpu``.
+and a worker with two (fake) GPUs, its replica counts and GPU shares from ``replicas_per_gpu``;
+then, under load, that worker lost and a new one joined (``multinode_failover.py``).
 
 Prints one JSON line: the node every replica of each deployment ran on, the answer to one
-classify request, and the message of a layout the cluster cannot hold.
+classify request, the message of a layout the cluster cannot hold, and the failover's record.
 ``tests/integration/test_placement_cluster.py`` runs it and checks the result.
 """
 
@@ -19,8 +20,10 @@ import ray  # noqa: E402
 from ray import serve  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
-PORT = 8125
+from tests.integration.multinode_failover import PORT, failover  # noqa: E402
+
 POOL = "ferry.io/pool"
+WORKER = {"num_cpus": 3, "num_gpus": 2, "labels": {POOL: "gpu"}}
 
 
 def config(inference_cpus: float) -> dict:
@@ -56,15 +59,18 @@ def main() -> None:
     x, y = digits.load_split()[2][0], int(digits.load_split()[3][0])
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 3, "labels": {POOL: "cpu"}})
-    worker = cluster.add_node(num_cpus=3, num_gpus=2, labels={POOL: "gpu"})
+    worker = cluster.add_node(**WORKER)
     ray.init(address=cluster.address, log_to_driver=False)
     out: dict = {"head": cluster.head_node.node_id, "worker": worker.node_id}
     try:
-        serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+        # one proxy, on the head: every node of this simulated cluster is 127.0.0.1, and a
+        # proxy on the worker would take connections that its removal then cuts (on a real
+        # cluster the load balancer stops sending to a lost node's proxy)
+        serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": PORT})
         try:  # 4 inference replicas x 2 CPUs do not fit the worker's 3 CPUs
             build_app({"config": config(inference_cpus=2.0)})
             out["refused"] = None
-        except ValueError as exc:
+        except Exception as exc:  # (ValueError, or the builder's one-line refusal)
             out["refused"] = str(exc)
         serve.run(build_app({"config": config(inference_cpus=0.5)}), name="ferry", route_prefix="/")
         out["replicas"] = replica_nodes()
@@ -77,6 +83,7 @@ def main() -> None:
             out["status"] = r.status
             out["answer"] = json.loads(r.read())
         out["expected_label"] = str(y)
+        out["failover"] = failover(cluster, worker, encode_png(x), WORKER)
     finally:
         serve.shutdown()
         ray.shutdown()
