@@ -43,11 +43,15 @@ def _assert_classifies_the_first_held_out_digit() -> None:
     assert r.json()["top_k"][0]["label"] == "2"
 
 
-def test_serve_run_serve_config_yaml_answers(tmp_path):
+def test_serve_run_serve_config_yaml_answers_and_takes_grpcs_4_mb_in_throughput_mode(tmp_path):
+    """README's `serve run serve_config.yaml`, with RAY_SERVE_THROUGHPUT_OPTIMIZED=1 (the
+    GPU configs' mode; the plain mode runs the same file below, under `serve deploy`): it
+    answers, lists its models, and -- the deployments then call each other over gRPC, whose
+    replica server refuses messages over 4 MB unless told otherwise -- one large photo, or a
+    coalesced group of smaller ones, still gets through every hop. (One `serve run` for both:
+    each costs ~40 s of the suite's 2 cores.)"""
     log = tmp_path / "serve.log"  # a file, not a pipe nobody drains
-    proc = start_app(
-        "serve_config.yaml", str(log)
-    )  # `serve run`, a fresh local Ray, as on a laptop
+    proc = start_app("serve_config.yaml", str(log), {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"})
     try:
         if not wait_ready(URL, 240, proc):
             stop_app(proc)
@@ -57,6 +61,17 @@ def test_serve_run_serve_config_yaml_answers(tmp_path):
         _assert_classifies_the_first_held_out_digit()
         models = {m["name"] for m in httpx.get(URL + "/v1/models", timeout=10).json()["models"]}
         assert models == {"digits", "resnet50"}
+        noise = np.random.default_rng(0).integers(0, 256, (1300, 1300, 3), dtype=np.uint8)
+        big = encode_png(noise)  # incompressible: ~5 MB, under the 8 MB body limit
+        assert 4.5e6 < len(big) < 8 << 20
+        r = httpx.post(
+            URL + "/v1/models/digits/classify",
+            content=big,
+            headers={"content-type": "image/png"},
+            timeout=120,
+        )
+        assert r.status_code == 200, r.text[-2000:]
+        assert len(r.json()["top_k"]) == 5
     finally:
         stop_app(proc)
 
@@ -84,29 +99,3 @@ def test_serve_deploy_to_a_running_ray_start_head(tmp_path):
         _assert_classifies_the_first_held_out_digit()
     finally:
         procs.stop(run_id, grace_s=30)
-
-
-def test_throughput_mode_takes_calls_over_grpcs_4_mb(tmp_path):
-    """With RAY_SERVE_THROUGHPUT_OPTIMIZED=1 the deployments call each other over gRPC, whose
-    replica server refuses messages over 4 MB unless told otherwise: one large photo, or a
-    coalesced group of smaller ones, must still get through every hop."""
-    log = tmp_path / "serve.log"
-    proc = start_app("serve_config.yaml", str(log), {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"})
-    try:
-        if not wait_ready(URL, 240, proc):
-            stop_app(proc)
-            pytest.fail(f"not ready:\n{log.read_text(errors='replace')[-3000:]}")
-        _assert_classifies_the_first_held_out_digit()
-        noise = np.random.default_rng(0).integers(0, 256, (1300, 1300, 3), dtype=np.uint8)
-        big = encode_png(noise)  # incompressible: ~5 MB, under the 8 MB body limit
-        assert 4.5e6 < len(big) < 8 << 20
-        r = httpx.post(
-            URL + "/v1/models/digits/classify",
-            content=big,
-            headers={"content-type": "image/png"},
-            timeout=120,
-        )
-        assert r.status_code == 200, r.text[-2000:]
-        assert len(r.json()["top_k"]) == 5
-    finally:
-        stop_app(proc)
