@@ -16,6 +16,7 @@ import os
 from typing import Any
 
 from ray import serve
+from ray.serve.exceptions import RayServeException
 
 from pipeline.config import PipelineConfig
 
@@ -44,6 +45,26 @@ BINDINGS: dict[str, tuple[tuple[str, Any, tuple[str, ...]], ...]] = {
 }
 
 logger = logging.getLogger(__name__)
+
+
+class ConfigRefused(RayServeException):
+    """A pipeline config that cannot be deployed, in one line. Serve's build task reports a
+    builder's ``RayServeException`` as its text alone (``build_serve_application``), any
+    other error as its whole traceback -- where pydantic's reason came last of 40 lines."""
+
+
+def one_line(exc: BaseException) -> str:
+    """An error as one line: pydantic's as ``loc: message; ...``, others' text folded."""
+    errs = getattr(exc, "errors", None)
+    if callable(errs):
+        try:
+            return "; ".join(
+                ".".join(str(p) for p in e.get("loc", ())) + ": " + str(e.get("msg", ""))
+                for e in errs()
+            )
+        except Exception:
+            pass
+    return " ".join(str(exc).split())
 
 
 def load_config(args: dict[str, Any] | None) -> PipelineConfig:
@@ -102,8 +123,12 @@ def place(config: PipelineConfig) -> PipelineConfig:
 
 
 def build_app(args: dict[str, Any] | None = None) -> serve.Application:
-    """The Serve application builder (``import_path: deployments.app:build_app``)."""
-    config = place(load_config(args))
+    """The Serve application builder (``import_path: deployments.app:build_app``); a config
+    that cannot be deployed fails the deploy (``DEPLOY_FAILED``) with ``ConfigRefused``."""
+    try:
+        config = place(load_config(args))
+    except (OSError, ValueError) as exc:  # (pydantic's ValidationError is a ValueError)
+        raise ConfigRefused(f"Ferry's pipeline config: {one_line(exc)}") from None
     logger.info(
         "building Ferry: models %s on %s", [m.name for m in config.models], config.executor.backend
     )

@@ -2,15 +2,19 @@
 
     ferry classify IMAGE ...          # as python -m pipeline classify
     ferry models [FILE ...] [--no-load] [--json]   # list and check a config's model repository
-    ferry config check FILE [FILE...] [--gpus N]   # Serve's and Ferry's validation, in one go
+    ferry config check FILE [FILE...] [--gpus N] [--no-load]   # Serve's, Ferry's, the models
     ferry metrics-url [--address ADDR]   # the running cluster's metrics endpoint(s)
 
 ``config check`` takes a Serve config file (``serve run`` / ``serve deploy``; checked with
 ``ray.serve.schema.ServeDeploySchema``, as ``serve deploy`` does, then every application
 that imports ``deployments.app:build_app`` is checked with Ferry's ``PipelineConfig`` and
 built, placement included, without starting Ray) or a bare pipeline config (YAML or JSON:
-the fields of ``PipelineConfig``). It prints one line per check and exits 1 on the first
-file that fails. It lives here, not in ``pipeline/``, because ``pipeline/`` never imports
+the fields of ``PipelineConfig``). Unless ``--no-load``, each application's models are then
+loaded as its inference replica loads them (``pipeline.models.loading.check_models``: the
+engine built and checked, every bucket planned -- on the device when there is one, else on
+numpy); a model refused there fails the check, naming the model and the reason (for an ONNX
+file the node and the op). It prints one line per check and exits 1 on the first file that
+fails. It lives here, not in ``pipeline/``, because ``pipeline/`` never imports
 ``ray.serve``.
 """
 
@@ -49,9 +53,15 @@ def _errors(exc: Exception) -> str:
     return f"  {exc}"
 
 
-def _check_pipeline(args: dict[str, Any] | None, where: str, base_dir: str, gpus: int) -> str:
+class ModelsDoNotLoad(ValueError):
+    """Models of a valid config that its inference replica would refuse."""
+
+
+def _check_pipeline(
+    args: dict[str, Any] | None, where: str, base_dir: str, gpus: int, load: bool = True
+) -> list[str]:
     """Validate, place (``gpus: auto`` as ``gpus`` GPUs) and build one application's
-    pipeline config; a summary line."""
+    pipeline config and, with ``load``, load its models; the summary lines."""
     from deployments.app import build, load_config
     from pipeline import placement
 
@@ -62,13 +72,30 @@ def _check_pipeline(args: dict[str, Any] | None, where: str, base_dir: str, gpus
     config = placement.resolve(load_config(args), gpus)
     build(config)  # the deployments and their options, as `serve run` makes them
     models = ", ".join(m.name for m in config.models)
-    return (
+    lines = [
         f"ok: {where}: Ferry's pipeline config (models {models}; backend "
         f"{config.executor.backend}; placed for {gpus} GPU(s) where it says gpus: auto)"
-    )
+    ]
+    if load:
+        lines.append(_check_loads(config, where))
+    return lines
 
 
-def check_file(path: str, gpus: int = 1) -> list[str]:
+def _check_loads(config: Any, where: str) -> str:
+    """The inference replica's load check (one function for both: ``check_models``)."""
+    from pipeline.models.loading import check_models
+
+    report, backend = check_models(config)
+    how = f"on {backend}, as the inference replica loads them: engine built, every bucket planned"
+    if report.refused:
+        raise ModelsDoNotLoad(
+            f"{where}: models that do not load ({how}):\n"
+            + "\n".join(f"  {p}" for p in report.problems())
+        )
+    return f"ok: {where}: models load ({how}): {', '.join(report.loaded)}"
+
+
+def check_file(path: str, gpus: int = 1, load: bool = True) -> list[str]:
     """The lines of a passing check; raises ValueError with the reasons when it fails."""
     raw = _load(path)
     if not isinstance(raw, dict):
@@ -77,7 +104,9 @@ def check_file(path: str, gpus: int = 1) -> list[str]:
     lines = []
     if "applications" not in raw:  # a bare pipeline config
         try:
-            lines.append(_check_pipeline({"config": raw}, path, base, gpus))
+            lines += _check_pipeline({"config": raw}, path, base, gpus, load)
+        except ModelsDoNotLoad:
+            raise
         except Exception as exc:
             raise ValueError(f"{path}: Ferry's pipeline config:\n{_errors(exc)}") from None
         return lines
@@ -94,7 +123,9 @@ def check_file(path: str, gpus: int = 1) -> list[str]:
             lines.append(f"skipped: {where}: imports {app.get('import_path')!r}, not Ferry")
             continue
         try:
-            lines.append(_check_pipeline(app.get("args"), where, base, gpus))
+            lines += _check_pipeline(app.get("args"), where, base, gpus, load)
+        except ModelsDoNotLoad:
+            raise
         except Exception as exc:
             raise ValueError(f"{where}: Ferry's pipeline config:\n{_errors(exc)}") from None
     return lines
@@ -103,7 +134,7 @@ def check_file(path: str, gpus: int = 1) -> list[str]:
 def _config(args: argparse.Namespace) -> int:
     for path in args.files:
         try:
-            for line in check_file(path, args.gpus):
+            for line in check_file(path, args.gpus, not args.no_load):
                 print(line)
         except (OSError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
@@ -137,6 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("files", nargs="+")
     c.add_argument(
         "--gpus", type=int, default=1, help="the cluster's GPUs, for configs saying gpus: auto"
+    )
+    c.add_argument(
+        "--no-load",
+        action="store_true",
+        help="check the config only; do not load the models as the inference replica does",
     )
     c.set_defaults(fn=_config)
     args = ap.parse_args(argv[1:])

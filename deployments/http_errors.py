@@ -58,7 +58,7 @@ def _error_response(exc: BaseException, request_id: str) -> JSONResponse:
         body = {"error": "internal error", "request_id": request_id}
         logger.error("request %s failed: %s", request_id, exc, exc_info=exc)
     headers = {}
-    if status == 503:
+    if status == 503 and getattr(exc, "retryable", True):  # a refused model's 503 is not
         retry = exc.retry_after_s if isinstance(exc, QueueFull | Unavailable) else 1.0
         headers["retry-after"] = str(max(1, round(retry)) if math.isfinite(retry) else 1)
     if getattr(exc, "closes_connection", False):

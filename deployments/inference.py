@@ -15,18 +15,21 @@ from pipeline.config import PipelineConfig
 from pipeline.stages.inference import InferenceStage
 from pipeline.stages.messages import SendTo
 
+from . import load_board
 from .replica import stage_deployment
 
 
 def build_inference(config: PipelineConfig, preprocess: Any = None) -> InferenceStage:
-    """The stage; with a PreprocessGPU handle, its batches come from there."""
+    """The stage; with a PreprocessGPU handle, its batches come from there. Each step of
+    loading its models is published for the ingress (``load_board``)."""
     fetch = None
     if preprocess is not None:
 
         async def fetch(model: str, items: list, to: SendTo) -> Any:
             return await preprocess.remote(model, items, to)
 
-    return InferenceStage(config, fetch)
+    board = load_board.for_this_replica(config)
+    return InferenceStage(config, fetch, board.publish if board is not None else None)
 
 
 Inference = stage_deployment(

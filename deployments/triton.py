@@ -117,8 +117,16 @@ def model_control(model: str, action: str) -> None:
     )
 
 
-def repository_index(models: list[str]) -> list[dict[str, str]]:
-    return [{"name": m, "version": VERSION, "state": "READY"} for m in models]
+def repository_index(
+    models: list[str], refused: dict[str, str] | None = None
+) -> list[dict[str, str]]:
+    """Every model READY, but those ``refused`` at load: UNAVAILABLE, with the reason."""
+    out = []
+    for m in models:
+        why = (refused or {}).get(m)
+        row = {"name": m, "version": VERSION, "state": "READY" if why is None else "UNAVAILABLE"}
+        out.append(row if why is None else {**row, "reason": why})
+    return out
 
 
 @dataclass

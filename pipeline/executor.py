@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,6 +165,15 @@ class GpuExecutor:
         self.load(loaded, entry.max_batch)
         return loaded
 
+    def unload(self, name: str) -> None:
+        """Drop a model (one refused at load or warm-up): its bound plans and CUDA graphs,
+        and what its engine holds on the device."""
+        with self.enqueue_lock:
+            m = self._models.pop(name, None)
+            self.bound_graphs.forget(name)
+        if m is not None:
+            m.engine.close()
+
     @property
     def models(self) -> dict[str, LoadedModel]:
         return {k: m.loaded for k, m in self._models.items()}
@@ -287,10 +297,26 @@ class GpuExecutor:
             return tuple(np.concatenate(rows) for rows in zip(*parts, strict=True))  # type: ignore[return-value]
         return np.concatenate(parts)
 
-    def warmup(self, models: list[str] | None = None) -> dict[str, float]:
-        """Run every bucket of every model (``executor_graphs.warmup``); ready after it."""
+    def warmup(
+        self,
+        models: list[str] | None = None,
+        starting: Callable[[str], None] | None = None,
+        failed: Callable[[str, Exception], None] | None = None,
+    ) -> dict[str, float]:
+        """Run every bucket of every model (``executor_graphs.warmup``); ready after it.
+        ``starting(name)`` is told before each model; given ``failed``, a model whose
+        warm-up fails is handed to it (``failed(name, exc)``) and the others warm on."""
         self.faults.warmup_delay()
-        times = warmup(self, models)
+        times: dict[str, float] = {}
+        for name in list(models or self.models):
+            if starting is not None:
+                starting(name)
+            try:
+                times.update(warmup(self, [name]))
+            except Exception as exc:
+                if failed is None:
+                    raise
+                failed(name, exc)
         self.warmed_up = True
         self.faults.armed = True  # injected faults count batches from here
         return times

@@ -39,6 +39,11 @@ class BoundGraphs:
     def __len__(self) -> int:
         return len(self._bound)
 
+    def forget(self, model: str) -> None:
+        """Drop every entry of ``model`` (a model unloaded)."""
+        for key in [k for k in self._bound if k[0] == model]:
+            del self._bound[key]
+
     def items(self) -> list[tuple[tuple, tuple[BoundModel, Any]]]:
         """(key, (bound plan, CUDA graph or None)) of every entry, oldest first: which arenas
         and streams have graphs (tests and diagnostics read it)."""

@@ -218,3 +218,18 @@ def topk_unnamed():
         [tensor("x", ["batch", 10])],
         [tensor("scores", ["batch", 3]), tensor("indices", ["batch", 3], TensorProto.INT64)],
     )
+
+
+def topk_image_net(classes: int = 10):
+    """An image model Ferry refuses at load: x [batch, 3, 16, 16] -> GlobalAveragePool ->
+    Flatten -> Gemm (logits) -> TopK (which Ferry does not run); outputs logits and the top
+    3 scores."""
+    b = Builder(0)
+    y = b.node("Flatten", [b.node("GlobalAveragePool", ["x"])])
+    bias = b.const(np.zeros(classes, np.float32))
+    logits = b.node("Gemm", [y, b.weights(classes, 3), bias], transB=1)
+    scores, _ = b.node("TopK", [logits, b.const(np.array([3], np.int64))], n_out=2)
+    return b.model(
+        [tensor("x", ["batch", 3, 16, 16])],
+        [tensor(logits, ["batch", classes]), tensor(scores, ["batch", 3])],
+    )

@@ -46,6 +46,10 @@ class DeploymentOptions(Strict):
     graceful_shutdown_timeout_s: float | None = Field(None, ge=0.0, le=3600.0)
     """How long a stopping replica may finish its requests in flight (``serve deploy`` of a
     changed config, ``serve shutdown``); ``None``: Serve's 20 s."""
+    max_constructor_retry_count: int | None = Field(None, ge=1, le=1000)
+    """How many replica starts Serve tries before the deployment is ``DEPLOY_FAILED``
+    (Serve counts ``min(this, 3 x num_replicas)``); ``None``: Serve's 20, so 3 tries for one
+    replica. A model refused at load is refused again on every try."""
     switch_interval_ms: float | None = Field(None, gt=0.0, le=100.0)
     """Python's GIL switch interval in the replica processes (``sys.setswitchinterval``);
     ``None`` keeps Python's 5 ms. A replica whose worker threads keep the GIL busy makes its
@@ -101,7 +105,12 @@ class DeploymentOptions(Strict):
             "max_queued_requests": self.max_queued_requests,
             "ray_actor_options": actor,
         }
-        for k in ("health_check_period_s", "health_check_timeout_s", "graceful_shutdown_timeout_s"):
+        for k in (
+            "health_check_period_s",
+            "health_check_timeout_s",
+            "graceful_shutdown_timeout_s",
+            "max_constructor_retry_count",
+        ):
             if getattr(self, k) is not None:
                 opts[k] = getattr(self, k)
         if self.autoscaling_config is not None:

@@ -73,6 +73,11 @@ class ModelConfig(Strict):
     """A text file, one class label a line; its line count must equal the model's classes."""
     max_batch: int | None = Field(None, ge=1, le=4096)
     """Largest batch this model is run at (its buckets stop there); ``None``: the executor's."""
+    required: bool = False
+    """Whether the application cannot serve without this model: refused at load (a file
+    Ferry cannot run), it fails the inference replica's start -- Serve's ``DEPLOY_FAILED``
+    -- instead of being answered with 503 ``ModelUnavailable`` beside the models that load
+    (``pipeline/models/loading.py``)."""
 
     @model_validator(mode="after")
     def _resolve(self) -> ModelConfig:

@@ -73,7 +73,13 @@ def _declared(entry: Any) -> dict[str, Any]:
     except ModuleNotFoundError:
         return {}
     fn = getattr(mod, "declared_input", None)
-    return dict(fn(entry) or {}) if fn is not None else {}
+    if fn is None:
+        return {}
+    try:
+        return dict(fn(entry) or {})
+    except Exception as exc:  # a file that cannot be read declares nothing: loading it says why
+        logger.debug("model %s: its file declares no input: %s", entry.name, exc)
+        return {}
 
 
 def builder_module(engine: str) -> str:

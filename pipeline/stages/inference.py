@@ -6,7 +6,10 @@ batches: full, or the oldest row waited ``max_wait_ms``. Up to ``max_in_flight``
 are staged or running at once. Preparing a batch may wait for a staging slot and copying
 it into pinned memory takes time, so both run in a worker thread; the event loop only
 awaits. The replica loads its models and warms every bucket (capturing its CUDA graphs)
-in its constructor; then ``check_health`` tells the truth (``pipeline.health``).
+in its constructor; then ``check_health`` tells the truth (``pipeline.health``). A model that
+fails to load or warm is refused (``pipeline.models.loading``): the others are served and its
+requests get 503 ``ModelUnavailable`` with the reason; with none left (or a required one
+refused) the constructor raises ``ModelsRefused``.
 
 Where the placement puts decoding in this process (``decode_in: executor``) it decodes
 here: on the executor's GPU, or on worker threads when the executor runs on numpy. Where
@@ -31,8 +34,10 @@ from pipeline.batching import Batch, BatchScheduler
 from pipeline.config import PipelineConfig
 from pipeline.errors import FerryError, ModelNotFound, QueueFull
 from pipeline.executor import GpuExecutor
+from pipeline.models.loading import LoadReport, ModelUnavailable, load_models, refuse_start
 from pipeline.threads import thread_pool
 
+from .inference_in import BatchReceiver
 from .messages import (
     Answer,
     DeviceRows,
@@ -81,15 +86,26 @@ class InferenceStage:
     """Executor + scheduler + the row bookkeeping, without Ray. ``fetch(model, items, to)``
     (``gpu_preprocess``): asks the PreprocessGPU deployment for a batch, sent as ``to`` says."""
 
-    def __init__(self, config: PipelineConfig, fetch: Fetch | None = None) -> None:
+    def __init__(
+        self,
+        config: PipelineConfig,
+        fetch: Fetch | None = None,
+        progress: Callable[[LoadReport], None] | None = None,
+    ) -> None:
+        """``progress``: told of each step of loading (the replica publishes it)."""
         self.config = config
         self.fetch = fetch
         self.executor = GpuExecutor(config.executor)
-        for m in config.models:
-            self.executor.load_entry(m)  # fails the replica's start with the model's reason
+        # every model loaded and every bucket warmed (its CUDA graph captured) before the
+        # replica reports healthy; a model that fails is refused, the others served
+        report = load_models(self.executor, config, progress=progress)
+        refuse_start(report)  # ModelsRefused (one line): no model, or a required one, loads
+        self.refused = report.refused
         self.random = {name: lm.random_weights for name, lm in self.executor.models.items()}
-        # every bucket planned (its CUDA graph captured) before the replica reports healthy
-        self.warmup_s: dict[str, float] = self.executor.warmup()
+        self.warmup_s: dict[str, float] = report.warmup_s
+        served = config.model_copy(
+            update={"models": [m for m in config.models if m.name not in self.refused]}
+        )
         b = config.batching
         self.scheduler = BatchScheduler(
             self._run_batch,
@@ -116,11 +132,15 @@ class InferenceStage:
         if "postprocess" not in form.deployments:  # this stage answers
             from .postprocess import PostprocessStage
 
-            self.post = PostprocessStage(config)
+            self.post = PostprocessStage(served)
         self.local_pre: Any = None
         if form.decode_in == "executor":
-            self.local_pre = self._local_preprocess(config)
-        self._init_transport()
+            self.local_pre = self._local_preprocess(served)
+        self.receiver: BatchReceiver | None = None  # where PreprocessGPU sends batches
+        self.to: SendTo | None = None
+        if fetch is not None:
+            self.receiver = BatchReceiver(self.executor.backend, config.transport.timeout_s)
+            self.to = self.receiver.to
         self._start_metrics()
         self.health = self.executor.replica_health(config.health, self.scheduler.queue.__len__)
 
@@ -146,47 +166,6 @@ class InferenceStage:
         ex = self.executor  # the stage's batches come from this executor's pool
         return PreprocessGpuStage(config, ex.backend.device_id, local=True, pool=ex.pool)
 
-    def _init_transport(self) -> None:
-        """The receiving end of the GPU preprocess hop, when there is one."""
-        self.endpoint: Any = None
-        self.receivers: dict[str, Any] = {}
-        self.to: SendTo | None = None
-        if self.fetch is None:
-            return
-        from pipeline.transport.base import choose_transport
-        from pipeline.transport.object_store import ObjectStoreReceiver
-
-        cuda = self.executor.backend.is_cuda
-        kind = choose_transport("auto", True, cuda)
-        self.receivers["object_store"] = ObjectStoreReceiver("preprocess->inference", cuda)
-        self.to = SendTo(kind)
-        if kind == "nccl":
-            from pipeline.transport.nccl import NcclEndpoint
-
-            self.endpoint = NcclEndpoint(
-                self.executor.backend.device_id, timeout_s=self.config.transport.timeout_s
-            )
-            self.receivers["nccl"] = self.endpoint.receiver("preprocess->inference")
-            self.to = SendTo(kind, self.endpoint.id, self.endpoint.gpu)
-        self.recv_pool = thread_pool(4, "ferry-recv")
-        logger.info("GPU preprocessing hands batches over by %s", kind)
-
-    async def _recv(self, envelope: Any) -> Any:
-        """The batch an envelope stands for. NCCL receives are posted from a thread and
-        polled from here: one waiting for an earlier envelope never holds a thread."""
-        loop = asyncio.get_running_loop()
-        rx = self.receivers[envelope.transport]
-        timeout = self.config.transport.timeout_s
-        if envelope.transport != "nccl":
-            data, _ = await loop.run_in_executor(self.recv_pool, rx.recv, envelope, timeout)
-            return data
-        posted = await loop.run_in_executor(self.recv_pool, rx.post, [envelope], timeout)
-        pause = 5e-5
-        while not posted.done():
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 1e-3)
-        return posted.wait()[0][0]
-
     async def _images(self, model: str, items: list[Encoded]) -> HostRows | DeviceRows:
         """Encoded images: decoded and resized in this process, or by PreprocessGPU, which
         sends the batch here (on this GPU)."""
@@ -197,7 +176,8 @@ class InferenceStage:
         images = await self.fetch(model, items, self.to)
         if images.envelope is None:  # every image failed: nothing was sent
             return images
-        return images.received(await self._recv(images.envelope))
+        assert self.receiver is not None
+        return images.received(await self.receiver.recv(images.envelope))
 
     def _on_batch(self, batch: Batch) -> None:
         model = split_key(batch.key)[0]  # a model's v2 tensors count as the model
@@ -245,8 +225,7 @@ class InferenceStage:
         """``feed``: ``image`` (uint8 pixels) or ``tensors`` (the model's own input tensor,
         from a v2 request)."""
         key = model if feed == "image" else f"{model}{TENSORS}"
-        if model not in self.random:
-            raise ModelNotFound("no such model", model=model, served=sorted(self.random))
+        self._served(model)
         self.health.admit()  # a draining replica refuses at once (503: retry elsewhere)
         n = 0 if images.data is None else len(images.data)
         errors = dict(images.errors)
@@ -351,10 +330,19 @@ class InferenceStage:
         self, model: str, items: list[Encoded], meta: list[RequestMeta], specs: list[PostSpec]
     ) -> list[Answer | FerryError]:
         """Checked image bytes in, answers out: decode (here or by PreprocessGPU), batch, run."""
+        self._served(model)
         images = await self._images(model, items)
         out = await self.run(model, images, meta, specs)
         assert isinstance(out, list)
         return out
+
+    def _served(self, model: str) -> None:
+        """A model this replica serves, or why not: refused at load (503, not retryable),
+        or no such model (404)."""
+        if model in self.refused:
+            raise ModelUnavailable(model=model, reason=self.refused[model])
+        if model not in self.random:
+            raise ModelNotFound("no such model", model=model, served=sorted(self.random))
 
     def signatures(self) -> dict[str, tuple[tuple[Any, ...], tuple[Any, ...]]]:
         """Every model's own input and output tensors (``TensorInfo``), from its engine."""
@@ -371,6 +359,7 @@ class InferenceStage:
         s["queue_depth"] = len(self.scheduler.queue)
         s["warmup_s"] = self.warmup_s
         s["models"] = {k: {"random_weights": v} for k, v in self.random.items()}
+        s["refused"] = dict(self.refused)  # model -> why it is not served
         s["health"] = self.health.snapshot()
         return s
 

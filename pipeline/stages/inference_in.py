@@ -1,0 +1,55 @@
+"""The receiving end of the GPU preprocess hop (``gpu_preprocess``): where PreprocessGPU
+sends the inference stage its decoded batches -- over NCCL when both ends hold CUDA devices
+and NCCL loads, through the object store otherwise."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from pipeline.threads import thread_pool
+
+from .messages import SendTo
+
+logger = logging.getLogger("pipeline.stages.inference")
+
+
+class BatchReceiver:
+    """``to``: what the stage tells PreprocessGPU (how to send); ``recv``: a batch."""
+
+    def __init__(self, backend: Any, timeout_s: float) -> None:
+        from pipeline.transport.base import choose_transport
+        from pipeline.transport.object_store import ObjectStoreReceiver
+
+        cuda = backend.is_cuda
+        kind = choose_transport("auto", True, cuda)
+        self.timeout_s = timeout_s
+        self.endpoint: Any = None
+        self.receivers: dict[str, Any] = {
+            "object_store": ObjectStoreReceiver("preprocess->inference", cuda)
+        }
+        self.to = SendTo(kind)
+        if kind == "nccl":
+            from pipeline.transport.nccl import NcclEndpoint
+
+            self.endpoint = NcclEndpoint(backend.device_id, timeout_s=timeout_s)
+            self.receivers["nccl"] = self.endpoint.receiver("preprocess->inference")
+            self.to = SendTo(kind, self.endpoint.id, self.endpoint.gpu)
+        self.pool = thread_pool(4, "ferry-recv")
+        logger.info("GPU preprocessing hands batches over by %s", kind)
+
+    async def recv(self, envelope: Any) -> Any:
+        """The batch an envelope stands for. NCCL receives are posted from a thread and
+        polled from here: one waiting for an earlier envelope never holds a thread."""
+        loop = asyncio.get_running_loop()
+        rx = self.receivers[envelope.transport]
+        if envelope.transport != "nccl":
+            data, _ = await loop.run_in_executor(self.pool, rx.recv, envelope, self.timeout_s)
+            return data
+        posted = await loop.run_in_executor(self.pool, rx.post, [envelope], self.timeout_s)
+        pause = 5e-5
+        while not posted.done():
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 1e-3)
+        return posted.wait()[0][0]

@@ -1,0 +1,127 @@
+"""The ingress's readiness (``deployments/readiness.py``) without Ray: answered within
+``ANSWER_S`` whatever the inference deployment does, with why when not ready -- from the
+inference replica's load report (``load_board``) while it does not answer."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from deployments import readiness as rd
+from deployments.load_board import LoadBoard, digest, why_of
+from pipeline.models.loading import LoadReport, ModelUnavailable
+
+READY = {"health": {"ready": True, "state": "ready"}, "refused": {}}
+
+
+class DictKv:
+    def __init__(self) -> None:
+        self.d: dict[bytes, bytes] = {}
+
+    def get(self, k: bytes) -> bytes | None:
+        return self.d.get(k)
+
+    def put(self, k: bytes, v: bytes) -> None:
+        self.d[k] = v
+
+
+def _board(report: LoadReport | None) -> LoadBoard:
+    from pipeline.config import PipelineConfig
+
+    board = LoadBoard("app", PipelineConfig(), DictKv())
+    if report is not None:
+        board.publish(report)
+    return board
+
+
+async def _hangs() -> dict:
+    await asyncio.sleep(3600)
+    return READY
+
+
+def test_while_the_inference_replica_loads_readiness_says_how_far_at_once():
+    report = LoadReport(["digits", "resnet50"], loaded=["digits"], current="resnet50")
+    r = rd.Readiness(_hangs, _board(report).read, lambda: False)
+
+    async def ask():
+        t0 = time.monotonic()
+        out = await r.server()
+        return out, time.monotonic() - t0
+
+    (body, code), took = asyncio.run(ask())
+    assert code == 503 and took < rd.ANSWER_S + 0.4, took
+    assert body == {"ready": False, "why": "warming: 1 of 2 models loaded; loading resnet50"}
+
+
+def test_with_no_report_yet_it_says_starting():
+    assert why_of(None).startswith("starting:")
+    r = rd.Readiness(_hangs, _board(None).read, lambda: False)
+    body, code = asyncio.run(r.server())
+    assert code == 503 and body["why"].startswith("starting:")
+
+
+def test_a_replica_that_refuses_every_model_is_not_ready_and_its_models_answer_the_reason():
+    report = LoadReport(["my_model"], refused={"my_model": "ModelRefused: TopK"}, phase="failed")
+
+    async def unavailable() -> dict:
+        raise RuntimeError("DeploymentUnavailableError")
+
+    r = rd.Readiness(unavailable, _board(report).read, lambda: False)
+    body, code = asyncio.run(r.server())
+    assert code == 503 and body["refused"] == {"my_model": "ModelRefused: TopK"}
+    assert (
+        body["why"] == "refused: no model of the config loads: model 'my_model': ModelRefused: TopK"
+    )
+    with pytest.raises(ModelUnavailable, match="TopK"):
+        r.check("my_model")
+    body, code = asyncio.run(r.model("my_model", "my_model"))
+    assert (code, body["why"]) == (503, "refused: ModelRefused: TopK")
+
+
+def test_ready_with_a_refused_model_lists_it_and_only_its_route_is_not_ready():
+    async def status() -> dict:
+        return {**READY, "refused": {"bad": "ModelRefused: TopK"}}
+
+    r = rd.Readiness(status, None, lambda: False)
+    assert asyncio.run(r.server()) == (
+        {"ready": True, "refused": {"bad": "ModelRefused: TopK"}},
+        200,
+    )
+    assert asyncio.run(r.model("good", "good")) == ({"name": "good", "ready": True}, 200)
+    assert asyncio.run(r.model("bad_encoded", "bad"))[1] == 503
+    assert r.state_of("bad") == {"state": "refused", "reason": "ModelRefused: TopK"}
+    assert r.state_of("good") == {"state": "ready"}
+    r.check("good")
+
+
+def test_an_unhealthy_replica_and_a_draining_app_say_so():
+    async def draining() -> dict:
+        return {"health": {"ready": False, "state": "draining", "reason": "device error"}}
+
+    r = rd.Readiness(draining, None, lambda: False)
+    assert asyncio.run(r.server())[0]["why"] == "draining: device error"
+    stopping = rd.Readiness(_hangs, None, lambda: True)
+    assert asyncio.run(stopping.answer()) == (False, "draining: the application is being stopped")
+
+
+def test_a_lost_replica_under_a_refused_models_request_is_its_refusal():
+    from pipeline.errors import Unavailable
+
+    r = rd.Readiness(_hangs, None, lambda: False)
+    r.refused = {"bad": "ModelRefused: TopK"}
+    lost = Unavailable("a replica stopped under this request; retry")
+    assert isinstance(r.explain("bad", lost), ModelUnavailable)
+    assert r.explain("good", lost) is lost
+
+
+def test_the_board_is_keyed_by_the_config():
+    from pipeline.config import PipelineConfig
+
+    a, b = PipelineConfig(), PipelineConfig(placement="split")
+    assert digest(a) == digest(PipelineConfig()) != digest(b)
+    kv = DictKv()
+    LoadBoard("app", a, kv).publish(LoadReport(["x"]))
+    assert LoadBoard("app", a, kv).read()["models"] == ["x"]
+    assert LoadBoard("app", b, kv).read() is None
