@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 
 import numpy as np
@@ -22,6 +23,15 @@ torch = pytest.importorskip("torch")
 PORT = 8124
 GROUPS = 4
 N_PHOTOS = 20
+
+
+def _zoo_part() -> list[str]:
+    """The models of the 13-model test this run takes: all, or with FERRY_ZOO_PART=k/n the
+    k-th of n interleaved parts (scripts/gpu_check.sh splits the slow test across its calls)."""
+    part = os.environ.get("FERRY_ZOO_PART", "1/1")
+    k, n = (int(v) for v in part.split("/"))
+    assert 1 <= k <= n, part
+    return list(MODELS[k - 1 :: n])
 
 
 def _state_file(tmp_path, name: str) -> tuple[str, object]:
@@ -130,7 +140,8 @@ def zoo_app(tmp_path_factory):
     d = tmp_path_factory.mktemp("zoo")
     u8 = photo_pixels(N_PHOTOS)
     models, ref = [], {}
-    for name in MODELS:
+    zoo = _zoo_part()
+    for name in zoo:
         path, m = _state_file(d, name)
         ref[name] = _top1_fp32(m, u8)
         del m
@@ -179,10 +190,10 @@ def zoo_app(tmp_path_factory):
         ]
     )
     print(
-        f"13 torch models in {GROUPS} apps loaded, compiled and captured (bucket 8, both feeds): "
+        f"{len(zoo)} torch models in {GROUPS} apps loaded, compiled and captured (bucket 8, both feeds): "
         f"{time.perf_counter() - t0:.0f} s"
     )
-    yield u8, ref, prefix
+    yield u8, ref, prefix, zoo
     serve.shutdown()
     ray.shutdown()
 
@@ -190,7 +201,7 @@ def zoo_app(tmp_path_factory):
 def test_thirteen_torchvision_models_over_http_agree_with_torch_fp32(zoo_app):
     import httpx
 
-    u8, ref, prefix = zoo_app
+    u8, ref, prefix, zoo = zoo_app
     base = f"http://127.0.0.1:{PORT}"
     jpegs = photo_jpegs(N_PHOTOS)
 
@@ -206,12 +217,12 @@ def test_thirteen_torchvision_models_over_http_agree_with_torch_fp32(zoo_app):
                 assert r.status_code == 200, r.text
                 return r.json()["top_k"][0]["class"]
 
-            return await asyncio.gather(*(one(n, b) for n in MODELS for b in jpegs))
+            return await asyncio.gather(*(one(n, b) for n in zoo for b in jpegs))
 
-    got = np.array(asyncio.run(classify_all())).reshape(len(MODELS), N_PHOTOS)
+    got = np.array(asyncio.run(classify_all())).reshape(len(zoo), N_PHOTOS)
     x = normalised(u8)
     rows = []
-    for i, name in enumerate(MODELS):
+    for i, name in enumerate(zoo):
         meta = httpx.get(f"{base}{prefix[name]}/v2/models/{name}", timeout=30).json()
         assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 3, 224, 224]}]
         assert [o["name"] for o in meta["outputs"]] == ["logits", "probabilities"]
