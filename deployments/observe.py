@@ -4,13 +4,18 @@
 fast path, FastAPI), so every answer is counted -- successes, 401s, 404s and errors alike --
 in ``ferry_requests_total{model, route, code}``, and every 2xx answer of a model's infer or
 classify route observes ``ferry_stage_latency_ms{stage="total"}``: from the request reaching
-this replica to its response headers leaving (v1 and v2 alike). It also fixes the request's
-id (the client's ``X-Request-ID``, else one made here) in the ASGI scope's state, where
-``ingress.request_id_of`` finds it, so body, header, metrics and logs name the same id.
+this replica to its response headers leaving (v1 and v2 alike). A client that closed the
+connection before its answer -- Serve's proxy cancels the request, or the app reads
+``http.disconnect`` -- is counted as ``code="499"`` (nginx's and Triton's code for it),
+never as a 500: no one received an error, and 500 stays what a bug answers. It also fixes
+the request's id (the client's ``X-Request-ID``, else one made here) in the ASGI scope's
+state, where ``ingress.request_id_of`` finds it, so body, header, metrics and logs name the
+same id.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 import uuid
@@ -32,6 +37,7 @@ _STATIC = {
     "/openapi.json",
 }
 TIMED = ("/classify", "/infer")
+CLIENT_CLOSED = 499  # the client went away before the answer (nginx, Triton)
 
 
 def route_of(path: str) -> tuple[str, str]:
@@ -92,18 +98,39 @@ class RequestMetrics:
             timed = bool(model) and route.endswith(TIMED)
         else:
             model, route, timed = known
-        status = [500]
+        status = [500]  # what a request that ends with no answer and no reason counts as
+        started = [False]
+        gone = [False]  # the client went away before the answer started
+
+        async def receive_watched() -> dict:
+            try:
+                message = await receive()
+            except BaseException:  # the client's stream broke: Serve cancelled the request
+                gone[0] = True  # (a layer inside may answer it anyway, to no one)
+                raise
+            if message.get("type") == "http.disconnect":
+                gone[0] = True
+            return message
 
         async def send_counted(message: dict) -> None:
             if message["type"] == "http.response.start":
-                status[0] = message["status"]
+                started[0] = True
+                status[0] = CLIENT_CLOSED if gone[0] else message["status"]
                 if timed and 200 <= status[0] < 300:
                     metrics.observe_stage("total", model, (time.perf_counter() - t0) * 1e3)
             await send(message)
 
         try:
-            await self.app(scope, receive, send_counted)
+            await self.app(scope, receive_watched, send_counted)
+        except asyncio.CancelledError:  # Serve's proxy cancels a request whose client left
+            gone[0] = True
+            raise
         finally:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():  # cancelled, whatever was raised
+                gone[0] = True
+            if gone[0] and not started[0]:
+                status[0] = CLIENT_CLOSED
             metrics.count_request(model, route, status[0])
             if timed and model != "?" and status[0] >= 400:
                 from . import triton

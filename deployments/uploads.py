@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pipeline.errors import PayloadTooLarge, RequestTimeout, UploadsFull
+from pipeline.errors import ClientClosedRequest, PayloadTooLarge, RequestTimeout, UploadsFull
 
 from .validate import header_int
 
@@ -121,7 +121,7 @@ class UploadGate:
                 ) from None
             kind = msg.get("type")
             if kind == "http.disconnect":
-                raise RequestTimeout("the client went away before its body ended", bytes=total)
+                raise ClientClosedRequest("the client went away before its body ended", bytes=total)
             if kind != "http.request":
                 continue
             body = msg.get("body", b"")

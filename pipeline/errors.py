@@ -178,6 +178,14 @@ class RequestTimeout(InvalidInput):
     closes_connection = True
 
 
+class ClientClosedRequest(RequestTimeout):
+    """The client closed the connection before its answer (nginx's and Triton's 499): no
+    one reads what is sent back, and the metrics count it apart from errors and slow
+    clients."""
+
+    http_status = 499
+
+
 class Unavailable(RetryLater):
     """This replica cannot take work now (it is draining: its device failed, its
     scheduler is wedged, or it was told to stop). Nothing was run: retry, on another
@@ -252,6 +260,7 @@ __all__ = [
     "QueueFull",
     "UploadsFull",
     "RequestTimeout",
+    "ClientClosedRequest",
     "Unavailable",
     "DeadlineExceeded",
     "DeviceError",

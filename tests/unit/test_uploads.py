@@ -11,7 +11,7 @@ import pytest
 from starlette.requests import Request
 
 from deployments.uploads import UploadGate
-from pipeline.errors import PayloadTooLarge, RequestTimeout, UploadsFull
+from pipeline.errors import ClientClosedRequest, PayloadTooLarge, RequestTimeout, UploadsFull
 from tests.unit import virtual_time
 
 
@@ -142,5 +142,7 @@ async def test_declared_or_actual_bodies_over_the_limit_are_413():
 async def test_a_client_that_goes_away_ends_the_read():
     q: asyncio.Queue = asyncio.Queue()
     q.put_nowait({"type": "http.disconnect"})
-    with pytest.raises(RequestTimeout, match="went away"):
+    with pytest.raises(RequestTimeout, match="went away") as info:
         await UploadGate(2, 1.0, 5.0).read(_request(q), 100)
+    # nginx's 499, not a 408: the client closed, it was not slow (no slow_client rejection)
+    assert type(info.value) is ClientClosedRequest and info.value.http_status == 499
