@@ -41,7 +41,7 @@ sys.path.insert(0, ROOT)
 
 from benchmarks import loadgen  # noqa: E402
 from benchmarks.common import commit, machine, today, write_json  # noqa: E402
-from loadtest.cores import busy_cores_since  # noqa: E402
+from loadtest.cores import busy_cores_since, run_cpu_s  # noqa: E402
 from loadtest.corpus import Corpus, corpus  # noqa: E402
 from loadtest.run import end_local_ray, start_app, wait_ok  # noqa: E402
 
@@ -177,14 +177,24 @@ def _exit_on_term(signum: int, frame: Any) -> None:
 
 
 def measure(
-    system: str, url: str, c: Corpus, n: int, args: argparse.Namespace, collect: bool
+    system: str,
+    url: str,
+    c: Corpus,
+    n: int,
+    args: argparse.Namespace,
+    collect: bool,
+    run_id: str,
 ) -> tuple[dict[str, Any], dict[str, float] | None]:
-    """One load level: its row, and Ferry's mean per-stage timings when ``collect``."""
+    """One load level: its row, and Ferry's mean per-stage timings when ``collect``.
+    ``run_id``: the system's ``serve run`` (its processes' CPU is the server's)."""
     mark, _ = busy_cores_since()
+    cpu0, t0 = run_cpu_s(run_id), time.monotonic()
     r = loadgen.run(
         url, c.bodies, "image/jpeg", n, args.seconds, warmup=args.warmup, collect_timings=collect
     )
-    _, busy = busy_cores_since(mark)  # warm-up included: the level's whole span
+    # warm-up included: the level's whole span, its rate taken as the measured one
+    server_cores = (run_cpu_s(run_id) - cpu0) / max(time.monotonic() - t0, 1e-9)
+    _, busy = busy_cores_since(mark)
     row = {
         "system": system,
         "corpus": c.name,
@@ -196,11 +206,15 @@ def measure(
         "loadgen_procs": r["loadgen_procs"],
         "loadgen_cpu_per_proc": r["loadgen_cpu_per_proc"],
         "machine_busy_cores": busy,
+        "server_cores": round(server_cores, 2),
+        # the server's CPU per answered image: every process of its `serve run` (Ray, Serve,
+        # HAProxy, replicas), the load generator excluded
+        "server_cpu_ms_per_img": round(server_cores / r["img_s"] * 1e3, 3) if r["img_s"] else None,
     }
     print(
         f"   {c.name:>7} {n:>5} clients: {r['img_s']:8.1f} img/s  p50 {r['p50_ms']} ms  "
         f"p99 {r['p99_ms']} ms  errors {r['errors']}  loadgen cpu {r['loadgen_cpu_per_proc']}  "
-        f"busy cores {busy}",
+        f"busy cores {busy}  server cpu {row['server_cpu_ms_per_img']} ms/img",
         flush=True,
     )
     return row, r.get("mean_timings_ms")
@@ -269,7 +283,9 @@ def main() -> int:
             for c in corpora:
                 loadgen.run(url, c.bodies, "image/jpeg", 32, 4, warmup=1)  # warm every path
                 for n in levels:
-                    row, timings = measure(system, url, c, n, args, spec["kind"] == "ferry")
+                    row, timings = measure(
+                        system, url, c, n, args, spec["kind"] == "ferry", proc.ferry_run_id
+                    )
                     rows.append(row)
                     if timings:
                         breakdown[f"{system}@{c.name}@{n}"] = timings

@@ -73,3 +73,31 @@ def test_a_nested_run_is_found_under_its_outer_id(monkeypatch):
 
 def test_the_asking_process_is_never_its_own_orphan():
     assert os.getpid() not in procs.marked(os.environ[procs.MARK])
+
+
+def test_a_runs_cpu_is_the_cpu_of_its_processes_only():
+    from loadtest.cores import run_cpu_s
+
+    mine, other = procs.new_run_id("cpu"), procs.new_run_id("cpu")
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass"
+    busy = subprocess.Popen([sys.executable, "-c", spin], env={**os.environ, procs.MARK: mine})
+    idle = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(30)"], env={**os.environ, procs.MARK: other}
+    )
+    try:
+        busy.wait(60)
+        assert run_cpu_s(mine) == 0.0  # it has ended: nothing of it is alive to count
+        busy = subprocess.Popen(
+            [sys.executable, "-c", spin + "\ntime.sleep(30)"], env={**os.environ, procs.MARK: mine}
+        )
+        for _ in range(600):  # until its half second of CPU is spent (however slow the box)
+            if run_cpu_s(mine) >= 0.5:
+                break
+            time.sleep(0.05)
+        assert run_cpu_s(mine) >= 0.5
+        assert run_cpu_s(other) < 0.5  # the sleeper: an interpreter's start-up at most
+    finally:
+        procs.stop(mine, grace_s=5)
+        procs.stop(other, grace_s=5)
+        busy.wait(10)
+        idle.wait(10)
