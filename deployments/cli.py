@@ -72,9 +72,25 @@ def _check_pipeline(
     config = placement.resolve(load_config(args), gpus)
     build(config)  # the deployments and their options, as `serve run` makes them
     models = ", ".join(m.name for m in config.models)
-    lines = [
+    lines = [  # the GPUs the placed deployments ask for, or none: not "placed for 1 GPU"
         f"ok: {where}: Ferry's pipeline config (models {models}; backend "
-        f"{config.executor.backend}; placed for {gpus} GPU(s) where it says gpus: auto)"
+        f"{config.executor.backend}; "
+        + (
+            "GPUs asked: "
+            + ", ".join(
+                f"{s} {d.num_replicas or 'autoscaled'} x {d.num_gpus:g}"
+                for s, d in placement.gpu_stages(config)
+            )
+            + (
+                f" = {sum(d.num_replicas * d.num_gpus for _, d in placement.gpu_stages(config)):g}"
+                if all(d.num_replicas for _, d in placement.gpu_stages(config))
+                else ""
+            )
+            + (f", replicas_per_gpu on {config.gpus} GPU(s)" if config.gpus != "auto" else "")
+            if placement.gpu_stages(config)
+            else "no deployment asks for a GPU"
+        )
+        + ")"
     ]
     if load:
         lines.append(_check_loads(config, where))

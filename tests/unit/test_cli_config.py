@@ -61,3 +61,26 @@ def test_a_bare_pipeline_config_and_a_config_path_relative_to_the_file(tmp_path,
     assert cli.main(["config", "check", _write(tmp_path, "serve.yaml", serve_cfg)]) == 0
     out = capsys.readouterr().out
     assert "application 'a'" in out and "skipped:" in out and "other.module:app" in out
+
+
+@pytest.mark.parametrize(
+    "name, gpus, says",
+    [
+        ("serve_config.yaml", 1, "backend numpy; no deployment asks for a GPU)"),
+        (
+            "serve_config.gpu.yaml",
+            4,
+            "backend cupy; GPUs asked: ingress 32 x 0.125 = 4, replicas_per_gpu on 4 GPU(s))",
+        ),
+        ("serve_config.gpu2.yaml", 1, "GPUs asked: preprocess 1 x 1, inference 1 x 1 = 2)"),
+    ],
+)
+def test_the_summary_tells_the_backend_and_the_gpus_asked_truthfully(name, gpus, says, capsys):
+    """A CPU config is not "placed for 1 GPU(s)"."""
+    assert (
+        cli.main(["config", "check", os.path.join(ROOT, name), "--gpus", str(gpus), "--no-load"])
+        == 0
+    )
+    line = capsys.readouterr().out.splitlines()[1]
+    assert line.endswith(says), line
+    assert "placed for" not in line
