@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import httpx
 import pytest
@@ -39,30 +38,35 @@ AUTH = {"authorization": f"Bearer {TOKEN}"}
 
 def test_a_burst_beyond_the_queue_gets_503_quickly_and_admitted_requests_succeed(app):
     png = encode_png(digits.load_split()[2][0])
+    answered: list[tuple[int, httpx.Response]] = []  # (order of answer, response)
 
     async def main():
         async with httpx.AsyncClient(base_url=BASE, timeout=60) as c:
 
             async def one():
-                t0 = time.perf_counter()
                 r = await c.post(
                     "/v1/models/digits/classify",
                     content=png,
                     headers={"content-type": "image/png", **AUTH},
                 )
-                return r, time.perf_counter() - t0
+                answered.append((len(answered), r))
 
-            return await asyncio.gather(*(one() for _ in range(40)))
+            await asyncio.gather(*(one() for _ in range(40)))
 
-    results = asyncio.run(main())
-    codes = [r.status_code for r, _ in results]
+    asyncio.run(main())
+    codes = [r.status_code for _, r in answered]
     assert set(codes) <= {200, 503}, codes
     assert codes.count(503) > 0 and codes.count(200) >= 2, codes
-    for r, dt in results:
-        if r.status_code == 503:
-            assert dt < 1.0
-        else:
+    for _, r in answered:
+        if r.status_code == 200:
             assert r.json()["top_k"][0]["label"] == "2"
+    # quickly, as an order rather than in seconds: Serve refuses a request when the 2 running
+    # and 2 queued are taken, and each of those still has its inference ahead of it, so a
+    # refusal that is sent at once comes back before the last admitted answer; a 503 that
+    # waited in a queue (for a slot, or a timeout) would come after the queue had drained
+    last_ok = max(i for i, r in answered if r.status_code == 200)
+    late = [i for i, r in answered if r.status_code == 503 and i > last_ok]
+    assert not late, (late, codes)
 
 
 def test_bearer_token_guards_every_route_but_health(app):

@@ -75,26 +75,39 @@ def test_a_burst_is_shed_with_quick_503s_and_the_accepted_stay_within_budget(app
     assert ok and len(shed) >= 30, (len(ok), len(shed))  # ~15 img/s here: 120 is 8 s of work
     reasons = set()
     at_gpu = 0
+    # relative to the same burst: a shed request passes at most what an accepted one passes
+    # (the ingress, at most a budget in each queue, decoding and the hops for one refused
+    # at the GPU queue) without its inference, so it is answered within the slowest
+    # accepted answer plus one budget of room for its later place in the burst; one that
+    # queued behind the burst instead of being shed waits out 8 s of work
+    slowest_ok = max(dt for r, dt, _ in burst if r.status_code == 200)
     for r, dt, rid in shed:
         b = r.json()
         assert b["request_id"] == rid and b["error"].startswith("overloaded"), b
         assert b["detail"]["reason"] in ("queue_budget", "queue_timeout"), b
         assert int(r.headers["retry-after"]) >= 1
         reasons.add((b["detail"]["queue"], b["detail"]["reason"]))
-        if b["detail"]["queue"] == "ingress":
-            assert dt < BUDGET_MS / 1e3 + 1.5, (dt, b)  # refused within the budget, not queued
-        else:  # refused at the GPU queue: after its decoding and the hops, on two busy cores
-            assert dt < BUDGET_MS / 1e3 + 3.0, (dt, b)
-            at_gpu += b["detail"]["queue"] == "gpu"
+        d = b["detail"]
+        if d["reason"] == "queue_budget":  # refused on arrival: its predicted wait passed it
+            assert d["predicted_wait_ms"] >= d["budget_ms"] == BUDGET_MS, b
+            assert d["queue"] != "ingress" or d["queue_ahead"] > 0, b  # (requests ahead of it)
+        else:  # dropped before its batch, having waited past the budget
+            assert d["waited_ms"] >= d["budget_ms"] == BUDGET_MS, b
+        assert dt < slowest_ok + BUDGET_MS / 1e3, (dt, slowest_ok, b)
+        at_gpu += b["detail"]["queue"] == "gpu"
     assert ("ingress", "queue_budget") in reasons, reasons
     assert at_gpu < len(shed) / 2, (at_gpu, len(shed))  # most are refused on arrival
     # an accepted request waited at most the budget in each queue it passed: the ingress's
     # coalescer and the GPU stage's scheduler (reading the body, its decode are work, not
-    # waiting in a queue)
+    # waiting in a queue). That rule, "at most the budget at the dispatch check", is pinned
+    # exactly on a fake clock in tests/unit/test_queue_budget.py; these timings are stamped
+    # when the group's task starts, an event-loop turn after the check, which two saturated
+    # cores can make hundreds of ms late (CI: 883 ms against the budget + 250): one more
+    # budget of room. A request queued rather than shed would wait the burst out, 8 s.
     for r in ok:
         t = r.json()["timings_ms"]
-        assert t["coalesce"] <= t["ingress"] and t["coalesce"] < BUDGET_MS + 250, t
-        assert t["queue"] < BUDGET_MS + 250, t
+        assert t["coalesce"] <= t["ingress"] and t["coalesce"] < 2 * BUDGET_MS, t
+        assert t["queue"] < 2 * BUDGET_MS, t
     # and the service is itself again after the burst
     r = httpx.post(
         BASE + "/v1/models/resnet50/classify",

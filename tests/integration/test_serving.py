@@ -117,8 +117,9 @@ def test_v1_models_and_openapi(app):
         "height": 224,
         "width": 224,
         "channels": 3,
-        "fit": "center_crop",
+        "resize": "crop",  # the config's name for it, as `ferry models` shows it
     }
+    assert models["digits"]["input"]["resize"] == "stretch" and "fit" not in models["digits"]
     assert httpx.get(BASE + "/openapi.json", timeout=10).json()["info"]["title"] == "Ferry"
 
 
@@ -299,16 +300,30 @@ def bad_requests() -> list[tuple[str, callable, int]]:
 
 @pytest.mark.parametrize("name, call, status", bad_requests(), ids=[c[0] for c in bad_requests()])
 def test_bad_input_gets_the_right_status_fast_and_service_keeps_serving(app, name, call, status):
-    t0 = time.perf_counter()
-    r = call()
-    elapsed = time.perf_counter() - t0
+    good = encode_png(digits.load_split()[2][0])
+
+    def timed(fn):
+        t0 = time.perf_counter()
+        r = fn()
+        return r, time.perf_counter() - t0
+
+    before, before_took = timed(lambda: post("/v1/models/digits/classify", good, "image/png"))
+    r, took = timed(call)
+    ok, after_took = timed(lambda: post("/v1/models/digits/classify", good, "image/png"))
+    assert before.status_code == 200 and ok.status_code == 200
     assert r.status_code == status, (name, r.status_code, r.text)
     if status != 200:
         body = r.json()
         assert body["error"] and body["request_id"]
-        assert elapsed < 1.0, (name, elapsed)
-    ok = post("/v1/models/digits/classify", encode_png(digits.load_split()[2][0]), "image/png")
-    assert ok.status_code == 200
+        # fast, relative to a good request just before and just after it on this same box
+        # (the whole pipeline: decode, inference, postprocess, every hop): a refusal does a
+        # part of that work, so 2x the slower of the two covers the load moving between
+        # them, and 0.5 s more, half the upload grace, a scheduling stall; what this
+        # catches -- a refusal that sits out the upload grace (1 s), the body idle timeout
+        # (5 s) or the request timeout (60 s) -- waits longer than that unless the box is
+        # already so slow that a good request takes a quarter of a second
+        baseline = max(before_took, after_took)
+        assert took < 2 * baseline + 0.5, (name, took, before_took, after_took)
 
 
 def test_metrics_reach_a_prometheus_scrape_of_rays_endpoint(app):
