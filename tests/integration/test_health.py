@@ -102,11 +102,15 @@ def test_a_wedged_inference_replica_fails_its_health_check_and_is_replaced(ray_c
         first = alive("Inference")
         assert classify(png).status_code == 200
         t0 = time.monotonic()
-        stuck = classify(png, timeout=60)  # batch 2 hangs until the replica is replaced
+        # batch 2 hangs (stall_s: 300) until the replica is replaced; the client's timeout
+        # is a hang guard past the ingress's request timeout (60 s), which would answer 504
+        stuck = classify(png, timeout=120)
         waited = time.monotonic() - t0
-        assert stuck.status_code == 503, stuck.text  # the replica was lost under it: retry
+        # replaced, not waited out: the replica was lost under it (503, retry), where no
+        # replacement would have been the ingress's 504 after 60 s or the stall's end
+        assert stuck.status_code == 503, stuck.text
         assert stuck.json()["type"] == "Unavailable" and stuck.headers["retry-after"]
-        assert 2.0 <= waited < 40, waited  # stall_after_s, the health period, the stop
+        assert waited >= 2.0, waited  # not before stall_after_s: the health check found it
         t1, served = time.monotonic(), False
         while time.monotonic() - t1 < 60 and not served:
             served = bool(alive("Inference") - first) and classify(png).status_code == 200

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from loadtest.shapes import Pulse, SlowClients
 from tests.integration.helpers import BASE, ROOT, cpu_config, deploy, run_ok, undeploy
 
 pytestmark = pytest.mark.integration
@@ -17,9 +18,28 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def app(ray_cluster):
-    deploy(cpu_config(models=[{"name": "digits", "arch": "digits"}]), name="ferry-load")
+    cfg = cpu_config(
+        models=[{"name": "digits", "arch": "digits"}],
+        # a queue budget for a busy 2-core box: at the default 1 s the ingress rightly
+        # refused part of a 4-user run with 503 QueueFull when other work shared the cores
+        # (CI); these tests are about the runner, whose "errors" would count those
+        batching={"queue_policy": {"timeout_ms": 60_000.0}},
+    )
+    deploy(cfg, name="ferry-load")
     yield BASE
     undeploy("ferry-load")
+
+
+def _ends_by_itself(argv: list[str], env: dict, limit_s: float, schedule_s: float) -> None:
+    """Run a load run that was told to stop after a few seconds: it must exit by itself,
+    0, within ``limit_s`` -- a hang guard far past the few seconds and its start-up on a
+    busy box, and far short of ``schedule_s``, the shape's own schedule it would follow if
+    the limit were ignored."""
+    assert limit_s < schedule_s / 2
+    try:
+        run_ok(argv, env, limit_s)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"ran past {limit_s} s: the run's limit was not honoured ({argv})")
 
 
 def test_runner_reports_throughput_and_no_errors(app, tmp_path):
@@ -61,8 +81,6 @@ def test_runner_reports_throughput_and_no_errors(app, tmp_path):
 
 
 def test_a_shape_honours_the_run_time_and_writes_csvs(app, tmp_path):
-    import time
-
     corpus = tmp_path / "corpus"
     subprocess.run(
         [sys.executable, "-m", "loadtest.corpus", "--out", str(corpus)],
@@ -73,9 +91,8 @@ def test_a_shape_honours_the_run_time_and_writes_csvs(app, tmp_path):
     env = {**os.environ, "FERRY_CORPUS": str(corpus), "FERRY_MODEL": "digits"}
     env.pop("FERRY_SHAPE_SECONDS", None)
     # locust itself, as the README runs it: the shape stops at -t (its own schedule: 600 s)
-    t0 = time.monotonic()
     locust = os.path.join(os.path.dirname(sys.executable), "locust")
-    run_ok(
+    _ends_by_itself(
         [
             locust,
             "-f",
@@ -95,8 +112,8 @@ def test_a_shape_honours_the_run_time_and_writes_csvs(app, tmp_path):
         ],
         {**env, "FERRY_SHAPE": "slow", "FERRY_SLOW_BPS": "200000"},
         120,
+        SlowClients().duration_s,  # 300 s
     )
-    assert time.monotonic() - t0 < 60
     assert (tmp_path / "direct_stats.csv").stat().st_size > 0
     # on two busy cores a burst may pass the queue budget: a shed 503 is a right answer, any
     # other failure is not
@@ -117,8 +134,7 @@ def test_a_shape_honours_the_run_time_and_writes_csvs(app, tmp_path):
     ]
     # the runner: --shape for --seconds, CSVs with the per-second history, a summary
     out = tmp_path / "shape"
-    t0 = time.monotonic()
-    run_ok(
+    _ends_by_itself(
         [
             sys.executable,
             "-m",
@@ -136,8 +152,8 @@ def test_a_shape_honours_the_run_time_and_writes_csvs(app, tmp_path):
         ],
         env,
         120,
+        Pulse().duration_s,  # 600 s
     )
-    assert time.monotonic() - t0 < 60
     (row,) = json.load(open(out / "summary.json"))["rows"]
     assert row["shape"] == "pulse" and row["requests"] > 0
     assert (out / "pulse_stats.csv").stat().st_size > 0
