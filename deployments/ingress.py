@@ -276,13 +276,12 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
                     "name": name,
                     "engine": m.engine,
                     "source": m.source,
-                    "input": {
+                    "input": {  # the config's names (input.resize: crop | fit | stretch)
                         "height": img.height,
                         "width": img.width,
                         "channels": img.channels,
-                        "fit": card.target().fit,
+                        "resize": img.resize,
                     },
-                    "resize": img.resize,
                     "classes": len(card.labels) if card.labels else None,
                     "random_weights": random_weights(m),
                 }
