@@ -44,11 +44,12 @@ from pipeline.stages.messages import (
     TensorRequest,
 )
 
-from . import ingress_http, triton, triton_encoded, triton_stats, v2
+from . import ingress_http, load_board, triton, triton_encoded, triton_stats, v2
 from .drain import Drain, ray_kv
 from .http_errors import request_id_of, unwrap
 from .ingress_http import JsonAnswer, app, deadline_of, multipart_image, priority_of
 from .ingress_route import downstream
+from .readiness import Readiness
 from .triton_routes import TritonRoutes
 from .uploads import UploadGate
 from .validate import header_int
@@ -102,7 +103,6 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
         ic = self.cfg.ingress
         self._coalescers: dict[tuple[str, str], Coalescer] = {}
         self._window_s = ic.coalesce_window_ms / 1e3
-        self._ready_at = float("-inf")  # when readiness was last confirmed downstream
         self.uploads = UploadGate(
             min(
                 ic.max_concurrent_uploads,
@@ -116,6 +116,11 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
         self.stats = triton_stats.for_this_replica()
         self.drain = _drain_of_this_replica(self.cfg.batching.retry_after_s)
         self.drain.start()  # (in Serve's event loop; else from the first request)
+        board = load_board.for_this_replica(self.cfg)  # what the inference replica said
+        self.readiness = Readiness(
+            self.down.status, board and board.read, lambda: self.drain.draining
+        )
+        self.readiness.start()  # (as the drain's)
         ingress_http.ACTIVE = self  # for ClassifyFastPath and RequestMetrics
 
     def check_health(self) -> None:
@@ -161,7 +166,7 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
         encoded = [it.image for it in items]
         meta = [it.meta for it in items]
         specs = [it.spec for it in items]
-        return await self._answers(self.down.classify(model, encoded, meta, specs), t_send)
+        return await self._answers(model, self.down.classify(model, encoded, meta, specs), t_send)
 
     async def _v2_group(self, model: str, items: list[TensorRequest]) -> list[Answer | FerryError]:
         import numpy as np
@@ -171,16 +176,16 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
         rows = HostRows(len(items), owner, data=np.concatenate([it.tensors for it in items]))
         meta = [it.meta for it in items]
         specs = [it.spec for it in items]
-        return await self._answers(self.down.tensors(model, rows, meta, specs), t_send)
+        return await self._answers(model, self.down.tensors(model, rows, meta, specs), t_send)
 
-    async def _answers(self, pending: Any, t_send: float) -> list[Answer | FerryError]:
+    async def _answers(self, model: str, pending: Any, t_send: float) -> list[Answer | FerryError]:
         """The answers of a group, each stamped with when the group left the coalescer and,
         where a Serve call reached the replica that answered (which stamped the ``Hop``),
         when that call left (wall clock, as the replica stamps its arrival)."""
         try:
             results = await pending
-        except BaseException as exc:
-            raise unwrap(exc) from None
+        except BaseException as exc:  # (a model refused at load: its 503, not a retry)
+            raise self.readiness.explain(model, unwrap(exc)) from None
         wall_call = t_send + time.time() - time.perf_counter()
         for r in results:  # a loop, not a comprehension: Serve pickles these methods by value
             if isinstance(r, Answer):
@@ -230,6 +235,7 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
         t0 = time.perf_counter()
         rid = request_id_of(request)
         self._model(model)
+        self.readiness.check(model)  # refused at load: 503, the reason, no retry
         if isinstance(top_k, str):
             try:
                 top_k = int(top_k)
@@ -284,6 +290,7 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
                     },
                     "classes": len(card.labels) if card.labels else None,
                     "random_weights": random_weights(m),
+                    **self.readiness.state_of(name),
                 }
             )
         return {"models": out}
@@ -297,32 +304,21 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
     async def live(self) -> dict[str, Any]:
         return {"live": True}
 
-    async def _ready(self) -> bool:
-        self.drain.start()
-        if self.drain.draining:  # the app is being stopped: send new work elsewhere
-            return False
-        if time.monotonic() - self._ready_at < 2.0:
-            return True
-        try:
-            status = await asyncio.wait_for(self.down.status(), 2.0)
-        except Exception:
-            return False
-        if not status.get("health", {}).get("ready", True):  # draining, poisoned, wedged
-            return False
-        self._ready_at = time.monotonic()
-        return True
-
     @app.get("/v2/health/ready")
     async def ready(self) -> Response:
-        ok = await self._ready()
-        return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+        """Answered at once, with why when not ready (``deployments/readiness.py``)."""
+        self.drain.start()
+        return JSONResponse(*await self.readiness.server())
 
     async def _signature(self, model: str) -> v2.Signature:
         """The model's own tensors, from the engine the inference stage loaded (asked once)."""
         self._model(model)
+        self.readiness.check(model)  # refused at load: 503, the reason, no retry
         if model not in self._signatures:
             got = await self.down.signatures()
             self._signatures.update({m: v2.Signature(*io) for m, io in got.items()})
+            if model not in got:
+                await self.readiness.not_loaded(model)
         return self._signatures[model]
 
     @app.get("/v2/models/{model}")
@@ -333,9 +329,8 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
 
     @app.get("/v2/models/{model}/ready")
     async def model_ready(self, model: str) -> Response:
-        self._v2_model(model)
-        ok = await self._ready()
-        return JSONResponse({"name": model, "ready": ok}, status_code=200 if ok else 503)
+        self.drain.start()
+        return JSONResponse(*await self.readiness.model(model, self._v2_model(model)))
 
     @app.post("/v2/models/{model}/infer")
     async def infer(self, model: str, request: Request) -> Response:

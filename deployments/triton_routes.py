@@ -18,7 +18,7 @@ from .ingress_http import app
 
 class TritonRoutes:
     """Needs of the class it is mixed into: ``cfg``, ``cards``, ``models``, ``stats``
-    (``triton_stats.SharedStats``),
+    (``triton_stats.SharedStats``), ``readiness`` (``readiness.Readiness``),
     ``encoded_views``, ``_model``, ``model_metadata``, ``model_ready`` and ``infer``."""
 
     def _v2_model(self, name: str) -> str:
@@ -51,7 +51,11 @@ class TritonRoutes:
 
     @app.post("/v2/repository/index")
     async def repository_index(self) -> list[dict[str, str]]:
-        return triton.repository_index([*self.models, *sorted(self.encoded_views)])
+        refused = self.readiness.refused  # a model's encoded view is refused with it
+        views = {v: refused[m] for v, m in self.encoded_views.items() if m in refused}
+        return triton.repository_index(
+            [*self.models, *sorted(self.encoded_views)], {**refused, **views}
+        )
 
     @app.post("/v2/repository/models/{model}/load")
     async def load_model(self, model: str) -> None:
