@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import httpx
 import numpy as np
@@ -85,8 +86,12 @@ def test_serve_deploy_to_a_running_ray_start_head(tmp_path):
     # `ray start` leaves running, so the test stops its own cluster by PID, no other
     run_id = procs.new_run_id("ray-start")
     env = subprocess_env({"RAY_AUTH_MODE": "token", procs.MARK: run_id})
+    # its own temp dir: `ray start` writes its address there (ray_current_cluster), where a
+    # later ray.init() on this machine would find it -- under /tmp/ray, stale once the
+    # cluster is stopped by PID, it would send the next ray.init() to a dead cluster
+    temp = tempfile.mkdtemp(prefix="ferry-ray-")  # short: Ray's socket paths live under it
     subprocess.run(
-        [ray_bin, "start", "--head", "--num-cpus", "4", "--disable-usage-stats"],
+        [ray_bin, "start", "--head", "--num-cpus", "4", "--disable-usage-stats", "--temp-dir", temp],
         cwd=str(tmp_path),
         env=env,
         check=True,
@@ -99,3 +104,4 @@ def test_serve_deploy_to_a_running_ray_start_head(tmp_path):
         _assert_classifies_the_first_held_out_digit()
     finally:
         procs.stop(run_id, grace_s=30)
+        shutil.rmtree(temp, ignore_errors=True)
