@@ -34,6 +34,9 @@ POLL_S = 1.0  # how often the probe runs while not ready
 FRESH_S = 2.0  # a "ready" younger than this is answered without asking again
 ANSWER_S = 0.5  # how long a readiness request waits for a probe in flight
 PROBE_TIMEOUT_S = 10.0  # a probe that has no answer by then is given up
+_now = time.monotonic  # (the tests' clock)
+UNANSWERED_S = 2.0  # a ready stage whose probe has had no answer this long is not ready:
+# its replicas are gone (a node lost: Ray tells the callers only ~15 s later) or wedged
 
 
 class Readiness:
@@ -52,6 +55,7 @@ class Readiness:
         self.refused: dict[str, str] = {}  # model -> why it is not served
         self._confirmed = float("-inf")  # when ready was last confirmed (monotonic)
         self._probe: asyncio.Task | None = None
+        self._probe_since = float("-inf")  # when the probe in flight was sent (monotonic)
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -77,19 +81,28 @@ class Readiness:
         self.start()
         if self.draining():  # the app is being stopped: send new work elsewhere
             return False, "draining: the application is being stopped"
-        if not (self.ready and time.monotonic() - self._confirmed < FRESH_S):
+        if not (self.ready and _now() - self._confirmed < FRESH_S):
             await self.refresh()
         return self.ready, None if self.ready else self.why
 
     async def refresh(self) -> None:
         """Probe (or join the probe in flight) for at most ``ANSWER_S``; while it has no
-        answer, a ready replica stays ready (a busy one may answer slowly; the probe's own
-        timeout ends that) and a not-ready one's why comes from the board."""
+        answer, a ready replica stays ready for ``UNANSWERED_S`` (a busy one may answer
+        slowly) and a not-ready one's why comes from the board."""
         if self._probe is None or self._probe.done():
             self._probe = asyncio.get_running_loop().create_task(self._ask())
+            self._probe_since = _now()
         done, _ = await asyncio.wait({self._probe}, timeout=ANSWER_S)
-        if not done and not self.ready:
+        if done:
+            return
+        if not self.ready:
             await self._from_board(None)
+        elif _now() - self._probe_since >= UNANSWERED_S:
+            self.ready, self._confirmed = False, float("-inf")
+            self.why = (
+                f"unavailable: the inference deployment has not answered for "
+                f"{UNANSWERED_S:.0f} s (its replicas lost or wedged)"
+            )
 
     async def _ask(self) -> None:
         try:
@@ -101,7 +114,7 @@ class Readiness:
         self.refused = dict(status.get("refused") or {})
         if health.get("ready", True):
             self.ready, self.why = True, None
-            self._confirmed = time.monotonic()
+            self._confirmed = _now()
         else:
             self.ready = False
             self.why = f"{health.get('state', 'unhealthy')}: {health.get('reason') or 'not ready'}"
