@@ -118,10 +118,11 @@ def main() -> int:
         raw["executor"] = {**raw["executor"], "backend": "numpy", "buckets": [1, 8, 32]}
         raw["batching"] = {**raw["batching"], "max_batch_size": 32}
         raw["preprocess"] = {"threads": 2}
-        raw["inference_deployment"] = {**raw["inference_deployment"], "num_gpus": 0}
+        raw["inference_deployment"] = {**raw.get("inference_deployment", {}), "num_gpus": 0}
     cfg = PipelineConfig.model_validate(raw)
     core = InferenceStage(cfg)
-    pre = core.local_pre
+    # the GPU stage's work is its core's (PreprocessGpuStage wraps a PreprocessGpuCore)
+    pre = getattr(core.local_pre, "core", core.local_pre)
     for obj, name, label in (
         (pre, "_one_round", "decode_and_fit_round (GPU thread)"),
         (core, "_submit", "executor_prepare_commit (submit thread)"),
@@ -132,7 +133,7 @@ def main() -> int:
             timed(obj, name, label)
     blob = encode_jpeg(np.ascontiguousarray(skimage.data.chelsea()), 90)
     groups = [int(g) for g in args.groups.split(",") if g]
-    target = core.local_pre.targets["resnet50"]
+    target = pre.targets["resnet50"]
     items = [Encoded.checked(blob, "image/jpeg", target, 1 << 31, 1 << 36)] * max(groups)
     rows = []
     for g in groups:

@@ -45,6 +45,34 @@ def _ancestors() -> set[int]:
     return out
 
 
+def _descendants() -> set[int]:
+    """The live processes below this one: they end with it (torch's compile workers, the
+    Ray a driver started), so they are not orphans yet."""
+    children: dict[int, list[int]] = {}
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(p))
+    out, todo = set(), [os.getpid()]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            if c not in out:
+                out.add(c)
+                todo.append(c)
+    return out
+
+
+def orphans(run_id: str) -> dict[int, str]:
+    """``marked`` less this process's descendants: what would outlive it."""
+    below = _descendants()
+    return {pid: cmd for pid, cmd in marked(run_id).items() if pid not in below}
+
+
 def marked(run_id: str) -> dict[int, str]:
     """The live processes whose environment carries ``FERRY_RUN_ID=run_id`` (or a run nested
     in it, ``run_id.*``): pid -> command line (zombies, this process and its ancestors
@@ -91,12 +119,13 @@ def stop(run_id: str, grace_s: float = 10.0) -> dict[int, str]:
 
 
 def wait_gone(run_id: str, timeout_s: float) -> dict[int, str]:
-    """Wait up to ``timeout_s`` for the marked processes to end by themselves; those left."""
+    """Wait up to ``timeout_s`` for the marked processes that are not this one's
+    descendants (``orphans``) to end by themselves; those left."""
     deadline = time.monotonic() + timeout_s
-    left = marked(run_id)
+    left = orphans(run_id)
     while left and time.monotonic() < deadline:
         time.sleep(0.25)
-        left = marked(run_id)
+        left = orphans(run_id)
     return left
 
 

@@ -5,8 +5,10 @@
 # its figures). Each call writes $OUT/gpu_check_<part>.txt: the commit and one line a test or
 # benchmark, PASSED / FAILED / SKIPPED / ERROR / TIMEOUT; full logs beside it.
 #
-#   bash scripts/gpu_check.sh 1        # tests/gpu but the 13-model test, + its first half
-#   bash scripts/gpu_check.sh 2        # its second half + every GPU benchmark's smoke run
+#   bash scripts/gpu_check.sh 1   # tests/gpu but the 13-model test | its first half, then
+#                                 #   the smoke runs of the benchmarks without a Serve app
+#   bash scripts/gpu_check.sh 2   # the smoke runs of those with one | the 13-model test's
+#                                 #   second half  (| : two lanes at once, as the GPU holds both)
 #   bash scripts/gpu_check.sh collect DIR [DIR ...] > benchmarks/results/gpu_tests.txt
 #
 # On the device tool: make the bundle (GPU_DECODE=1), carry .devwhl, set FERRY_COMMIT (its
@@ -42,7 +44,8 @@ tests() {  # tests LIMIT_S LOG ARGS...
   local rc=$?
   grep -E "^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) " "$log" | cut -c1-240 >> "$RESULT"
   [ $rc = 124 ] && echo "TIMEOUT pytest $* (after ${limit} s; the tests above it finished)" >> "$RESULT"
-  grep -E "^=+ .*(passed|failed|error).* =+$" "$log" | tail -1 | sed 's/^/# /' >> "$RESULT"
+  grep -E "^FAILED: the test run left" "$log" >> "$RESULT"  # the suite's orphan check
+  grep -E "[0-9]+ (passed|failed|error)" "$log" | tail -1 | sed 's/^/# /' >> "$RESULT"
   clean
 }
 
@@ -61,36 +64,47 @@ smoke() {  # smoke NAME LIMIT_S CMD...
 
 ZOO=tests/gpu/test_torch_engine_gpu.py::test_thirteen_torchvision_models_over_http_agree_with_torch_fp32
 SMOKE="$OUT/smoke"; mkdir -p "$SMOKE"
+python3 -m loadtest.corpus > /dev/null 2>&1  # bench_e2e's and overload's photos
+
+# Two lanes at once: the 13-model test (its own Ray and port 8124, CPU-bound compiles) beside
+# the rest. Each lane has its own run id -- its `clean` ends only what it started -- and
+# its own result file, joined into $RESULT at the end.
+lane() {  # lane NAME FUNCTION
+  ( FERRY_RUN_ID="$FERRY_RUN_ID.$1"; RESULT="$OUT/lane_$1.txt"; : > "$RESULT"; "$2" )
+}
+zoo_lane() { FERRY_ZOO_PART=$PART/2 tests 300 "zoo_part$PART.log" "$ZOO" -s; }
+kernel_smokes() {  # the benchmarks without a Serve app: seconds each
+  smoke bench_alloc.py 40 python3 benchmarks/bench_alloc.py --seconds 0.3 --threads 1,8 --out "$SMOKE/alloc.json"
+  smoke bench_conv.py 60 python3 benchmarks/bench_conv.py --batches 8 --out "$SMOKE/conv.json"
+  smoke bench_engine.py 60 python3 benchmarks/bench_engine.py --seconds 0.3 --batches 1,8 --out "$SMOKE/engine.json"
+  smoke bench_decode.py 60 python3 benchmarks/bench_decode.py --seconds 0.3 --batch 8 --threads 1 --out "$SMOKE/decode.json"
+  smoke bench_onnx.py 90 python3 benchmarks/bench_onnx.py --seconds 0.3 --batches 8 --out "$SMOKE/onnx.json"
+  smoke bench_models.py 120 python3 benchmarks/bench_models.py --models resnet18 --batches 8 --seconds 0.3 --jobs 1 --no-merge --out "$SMOKE/models.json"
+  smoke profile_inference.py 120 python3 benchmarks/profile_inference.py --groups 8 --calls 4 --seconds 1 --out "$SMOKE/profile_inference.json"
+}
+zoo_then_kernels() { zoo_lane; kernel_smokes; }
+serve_smokes() {  # the benchmarks that start a Serve app on port 8000: one after the other
+  export RAY_SERVE_ENABLE_HA_PROXY=1
+  smoke bench_e2e.py 300 python3 benchmarks/bench_e2e.py --systems ferry,rayserve_expert_4 --corpus chelsea --clients 16 --seconds 2 --warmup 1 --out "$SMOKE/e2e.json" --log-dir "$OUT/logs"
+  smoke profile_pipeline.py 120 python3 benchmarks/profile_pipeline.py --config benchmarks/configs/ferry_e2e.yaml --model resnet50 --clients 16 --seconds 2 --out "$SMOKE/profile_pipeline.json"
+  smoke overload.py 150 python3 benchmarks/overload.py --config serve_config.gpu.yaml --model resnet50 --users 8 --steady-seconds 4 --pulse-seconds 8 --settle-seconds 1 --systems budget --content-type image/jpeg --no-write --out "$SMOKE/overload"
+  if [ -n "${FERRY_PERF_ANALYZER:-}" ] || [ -f .pa/perf_analyzer.xz ]; then
+    smoke bench_perf_analyzer.py 150 python3 benchmarks/bench_perf_analyzer.py --config serve_config.gpu.yaml --concurrency 16 --seconds 2 --out "$SMOKE/perf_analyzer.json"
+  else
+    echo "SKIPPED benchmarks/bench_perf_analyzer.py (no perf_analyzer binary: carry .pa from scripts/pack_perf_analyzer.sh, or set FERRY_PERF_ANALYZER)" >> "$RESULT"
+  fi
+  if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
+    smoke bench_transport.py 120 python3 benchmarks/bench_transport.py --quick --out "$SMOKE/transport.json"
+  else
+    echo "SKIPPED benchmarks/bench_transport.py (NCCL between two GPUs; this machine has one)" >> "$RESULT"
+  fi
+}
+gpu_tests() { tests 480 tests_part1.log tests/gpu --deselect "$ZOO"; }
 case "$PART" in
-  1)
-    tests 400 tests_part1.log tests/gpu --deselect "$ZOO"
-    FERRY_ZOO_PART=1/2 tests 170 zoo_part1.log "$ZOO" -s
-    ;;
-  2)
-    FERRY_ZOO_PART=2/2 tests 170 zoo_part2.log "$ZOO" -s
-    python3 -m loadtest.corpus > /dev/null 2>&1  # bench_e2e's and overload's photos
-    smoke bench_alloc.py 40 python3 benchmarks/bench_alloc.py --seconds 0.3 --threads 1,8 --out "$SMOKE/alloc.json"
-    smoke bench_conv.py 60 python3 benchmarks/bench_conv.py --batches 8 --out "$SMOKE/conv.json"
-    smoke bench_engine.py 60 python3 benchmarks/bench_engine.py --seconds 0.3 --batches 1,8 --out "$SMOKE/engine.json"
-    smoke bench_decode.py 60 python3 benchmarks/bench_decode.py --seconds 0.3 --batch 8 --threads 1 --out "$SMOKE/decode.json"
-    smoke bench_onnx.py 90 python3 benchmarks/bench_onnx.py --seconds 0.3 --batches 8 --out "$SMOKE/onnx.json"
-    smoke bench_models.py 120 python3 benchmarks/bench_models.py --models resnet18 --batches 8 --seconds 0.3 --jobs 1 --no-merge --out "$SMOKE/models.json"
-    smoke profile_inference.py 120 python3 benchmarks/profile_inference.py --groups 8 --calls 4 --seconds 1 --out "$SMOKE/profile_inference.json"
-    RAY_SERVE_ENABLE_HA_PROXY=1 smoke bench_e2e.py 200 python3 benchmarks/bench_e2e.py --systems ferry,rayserve_expert_8 --corpus chelsea --clients 16 --seconds 3 --warmup 1 --out "$SMOKE/e2e.json" --log-dir "$OUT/logs"
-    RAY_SERVE_ENABLE_HA_PROXY=1 smoke profile_pipeline.py 120 python3 benchmarks/profile_pipeline.py --config benchmarks/configs/ferry_e2e.yaml --model resnet50 --clients 16 --seconds 3 --out "$SMOKE/profile_pipeline.json"
-    RAY_SERVE_ENABLE_HA_PROXY=1 smoke overload.py 150 python3 benchmarks/overload.py --config serve_config.gpu.yaml --model resnet50 --users 8 --steady-seconds 4 --pulse-seconds 8 --settle-seconds 1 --systems budget --content-type image/jpeg --no-write --out "$SMOKE/overload"
-    if [ -n "${FERRY_PERF_ANALYZER:-}" ] || [ -f .pa/perf_analyzer.xz ]; then
-      smoke bench_perf_analyzer.py 150 python3 benchmarks/bench_perf_analyzer.py --config serve_config.gpu.yaml --concurrency 16 --seconds 3 --out "$SMOKE/perf_analyzer.json"
-    else
-      echo "SKIPPED benchmarks/bench_perf_analyzer.py (no perf_analyzer binary: carry .pa from scripts/pack_perf_analyzer.sh, or set FERRY_PERF_ANALYZER)" >> "$RESULT"
-    fi
-    if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
-      smoke bench_transport.py 120 python3 benchmarks/bench_transport.py --quick --out "$SMOKE/transport.json"
-    else
-      echo "SKIPPED benchmarks/bench_transport.py (NCCL between two GPUs; this machine has one)" >> "$RESULT"
-    fi
-    ;;
+  1) lane a gpu_tests & lane b zoo_then_kernels & wait ;;
+  2) lane a serve_smokes & lane b zoo_lane & wait ;;
   *) echo "usage: $0 1|2|collect DIR..." >&2; exit 2 ;;
 esac
+cat "$OUT"/lane_a.txt "$OUT"/lane_b.txt >> "$RESULT"
 echo "# part $PART took $(( $(date +%s) - T0 )) s" >> "$RESULT"
 cat "$RESULT"

@@ -25,7 +25,8 @@ def pytest_collection_modifyitems(config, items):
 
 # Every process the suite starts -- local Ray clusters, `serve run`, Serve's HAProxy, locust --
 # inherits this run id (loadtest/procs.py); a run leaves none of them behind. At the end,
-# whatever still carries it (re-parented or not) is named, stopped by PID, and fails the run.
+# whatever still carries it and is not a child that ends with this process (torch's compile
+# workers) -- an orphan -- is named, stopped by PID, and fails the run.
 from loadtest import procs  # noqa: E402
 
 RUN_ID = procs.new_run_id("pytest")
@@ -37,7 +38,8 @@ def pytest_sessionfinish(session, exitstatus):
     left = procs.wait_gone(RUN_ID, ORPHAN_WAIT_S)
     if not left:
         return
-    procs.stop(RUN_ID)
+    for pid in left:  # stop them, not this run's own children (they end with it)
+        procs._signal(pid, procs.signal.SIGKILL)
     lines = "\n".join(f"  {pid} {cmd[:160]}" for pid, cmd in sorted(left.items()))
     session.config.get_terminal_writer().line(
         f"\nFAILED: the test run left {len(left)} process(es) behind (stopped now):\n{lines}",

@@ -101,3 +101,18 @@ def test_a_runs_cpu_is_the_cpu_of_its_processes_only():
         procs.stop(other, grace_s=5)
         busy.wait(10)
         idle.wait(10)
+
+
+def test_a_child_that_ends_with_this_process_is_not_an_orphan(monkeypatch):
+    run_id = procs.new_run_id("kids")
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(30)"],
+        env={**os.environ, procs.MARK: run_id},
+    )
+    orphan = _spawn_orphan(run_id)
+    try:
+        assert set(procs.marked(run_id)) == {child.pid, orphan}
+        assert set(procs.orphans(run_id)) == {orphan}  # re-parented: it would outlive us
+    finally:
+        procs.stop(run_id, grace_s=5)
+        child.wait(10)
