@@ -57,7 +57,10 @@ def test_a_lost_node_sheds_with_503_not_a_hang_and_a_new_node_takes_over(run):
     # the requests in flight on the lost node, and those sent to it before Serve knew, are
     # answered by the ingress at their deadline (plus its grace), not when Ray declares the
     # node dead; the rest are refused at admission by the queue budget while slots are held
-    assert all(r["why"] == NO_ANSWER or r["why"].startswith("QueueFull") for r in shed), shed
+    # (or Ray's own word that the replica stopped under it, when that came first: CI on bef9099)
+    assert all(r["why"].startswith(("Unavailable", "QueueFull")) for r in shed), [
+        r["why"] for r in shed
+    ]
     assert any(r["why"] == NO_ANSWER for r in shed)
     assert all(r["phase"] != "before" or r["t"] + r["s"] > f["removed_at"] for r in shed)
     # readiness says so while no inference replica is alive, and comes back by itself
