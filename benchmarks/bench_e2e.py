@@ -41,7 +41,8 @@ sys.path.insert(0, ROOT)
 
 from benchmarks import loadgen  # noqa: E402
 from benchmarks.common import commit, machine, today, write_json  # noqa: E402
-from loadtest.cores import busy_cores_since, run_cpu_s  # noqa: E402
+from benchmarks.mps import mps_server  # noqa: E402
+from loadtest.cores import busiest, busy_cores_since, run_cpu_s, thread_cpu_s  # noqa: E402
 from loadtest.corpus import Corpus, corpus  # noqa: E402
 from loadtest.run import end_local_ray, start_app, wait_ok  # noqa: E402
 
@@ -64,14 +65,16 @@ def _ferry(config: str, naive: bool = False) -> dict[str, Any]:
 
 
 def _peer(
-    module: str, replicas: int, env: dict[str, str], startup_s: float = 300
+    module: str, replicas: int, env: dict[str, str], startup_s: float = 300, **args: Any
 ) -> dict[str, Any]:
+    """A peer app: ``args`` go to its ``build_app`` beside ``replicas``."""
     return {
         "kind": "peer",
         "module": module,
         "replicas": replicas,
         "env": env,
         "startup_s": startup_s,
+        "args": {"replicas": replicas, **args},
     }
 
 
@@ -86,6 +89,17 @@ SYSTEMS: dict[str, dict[str, Any]] = {
     "rayserve_batch_haproxy_8rep": _peer("rayserve_batch", 8, HAPROXY),
     # HAProxy and Serve's throughput mode, as Ferry gets; torch.compile takes minutes to start
     **{f"rayserve_expert_{n}": _peer("rayserve_expert", n, FERRY_ENV, 600) for n in (4, 8, 12)},
+    # the same with one torch CPU thread a replica, and a sleeping wait for each batch
+    **{
+        f"rayserve_expert_{n}_t1": _peer("rayserve_expert", n, FERRY_ENV, 600, threads=1)
+        for n in (4, 8, 12)
+    },
+    **{
+        f"rayserve_expert_{n}_t1_block": _peer(
+            "rayserve_expert", n, FERRY_ENV, 600, threads=1, blocking=True
+        )
+        for n in (4, 8, 12)
+    },
 }
 
 
@@ -115,10 +129,12 @@ def apply_sets(pipeline: dict[str, Any], sets: dict[str, Any]) -> dict[str, Any]
     return pipeline
 
 
-def row_name(name: str, spec: dict[str, Any], sets: dict[str, Any]) -> str:
+def row_name(name: str, spec: dict[str, Any], sets: dict[str, Any], mps: bool = False) -> str:
+    """The system's row name: ``--set``s in brackets (Ferry's), ``+mps`` under CUDA MPS."""
+    tail = "+mps" if mps else ""
     if spec["kind"] != "ferry" or not sets:
-        return name
-    return f"{name}[{','.join(f'{k}={v}' for k, v in sets.items())}]"
+        return name + tail
+    return f"{name}[{','.join(f'{k}={v}' for k, v in sets.items())}]{tail}"
 
 
 def serve_config(name: str, spec: dict[str, Any], sets: dict[str, Any] | None = None) -> str:
@@ -142,7 +158,7 @@ def serve_config(name: str, spec: dict[str, Any], sets: dict[str, Any] | None = 
                     "name": "peer",
                     "route_prefix": "/classify",
                     "import_path": f"benchmarks.peers.{spec['module']}:build_app",
-                    "args": {"replicas": spec["replicas"]},
+                    "args": spec["args"],
                 }
             ],
         }
@@ -184,20 +200,25 @@ def measure(
     args: argparse.Namespace,
     collect: bool,
     run_id: str,
+    replicas: int | None = None,
 ) -> tuple[dict[str, Any], dict[str, float] | None]:
     """One load level: its row, and Ferry's mean per-stage timings when ``collect``.
     ``run_id``: the system's ``serve run`` (its processes' CPU is the server's)."""
     mark, _ = busy_cores_since()
-    cpu0, t0 = run_cpu_s(run_id), time.monotonic()
+    cpu0, threads0, t0 = run_cpu_s(run_id), thread_cpu_s(run_id), time.monotonic()
     r = loadgen.run(
         url, c.bodies, "image/jpeg", n, args.seconds, warmup=args.warmup, collect_timings=collect
     )
     # warm-up included: the level's whole span, its rate taken as the measured one
-    server_cores = (run_cpu_s(run_id) - cpu0) / max(time.monotonic() - t0, 1e-9)
+    wall_s = max(time.monotonic() - t0, 1e-9)
+    server_cores = (run_cpu_s(run_id) - cpu0) / wall_s
+    threads = busiest(threads0, thread_cpu_s(run_id), wall_s)
     _, busy = busy_cores_since(mark)
     row = {
         "system": system,
         "corpus": c.name,
+        "replicas": replicas,
+        "mps": args.mps,
         "clients": n,
         "img_s": r["img_s"],
         "p50_ms": r["p50_ms"],
@@ -210,6 +231,8 @@ def measure(
         # the server's CPU per answered image: every process of its `serve run` (Ray, Serve,
         # HAProxy, replicas), the load generator excluded
         "server_cpu_ms_per_img": round(server_cores / r["img_s"] * 1e3, 3) if r["img_s"] else None,
+        # where those cores went: the busiest (process kind, thread name) pairs
+        "server_threads": threads,
     }
     print(
         f"   {c.name:>7} {n:>5} clients: {r['img_s']:8.1f} img/s  p50 {r['p50_ms']} ms  "
@@ -217,6 +240,8 @@ def measure(
         f"busy cores {busy}  server cpu {row['server_cpu_ms_per_img']} ms/img",
         flush=True,
     )
+    for t in threads[:6]:
+        print(f"      {t['cores']:6.2f} cores  {t['process']} / {t['thread']}", flush=True)
     return row, r.get("mean_timings_ms")
 
 
@@ -234,6 +259,11 @@ def main() -> int:
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     ap.add_argument("--out", default="benchmarks/results/e2e.json")
     ap.add_argument("--log-dir", default=None)
+    ap.add_argument(
+        "--mps",
+        action="store_true",
+        help="run every system as clients of one CUDA MPS server (rows named system+mps)",
+    )
     args = ap.parse_args()
     sets = parse_sets(args.set)
     names = [s for s in args.systems.split(",") if s]
@@ -245,7 +275,7 @@ def main() -> int:
     log_dir = args.log_dir or os.path.dirname(os.path.abspath(args.out))
     os.makedirs(log_dir, exist_ok=True)
     previous = json.load(open(args.out)) if os.path.exists(args.out) else {}
-    measuring = {(row_name(s, SYSTEMS[s], sets), c.name) for s in names for c in corpora}
+    measuring = {(row_name(s, SYSTEMS[s], sets, args.mps), c.name) for s in names for c in corpora}
     rows = [r for r in previous.get("rows", []) if (r["system"], r["corpus"]) not in measuring]
     breakdown = {
         k: v
@@ -259,41 +289,19 @@ def main() -> int:
         + (f", with {sets}" if sets else "")
     )
     signal.signal(signal.SIGTERM, _exit_on_term)
-    for name in names:
-        spec, system = SYSTEMS[name], row_name(name, SYSTEMS[name], sets)
-        print(f"== {system}", flush=True)
-        if port_taken():  # something left from an earlier run would answer for this system
-            stop(None)
-            if port_taken():
-                print(f"{name} not run: port 8000 is taken by another process", flush=True)
-                continue
-        t0 = time.time()
-        config = serve_config(name, spec, sets)
-        proc = start_app(config, os.path.join(log_dir, f"serve_{name}.log"), spec["env"])
-        try:
-            url = url_of(spec)
-            first = corpora[0].bodies[0]
-            up = wait_ok(
-                url, spec.get("startup_s", 300), body=first, headers=JPEG, request_timeout=10
+    with mps_server(args.mps):
+        for name in names:
+            run_system(
+                name,
+                corpora,
+                levels,
+                args,
+                sets,
+                log_dir,
+                rows,
+                breakdown,
+                save=lambda: _write(args, described, runs, rows, breakdown),
             )
-            if not up:
-                print(f"{name} did not come up; see serve_{name}.log", flush=True)
-                continue
-            print(f"   up in {time.time() - t0:.0f} s", flush=True)
-            for c in corpora:
-                loadgen.run(url, c.bodies, "image/jpeg", 32, 4, warmup=1)  # warm every path
-                for n in levels:
-                    row, timings = measure(
-                        system, url, c, n, args, spec["kind"] == "ferry", proc.ferry_run_id
-                    )
-                    rows.append(row)
-                    if timings:
-                        breakdown[f"{system}@{c.name}@{n}"] = timings
-                    # a run cut off keeps every level it measured
-                    _write(args, described, runs, rows, breakdown)
-        finally:
-            stop(proc)
-            os.unlink(config)
     _write(args, described, runs, rows, breakdown)
     try:
         from loadtest.run import plot
@@ -303,6 +311,59 @@ def main() -> int:
     except Exception as exc:  # a plot must not lose the numbers
         print(f"plot failed: {exc}")
     return 0
+
+
+def run_system(
+    name: str,
+    corpora: list[Corpus],
+    levels: list[int],
+    args: argparse.Namespace,
+    sets: dict[str, Any],
+    log_dir: str,
+    rows: list[dict[str, Any]],
+    breakdown: dict[str, Any],
+    save: Any,
+) -> None:
+    """Start ``name``, measure it on every corpus at every level into ``rows`` (and Ferry's
+    per-stage timings into ``breakdown``), ``save()`` after each level, and stop it by PID."""
+    spec, system = SYSTEMS[name], row_name(name, SYSTEMS[name], sets, args.mps)
+    print(f"== {system}", flush=True)
+    if port_taken():  # something left from an earlier run would answer for this system
+        stop(None)
+        if port_taken():
+            print(f"{name} not run: port 8000 is taken by another process", flush=True)
+            return
+    t0 = time.time()
+    config = serve_config(name, spec, sets)
+    proc = start_app(config, os.path.join(log_dir, f"serve_{name}.log"), spec["env"])
+    try:
+        url = url_of(spec)
+        first = corpora[0].bodies[0]
+        up = wait_ok(url, spec.get("startup_s", 300), body=first, headers=JPEG, request_timeout=10)
+        if not up:
+            print(f"{name} did not come up; see serve_{name}.log", flush=True)
+            return
+        print(f"   up in {time.time() - t0:.0f} s", flush=True)
+        for c in corpora:
+            loadgen.run(url, c.bodies, "image/jpeg", 32, 4, warmup=1)  # warm every path
+            for n in levels:
+                row, timings = measure(
+                    system,
+                    url,
+                    c,
+                    n,
+                    args,
+                    spec["kind"] == "ferry",
+                    proc.ferry_run_id,
+                    spec.get("replicas"),
+                )
+                rows.append(row)
+                if timings:
+                    breakdown[f"{system}@{c.name}@{n}"] = timings
+                save()  # a run cut off keeps every level it measured
+    finally:
+        stop(proc)
+        os.unlink(config)
 
 
 def _write(

@@ -41,3 +41,63 @@ def run_cpu_s(run_id: str) -> float:
             continue  # gone since it was listed
         total += sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
     return total / tick
+
+
+def _label(pid: int, cmd: str) -> str:
+    """A process's kind, the same for every replica of one deployment: Ray names its workers
+    ``ray::ServeReplica:app:Deployment`` (``ray::IDLE`` before they run anything); other
+    processes by their program's name (``raylet``, ``gcs_server``, ``haproxy``, ``python``)."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            comm = f.read().strip()
+    except OSError:
+        comm = ""
+    first = cmd.split(" ", 1)[0] if cmd else comm
+    if first.startswith("ray::"):
+        return first
+    return os.path.basename(first) or comm
+
+
+def thread_cpu_s(run_id: str) -> dict[tuple[str, str], float]:
+    """CPU seconds so far of every thread of the run's processes, summed by (process kind,
+    thread name): where a server's cores go -- ``("ray::ServeReplica:ferry:Ingress",
+    "ferry-submit")``. Threads that ended since are not counted (take the difference of two
+    readings over a span in which the thread set is steady)."""
+    from loadtest import procs
+
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[tuple[str, str], float] = {}
+    for pid, cmd in procs.marked(run_id).items():
+        label = _label(pid, cmd)
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    head, rest = f.read().rsplit(")", 1)
+            except OSError:
+                continue
+            name = head.split("(", 1)[1]
+            fields = rest.split()
+            key = (label, name)
+            out[key] = out.get(key, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def busiest(
+    before: dict[tuple[str, str], float],
+    after: dict[tuple[str, str], float],
+    wall_s: float,
+    top: int = 12,
+) -> list[dict[str, Any]]:
+    """The ``top`` (process kind, thread name) pairs by cores used between two readings of
+    ``thread_cpu_s``, busiest first: ``[{"process", "thread", "cores"}]``."""
+    used = {k: after[k] - before.get(k, 0.0) for k in after}
+    ranked = sorted(used.items(), key=lambda kv: -kv[1])[:top]
+    return [
+        {"process": p, "thread": t, "cores": round(s / max(wall_s, 1e-9), 3)}
+        for (p, t), s in ranked
+        if s > 0
+    ]

@@ -55,12 +55,24 @@ def resized_size(h: int, w: int, short: int = SHORT_SIDE) -> tuple[int, int]:
 class ExpertCore:
     """The replica's work without Serve: JPEG bodies in, top-5 classes out."""
 
-    def __init__(self, buckets: tuple[int, ...] = BUCKETS, compile: bool = True) -> None:
+    def __init__(
+        self,
+        buckets: tuple[int, ...] = BUCKETS,
+        compile: bool = True,
+        threads: int | None = None,
+        blocking: bool = False,
+    ) -> None:
+        """``threads``: torch's intra-op CPU threads (``torch.set_num_threads``; None keeps
+        torch's default, one per core); ``blocking``: wait for a batch on an event that
+        sleeps (``torch.cuda.Event(blocking=True)``) rather than in the copy's spin-wait."""
         import torch
         import torchvision
 
         self.torch = torch
         self.buckets = tuple(buckets)
+        self.blocking = blocking
+        if threads is not None:
+            torch.set_num_threads(threads)
         torch.backends.cudnn.benchmark = True
         model = torchvision.models.resnet50(weights=None).eval().half().cuda()
         model = model.to(memory_format=torch.channels_last)
@@ -153,6 +165,10 @@ class ExpertCore:
         self._fill(images, self.inputs[bucket])
         logits = self._run(bucket)[:n]
         vals, idx = logits.float().softmax(dim=1).topk(5, dim=1)
+        if self.blocking:  # the thread sleeps until the batch is done, instead of spinning
+            done = self.torch.cuda.Event(blocking=True)
+            done.record()
+            done.synchronize()
         vals, idx = vals.cpu().tolist(), idx.cpu().tolist()  # waits for the batch
         return [
             {"error": "not a JPEG the GPU decoder reads"}
@@ -169,9 +185,9 @@ class ExpertCore:
 
 @serve.deployment
 class ExpertClassifier:
-    def __init__(self) -> None:
+    def __init__(self, threads: int | None = None, blocking: bool = False) -> None:
         self.gpu = ThreadPoolExecutor(1, thread_name_prefix="expert-gpu")  # one thread: CUDA graphs
-        self.core = self.gpu.submit(ExpertCore).result()
+        self.core = self.gpu.submit(lambda: ExpertCore(threads=threads, blocking=blocking)).result()
 
     @serve.batch(max_batch_size=BUCKETS[-1], batch_wait_timeout_s=WAIT_S)
     async def classify(self, bodies: list[bytes]) -> list[dict[str, Any]]:
@@ -188,9 +204,11 @@ class ExpertClassifier:
 
 
 def build_app(args: dict[str, Any]) -> serve.Application:
+    """``args``: ``replicas`` (8), and ``threads`` / ``blocking`` as ``ExpertCore`` takes them."""
     replicas = int(args.get("replicas", 8))
+    threads = args.get("threads")
     return ExpertClassifier.options(
         num_replicas=replicas,
         max_ongoing_requests=2 * BUCKETS[-1],  # room for a full batch queued behind one running
         ray_actor_options={"num_gpus": round(1.0 / replicas, 4), "num_cpus": 1},
-    ).bind()
+    ).bind(None if threads is None else int(threads), bool(args.get("blocking", False)))
