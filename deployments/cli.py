@@ -8,12 +8,13 @@
 ``config check`` takes a Serve config file (``serve run`` / ``serve deploy``; checked with
 ``ray.serve.schema.ServeDeploySchema``, as ``serve deploy`` does, then every application
 that imports ``deployments.app:build_app`` is checked with Ferry's ``PipelineConfig`` and
-built, placement included, without starting Ray) or a bare pipeline config (YAML or JSON:
-the fields of ``PipelineConfig``). Unless ``--no-load``, each application's models are then
-loaded as its inference replica loads them (``pipeline.models.loading.check_models``: the
-engine built and checked, every bucket planned -- on the device when there is one, else on
-numpy); a model refused there fails the check, naming the model and the reason (for an ONNX
-file the node and the op). It prints one line per check and exits 1 on the first file that
+checked by ``pipeline.check.check`` -- its engines and files, ``gpus: auto`` as ``--gpus``
+GPUs -- and built, without starting Ray) or a bare pipeline config (YAML or JSON: the fields
+of ``PipelineConfig``). Unless ``--no-load``, the same check loads each application's models
+as its inference replica loads them (``pipeline.check.check_models``: the engine built and
+checked, every bucket planned -- on the device when there is one, else on numpy); a model
+refused there fails the check, naming the model and the reason (for an ONNX file the node
+and the op). It prints one line per check and exits 1 on the first file that
 fails. It lives here, not in ``pipeline/``, because ``pipeline/`` never imports
 ``ray.serve``.
 """
@@ -26,6 +27,17 @@ import os
 import sys
 from typing import Any
 
+from ray.serve.schema import ServeDeploySchema
+
+from deployments.app import build, load_config
+from pipeline.__main__ import main as pipeline_main
+from pipeline.check import ModelsDoNotLoad, check
+from pipeline.config import PipelineConfig
+from pipeline.placement import Cluster
+
+from .cli_metrics import main as metrics_url_main
+from .cli_models import main as models_main
+
 FERRY_APP = "deployments.app:build_app"
 
 
@@ -34,7 +46,7 @@ def _load(path: str) -> Any:
         text = f.read()
     if path.endswith(".json"):
         return json.loads(text)
-    import yaml
+    import yaml  # pyyaml: optional (Ray's dependency); JSON configs need none
 
     return yaml.safe_load(text)
 
@@ -53,62 +65,44 @@ def _errors(exc: Exception) -> str:
     return f"  {exc}"
 
 
-class ModelsDoNotLoad(ValueError):
-    """Models of a valid config that its inference replica would refuse."""
-
-
 def _check_pipeline(
     args: dict[str, Any] | None, where: str, base_dir: str, gpus: int, load: bool = True
 ) -> list[str]:
-    """Validate, place (``gpus: auto`` as ``gpus`` GPUs) and build one application's
-    pipeline config and, with ``load``, load its models; the summary lines."""
-    from deployments.app import build, load_config
-    from pipeline import placement
-
+    """Validate, check (``pipeline.check``: files, engines, ``gpus: auto`` as ``gpus`` GPUs,
+    with ``load`` the models loaded) and build one application's pipeline config; the
+    summary lines."""
     args = dict(args or {})
     cfg = args.get("config")
     if isinstance(cfg, str) and not os.path.isabs(cfg):  # as `serve run` from the file's dir
         args["config"] = os.path.join(base_dir, cfg)
-    config = placement.resolve(load_config(args), gpus)
+    notes: list[str] = []
+    try:
+        config = check(load_config(args), Cluster(gpus=gpus), load=load, tell=notes.append)
+    except ModelsDoNotLoad as exc:
+        raise ModelsDoNotLoad(f"{where}: {exc}") from None
     build(config)  # the deployments and their options, as `serve run` makes them
+    return [_summary(config, where), *(f"ok: {where}: {n}" for n in notes)]
+
+
+def _summary(config: PipelineConfig, where: str) -> str:
+    """The config's line: its models, backend and the GPUs the placed deployments ask for,
+    or none (not "placed for 1 GPU")."""
     models = ", ".join(m.name for m in config.models)
-    lines = [  # the GPUs the placed deployments ask for, or none: not "placed for 1 GPU"
+    stages = config.gpu_stages()
+    if stages:
+        asked = "GPUs asked: " + ", ".join(
+            f"{s} {d.num_replicas or 'autoscaled'} x {d.num_gpus:g}" for s, d in stages
+        )
+        if all(d.num_replicas for _, d in stages):
+            asked += f" = {sum(d.num_replicas * d.num_gpus for _, d in stages):g}"
+        if config.gpus != "auto":
+            asked += f", replicas_per_gpu on {config.gpus} GPU(s)"
+    else:
+        asked = "no deployment asks for a GPU"
+    return (
         f"ok: {where}: Ferry's pipeline config (models {models}; backend "
-        f"{config.executor.backend}; "
-        + (
-            "GPUs asked: "
-            + ", ".join(
-                f"{s} {d.num_replicas or 'autoscaled'} x {d.num_gpus:g}"
-                for s, d in placement.gpu_stages(config)
-            )
-            + (
-                f" = {sum(d.num_replicas * d.num_gpus for _, d in placement.gpu_stages(config)):g}"
-                if all(d.num_replicas for _, d in placement.gpu_stages(config))
-                else ""
-            )
-            + (f", replicas_per_gpu on {config.gpus} GPU(s)" if config.gpus != "auto" else "")
-            if placement.gpu_stages(config)
-            else "no deployment asks for a GPU"
-        )
-        + ")"
-    ]
-    if load:
-        lines.append(_check_loads(config, where))
-    return lines
-
-
-def _check_loads(config: Any, where: str) -> str:
-    """The inference replica's load check (one function for both: ``check_models``)."""
-    from pipeline.models.loading import check_models
-
-    report, backend = check_models(config)
-    how = f"on {backend}, as the inference replica loads them: engine built, every bucket planned"
-    if report.refused:
-        raise ModelsDoNotLoad(
-            f"{where}: models that do not load ({how}):\n"
-            + "\n".join(f"  {p}" for p in report.problems())
-        )
-    return f"ok: {where}: models load ({how}): {', '.join(report.loaded)}"
+        f"{config.executor.backend}; {asked})"
+    )
 
 
 def check_file(path: str, gpus: int = 1, load: bool = True) -> list[str]:
@@ -126,8 +120,6 @@ def check_file(path: str, gpus: int = 1, load: bool = True) -> list[str]:
         except Exception as exc:
             raise ValueError(f"{path}: Ferry's pipeline config:\n{_errors(exc)}") from None
         return lines
-    from ray.serve.schema import ServeDeploySchema
-
     try:
         ServeDeploySchema.model_validate(raw)
     except Exception as exc:
@@ -161,16 +153,10 @@ def _config(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["models"]:
-        from .cli_models import main as models_main
-
         return models_main(argv[1:])
     if argv[:1] == ["metrics-url"]:
-        from .cli_metrics import main as metrics_url_main
-
         return metrics_url_main(argv[1:])
     if argv[:1] != ["config"]:
-        from pipeline.__main__ import main as pipeline_main
-
         if argv[:1] in ([], ["-h"], ["--help"]):
             print(__doc__)
         return pipeline_main(argv)

@@ -11,20 +11,16 @@ node has the cores for the replicas its GPUs take -- ``check_fits`` checks again
 ``ray.nodes()`` reports, before Serve is asked to place anything (Serve would otherwise leave
 the replicas pending without a word).
 
-Pure functions over plain data: no Ray here (``deployments/app.py`` passes the nodes in).
+Pure functions over plain data: no Ray here (the caller describes the cluster as a
+``Cluster``; ``pipeline.check.check`` runs both steps).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from .config import DeploymentOptions, PipelineConfig
-
-POOL_SHARE_LIMIT = 0.95  # of one GPU's memory, for the pools of all replicas sharing it
-STAGES = ("ingress", "preprocess", "inference", "postprocess")
+from .config import PipelineConfig
 
 
 @dataclass(frozen=True)
@@ -41,28 +37,26 @@ class NodeShape:
         return cls(str(node.get("NodeID", "?")), float(res.get("CPU", 0)), float(res.get("GPU", 0)))
 
 
-def replicas_sharing_a_gpu(num_gpus: float) -> int:
-    """How many replicas of ``num_gpus`` each Ray packs onto one device (0 for no GPU)."""
-    if num_gpus <= 0:
-        return 0
-    if num_gpus >= 1:
-        return 1
-    return math.floor(1 / num_gpus + 1e-9)
+@dataclass(frozen=True)
+class Cluster:
+    """What is known of the cluster a config is deployed on: its live nodes (then its GPUs
+    are theirs), or only a GPU count (``ferry config check --gpus N``: the nodes unknown,
+    their fit not checked)."""
 
+    gpus: float | None = None
+    """The cluster's GPUs (``gpus: auto`` resolves to them); ``None``: unknown."""
+    nodes: tuple[NodeShape, ...] = ()
+    """The live nodes; empty: not known, so a layout's fit is not checked."""
 
-def gpu_stages(config: PipelineConfig) -> list[tuple[str, DeploymentOptions]]:
-    """The deployments that are really deployed and hold a GPU share (or ask for one per GPU)."""
-    out = []
-    for stage in used_stages(config):
-        d = getattr(config, f"{stage}_deployment")
-        if d.num_gpus > 0 or d.replicas_per_gpu is not None:
-            out.append((stage, d))
-    return out
+    @classmethod
+    def of(cls, nodes: list[NodeShape]) -> Cluster:
+        """The cluster these nodes make (no node: nothing known)."""
+        return cls(sum(n.gpus for n in nodes) if nodes else None, tuple(nodes))
 
-
-def used_stages(config: PipelineConfig) -> list[str]:
-    """The stages that run as deployments of their own in this config's form."""
-    return list(config.form.deployments)
+    @classmethod
+    def from_ray(cls, nodes: list[dict[str, Any]]) -> Cluster:
+        """The cluster of ``ray.nodes()``'s live nodes."""
+        return cls.of([NodeShape.from_ray(n) for n in nodes if n.get("Alive")])
 
 
 def resolve(config: PipelineConfig, cluster_gpus: float | None) -> PipelineConfig:
@@ -71,7 +65,7 @@ def resolve(config: PipelineConfig, cluster_gpus: float | None) -> PipelineConfi
     ``cluster_gpus`` is what the cluster has (``None``: unknown, not connected); it is used
     where ``config.gpus`` is ``"auto"``. A config without ``replicas_per_gpu`` comes back as it is.
     """
-    per_gpu = [(s, d) for s, d in gpu_stages(config) if d.replicas_per_gpu is not None]
+    per_gpu = [(s, d) for s, d in config.gpu_stages() if d.replicas_per_gpu is not None]
     if not per_gpu:
         return config
     gpus = config.gpus
@@ -99,30 +93,12 @@ def resolve(config: PipelineConfig, cluster_gpus: float | None) -> PipelineConfi
     return type(config).model_validate(data)
 
 
-def check_pools(config: PipelineConfig) -> None:
-    """Refuse GPU shares whose memory pools cannot fit one device together."""
-    frac = config.executor.pool_limit_fraction
-    if config.executor.pool_limit_bytes is not None:
-        return  # an absolute limit: the device's size is known only on the node
-    for stage, d in gpu_stages(config):
-        if stage not in (config.form.executor_in, "preprocess"):
-            continue  # the stage that owns the executor has a pool, and PreprocessGPU one
-        k = d.replicas_per_gpu or replicas_sharing_a_gpu(d.num_gpus)
-        if k * frac > POOL_SHARE_LIMIT + 1e-9:
-            raise ValueError(
-                f"{stage}_deployment puts {k} replicas on one GPU, each with a pool of "
-                f"executor.pool_limit_fraction {frac}: {k * frac:.3f} of the device's memory "
-                f"(at most {POOL_SHARE_LIMIT}); lower pool_limit_fraction to "
-                f"{math.floor(POOL_SHARE_LIMIT / k * 1000) / 1000} or fewer replicas per GPU"
-            )
-
-
 def check_fits(config: PipelineConfig, nodes: list[NodeShape]) -> list[str]:
     """Refuse (``ValueError``) a resolved layout that the cluster's nodes cannot hold; returns
     notes on what could not be checked (no GPU node up yet: an autoscaling cluster)."""
     gpu_nodes = [n for n in nodes if n.gpus > 0]
     notes: list[str] = []
-    stages = gpu_stages(config)
+    stages = config.gpu_stages()
     if not stages:
         return notes
     if not gpu_nodes:
@@ -148,7 +124,7 @@ def check_fits(config: PipelineConfig, nodes: list[NodeShape]) -> list[str]:
             f"the GPU deployments need {parts} = {gpu_cpus:g} CPUs on the GPU nodes, which "
             f"have {have:g}; lower num_cpus or replicas per GPU"
         )
-    used = [getattr(config, f"{s}_deployment") for s in used_stages(config)]
+    used = [getattr(config, f"{s}_deployment") for s in config.deployed_stages()]
     all_cpus = sum((d.num_replicas or 0) * d.num_cpus for d in used)
     if all_cpus > sum(n.cpus for n in nodes) + 1e-9:
         raise ValueError(

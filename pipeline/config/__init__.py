@@ -6,18 +6,28 @@ naming the values. Every field's docstring is its description in the JSON schema
 ``Settings.from_env`` and nowhere else.
 
 - ``runtime``: ``ExecutorConfig`` (device, pool, streams, buckets), ``BatchingConfig``
+- ``faults``: ``FaultConfig`` (``executor.faults``: injected faults)
+- ``health``: ``HealthConfig`` (what fails a replica's health check)
 - ``deployment``: ``DeploymentOptions`` (Serve options of one stage)
 - ``models``: ``ModelConfig``, ``ModelInputConfig``
 - ``forms``: ``FORMS``, the placements (``PipelineConfig.placement`` names one)
 - ``stages``: ``IngressConfig``, ``PreprocessConfig``, ``TransportConfig``
 - ``pipeline``: ``PipelineConfig`` (the whole application, cross-field rules), ``Settings``
+
+A leaf: the models validate shapes and values only, and import nothing of Ferry's. What
+needs an engine, a file or the cluster -- the engine named, the model, weights and labels
+files, ``replicas_per_gpu`` against the cluster's GPUs, the nodes' cores, the models' load
+-- is ``pipeline.check.check(config, cluster)``'s, one step run by the application's build,
+``ferry config check`` and the tests.
 """
 
 from .base import Strict
-from .deployment import GRPC_LIMIT_ENV, DeploymentOptions
+from .deployment import GRPC_LIMIT_ENV, DeploymentOptions, replicas_sharing_a_gpu
+from .faults import Fault, FaultConfig
 from .forms import FORMS, Form, Placement
+from .health import HealthConfig
 from .models import BUILTIN_ARCHS, MODEL_FILE_SUFFIXES, ModelConfig, ModelInputConfig
-from .pipeline import PipelineConfig, Settings
+from .pipeline import POOL_SHARE_LIMIT, PipelineConfig, Settings
 from .runtime import DEFAULT_BUCKETS, BatchingConfig, ExecutorConfig
 from .stages import IngressConfig, PreprocessConfig, TransportConfig
 
@@ -26,11 +36,15 @@ __all__ = [
     "DEFAULT_BUCKETS",
     "GRPC_LIMIT_ENV",
     "MODEL_FILE_SUFFIXES",
+    "POOL_SHARE_LIMIT",
     "BatchingConfig",
     "DeploymentOptions",
     "ExecutorConfig",
     "FORMS",
+    "Fault",
+    "FaultConfig",
     "Form",
+    "HealthConfig",
     "Placement",
     "IngressConfig",
     "ModelConfig",
@@ -40,4 +54,5 @@ __all__ = [
     "Settings",
     "Strict",
     "TransportConfig",
+    "replicas_sharing_a_gpu",
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import sys
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -9,6 +11,15 @@ from pydantic import Field, model_validator
 from .base import Strict
 
 GRPC_LIMIT_ENV = {"RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": str((1 << 31) - 1)}
+
+
+def replicas_sharing_a_gpu(num_gpus: float) -> int:
+    """How many replicas of ``num_gpus`` each Ray packs onto one device (0 for no GPU)."""
+    if num_gpus <= 0:
+        return 0
+    if num_gpus >= 1:
+        return 1
+    return math.floor(1 / num_gpus + 1e-9)
 
 
 class DeploymentOptions(Strict):
@@ -61,12 +72,15 @@ class DeploymentOptions(Strict):
         """A GPU share, given or to come from ``replicas_per_gpu``."""
         return self.num_gpus > 0 or self.replicas_per_gpu is not None
 
+    @property
+    def replicas_on_a_gpu(self) -> int:
+        """How many of this stage's replicas share one GPU (0: it holds none)."""
+        return self.replicas_per_gpu or replicas_sharing_a_gpu(self.num_gpus)
+
     def apply_in_process(self) -> None:
         """What of these options acts inside the replica process: called by each stage's
         replica as it starts."""
         if self.switch_interval_ms is not None:
-            import sys
-
             sys.setswitchinterval(self.switch_interval_ms / 1e3)
 
     @model_validator(mode="after")

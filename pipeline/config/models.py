@@ -1,7 +1,11 @@
-"""Entries of the model repository: an engine, a source, and how images are prepared."""
+"""Entries of the model repository: an engine, a source, and how images are prepared.
+
+The shape of an entry and its values only: whether its engine is one Ferry has and its files
+exist and can be read is checked by ``pipeline.check`` (``ferry config check``, the build)."""
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -54,7 +58,7 @@ class ModelConfig(Strict):
     """The name in URLs (``/v1/models/{name}/classify``, ``/v2/models/{name}/infer``)."""
     engine: str = "native"
     """``native`` (Ferry's op graph), ``torch`` (the ``[torch]`` extra) or ``onnx``; any name in
-    ``pipeline.engines.ENGINES``."""
+    ``pipeline.engines.ENGINES`` (checked by ``pipeline.check``)."""
     source: str | None = None
     """``native``: a built-in architecture (``resnet50``, ``digits``). ``torch``: a torchvision
     architecture name (with ``weights``: its state-dict file), a TorchScript file (``.pt``,
@@ -79,22 +83,29 @@ class ModelConfig(Strict):
     -- instead of being answered with 503 ``ModelUnavailable`` beside the models that load
     (``pipeline/models/loading.py``)."""
 
+    @property
+    def source_file(self) -> str | None:
+        """The local file the source names (a path, or a name with a model file's suffix);
+        ``None``: a built-in or torchvision architecture, or ``module:function``."""
+        src = self.source
+        if self.engine == "native" or src is None:
+            return None
+        return src if os.sep in src or src.endswith(MODEL_FILE_SUFFIXES) else None
+
+    def files(self) -> dict[str, str]:
+        """The files the entry names, by what they are (``source``, ``weights``, ``labels``):
+        whether they exist and can be read is ``pipeline.check``'s to say."""
+        named = {"source": self.source_file, "weights": self.weights, "labels": self.labels}
+        return {what: path for what, path in named.items() if path is not None}
+
     @model_validator(mode="after")
     def _resolve(self) -> ModelConfig:
-        import os
-
         if self.arch is not None:
             if self.source is not None and self.source != self.arch:
                 raise ValueError(f"model {self.name!r}: give arch or source, not both")
             if self.engine != "native":
                 raise ValueError(f"model {self.name!r}: arch is the native engine's spelling")
             object.__setattr__(self, "source", self.arch)
-        from pipeline.engines import ENGINES
-
-        if self.engine not in ENGINES:
-            raise ValueError(
-                f"model {self.name!r}: unknown engine {self.engine!r}; known: {sorted(ENGINES)}"
-            )
         if self.source is None:
             raise ValueError(f"model {self.name!r}: a source is required")
         if self.engine == "native" and self.source not in BUILTIN_ARCHS:
@@ -103,21 +114,10 @@ class ModelConfig(Strict):
                 f"not {self.source!r} (an ONNX file is engine: onnx)"
             )
         src = self.source
-        is_path = os.sep in src or src.endswith(MODEL_FILE_SUFFIXES)
-        if self.engine != "native" and is_path and not os.path.isfile(src):
-            raise ValueError(f"model {self.name!r}: source file not found: {src}")
-        if self.engine != "native" and not is_path and ":" in src:
+        if self.engine != "native" and self.source_file is None and ":" in src:
             mod, _, fn = src.partition(":")
             if not (mod and fn.isidentifier() and all(p.isidentifier() for p in mod.split("."))):
                 raise ValueError(
                     f"model {self.name!r}: source {src!r} is neither a file nor module:function"
                 )
-        for what in ("weights", "labels"):
-            path = getattr(self, what)
-            if path is not None and not os.path.isfile(path):
-                raise ValueError(f"model {self.name!r}: {what} file not found: {path}")
-        if self.labels is not None:
-            from pipeline.models.repository import read_labels
-
-            read_labels(self.labels)  # raises ValueError naming the file when it is empty
         return self

@@ -3,19 +3,22 @@ tie them) and the process-level switches read from the environment (``Settings``
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from ..health import HealthConfig
 from .base import Strict
 from .deployment import DeploymentOptions
 from .forms import FORMS, Form, Placement
+from .health import HealthConfig
 from .models import ModelConfig
 from .runtime import BatchingConfig, ExecutorConfig
 from .stages import IngressConfig, PreprocessConfig, TransportConfig
+
+POOL_SHARE_LIMIT = 0.95  # of one GPU's memory, for the pools of all replicas sharing it
 
 
 class PipelineConfig(Strict):
@@ -94,6 +97,20 @@ class PipelineConfig(Strict):
         owner = getattr(self, f"{form.executor_in}_deployment")
         return form.decode_in == "executor" and owner.holds_gpu
 
+    def deployed_stages(self) -> list[str]:
+        """The stages that run as deployments of their own in this config's form."""
+        return list(self.form.deployments)
+
+    def gpu_stages(self) -> list[tuple[str, DeploymentOptions]]:
+        """The deployed stages that hold a GPU share (or ask for one per GPU), with their
+        options."""
+        out = []
+        for stage in self.deployed_stages():
+            d = getattr(self, f"{stage}_deployment")
+            if d.num_gpus > 0 or d.replicas_per_gpu is not None:
+                out.append((stage, d))
+        return out
+
     def serve_logging_config(self) -> dict[str, Any] | None:
         """The deployments' ``logging_config``, or None to leave Serve's in force."""
         if self.access_log is None and self.log_level is None and self.log_encoding is None:
@@ -106,6 +123,13 @@ class PipelineConfig(Strict):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> PipelineConfig:
+        self._models_and_batches()
+        self._budgets_cover_the_queues()
+        self._pools_fit_a_gpu()
+        self._placement_rules()
+        return self
+
+    def _models_and_batches(self) -> None:
         names = [m.name for m in self.models]
         if len(set(names)) != len(names):
             raise ValueError(f"model names must be unique, got {names}")
@@ -113,17 +137,19 @@ class PipelineConfig(Strict):
             raise ValueError("at least one model is required")
         if unknown := sorted(set(self.batching.model_queue_policy) - set(names)):
             raise ValueError(f"batching.model_queue_policy names unknown models {unknown}")
-        mb = self.batching.max_batch_size
         for m in self.models:
             if m.max_batch is not None and m.max_batch < self.executor.buckets[0]:
                 raise ValueError(
                     f"model {m.name!r}: max_batch {m.max_batch} is below the smallest bucket "
                     f"{self.executor.buckets[0]}"
                 )
+        mb = self.batching.max_batch_size
         if mb > self.executor.buckets[-1]:
             raise ValueError(
                 f"batching.max_batch_size ({mb}) exceeds the largest bucket ({self.executor.buckets[-1]})"
             )
+
+    def _budgets_cover_the_queues(self) -> None:
         # one budget for both queues: under load a request waits a window in the ingress's
         # coalescer and up to max_wait_ms for its GPU batch to fill
         window, fill = self.ingress.coalesce_window_ms, self.batching.max_wait_ms
@@ -135,9 +161,8 @@ class PipelineConfig(Strict):
                     "under load a request waits that long in the ingress's coalescer and for "
                     "its batch, and past its budget it is dropped with 503"
                 )
-        from ..placement import check_pools
 
-        check_pools(self)  # the pools of replicas sharing a GPU fit it together
+    def _placement_rules(self) -> None:
         form = self.form
         if self.decodes_on_gpu:
             for m in self.models:
@@ -152,14 +177,30 @@ class PipelineConfig(Strict):
                 f"is {self.preprocess_deployment.num_gpus}; give it a GPU share"
             )
         if form.executor_in == "ingress":
-            return self  # no call leaves the ingress replica: nothing more to size
-        ongoing = self.inference_deployment.max_ongoing_requests
+            return  # no call leaves the ingress replica: nothing more to size
+        ongoing, mb = self.inference_deployment.max_ongoing_requests, self.batching.max_batch_size
         if ongoing < mb // max(1, self.ingress.max_coalesce):
             raise ValueError(
                 f"inference_deployment.max_ongoing_requests ({ongoing}) is too small to fill a batch of "
                 f"{mb} with calls of up to {self.ingress.max_coalesce} items"
             )
-        return self
+
+    def _pools_fit_a_gpu(self) -> None:
+        """Refuse GPU shares whose memory pools cannot fit one device together."""
+        frac = self.executor.pool_limit_fraction
+        if self.executor.pool_limit_bytes is not None:
+            return  # an absolute limit: the device's size is known only on the node
+        for stage, d in self.gpu_stages():
+            if stage not in (self.form.executor_in, "preprocess"):
+                continue  # the stage that owns the executor has a pool, and PreprocessGPU one
+            k = d.replicas_on_a_gpu
+            if k * frac > POOL_SHARE_LIMIT + 1e-9:
+                raise ValueError(
+                    f"{stage}_deployment puts {k} replicas on one GPU, each with a pool of "
+                    f"executor.pool_limit_fraction {frac}: {k * frac:.3f} of the device's "
+                    f"memory (at most {POOL_SHARE_LIMIT}); lower pool_limit_fraction to "
+                    f"{math.floor(POOL_SHARE_LIMIT / k * 1000) / 1000} or fewer replicas per GPU"
+                )
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from ..faults import FaultConfig
 from .base import Strict
+from .faults import FaultConfig
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 

@@ -1,5 +1,6 @@
 """Loading a config's models: the one load check, run by the inference stage as its replica
-starts (``InferenceStage``) and by ``ferry config check`` before a deploy (``check_models``).
+starts (``InferenceStage``) and by ``ferry config check`` before a deploy
+(``pipeline.check.check_models``, on an executor of its own).
 
 ``load_models(executor, config)`` builds each entry's engine and checks it against the entry
 (``repository.load_entry``), puts it on the executor, plans every bucket of every feed and --
@@ -22,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import DeviceError, FerryError
+from ..errors import FerryError
 
 logger = logging.getLogger(__name__)
 MAX_REASON = 400  # characters of a refusal's reason: one line in an answer, a log, a status
@@ -173,25 +174,3 @@ def refuse_start(report: LoadReport) -> None:
         raise ModelsRefused(why)
     for line in report.problems():
         logger.warning("serving without %s", line)
-
-
-def check_models(config: Any, warm: bool = False) -> tuple[LoadReport, str]:
-    """The replica's load check outside a replica: an executor of the config's (on the
-    device when one is visible, numpy otherwise; no injected faults) and ``load_models``,
-    every bucket planned and -- unless ``warm`` -- not run. The report and the backend."""
-    from ..config import ExecutorConfig
-    from ..device import cuda_available
-    from ..executor import GpuExecutor
-
-    base = config.executor.model_dump()
-    base["faults"] = {}
-    if not cuda_available():
-        base["backend"] = "numpy"
-    try:
-        executor = GpuExecutor(ExecutorConfig.model_validate(base))
-    except DeviceError:  # e.g. a device ordinal this machine has not got
-        executor = GpuExecutor(ExecutorConfig.model_validate({**base, "backend": "numpy"}))
-    try:
-        return load_models(executor, config, warm=warm), executor.backend.name
-    finally:
-        executor.close()

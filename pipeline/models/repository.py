@@ -21,10 +21,12 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..engines import builder
+from ..config import MODEL_FILE_SUFFIXES, ModelConfig
+from ..engines import ENGINES, builder
 from ..engines.base import ImageInput
 from ..errors import InvalidInput
 from ..imaging import Target
+from . import registry
 
 logger = logging.getLogger(__name__)
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -83,21 +85,15 @@ def _declared(entry: Any) -> dict[str, Any]:
 
 
 def builder_module(engine: str) -> str:
-    from ..engines import ENGINES
-
     return ENGINES[engine].split(":")[0]
 
 
 @functools.lru_cache(maxsize=256)
 def _card_cached(entry_json: str) -> ModelCard:
-    from ..config import ModelConfig
-
     entry = ModelConfig.model_validate_json(entry_json)
     builtin = entry.source if entry.engine == "native" else None
     if builtin is not None:
-        from .registry import model_info
-
-        info = model_info(builtin)
+        info = registry.model_info(builtin)
         base = ImageInput(
             info.input_size[0],
             info.input_size[1],
@@ -141,9 +137,7 @@ def _card_cached(entry_json: str) -> ModelCard:
         )
     labels = read_labels(entry.labels) if entry.labels else None
     if labels is None and builtin is not None:
-        from .registry import labels as builtin_labels
-
-        labels = builtin_labels(builtin)
+        labels = registry.labels(builtin)
     return ModelCard(entry.name, entry.engine, image, dtype, labels, builtin)
 
 
@@ -198,15 +192,11 @@ def load_entry(entry: Any) -> Any:
 
 def is_torchvision_name(source: str) -> bool:
     """A torch source that is an architecture name, not a file or module:function."""
-    from ..config import MODEL_FILE_SUFFIXES
-
     return ":" not in source and "/" not in source and not source.endswith(MODEL_FILE_SUFFIXES)
 
 
 def random_weights(entry: Any) -> bool:
     """Whether the entry serves seeded random weights (answers then mean nothing)."""
     if entry.engine == "native":
-        from .registry import model_info
-
-        return entry.weights is None and model_info(entry.source).default_weights is None
+        return entry.weights is None and registry.model_info(entry.source).default_weights is None
     return entry.engine == "torch" and is_torchvision_name(entry.source) and entry.weights is None

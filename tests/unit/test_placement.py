@@ -109,7 +109,7 @@ def test_the_split_form_counts_its_gpu_stage_only():
             "gpus": 2,
         }
     )
-    assert [s for s, _ in placement.gpu_stages(cfg)] == ["inference"]
+    assert [s for s, _ in cfg.gpu_stages()] == ["inference"]
     cfg = placement.resolve(cfg, None)
     assert (cfg.inference_deployment.num_replicas, cfg.inference_deployment.num_gpus) == (4, 0.5)
     opts = cfg.ingress_deployment.serve_options()["ray_actor_options"]

@@ -9,6 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from deployments.v2 import Signature, model_metadata, parse_infer
+from pipeline.check import ConfigCheckFailed, check
 from pipeline.config import ExecutorConfig, ModelConfig, PipelineConfig
 from pipeline.engines.base import TensorInfo
 from pipeline.errors import InvalidInput
@@ -32,13 +33,9 @@ def test_builtins_are_ordinary_entries_and_the_arch_spelling_still_works():
 @pytest.mark.parametrize(
     ("entry", "message"),
     [
-        ({"name": "x", "engine": "tensorrt", "source": "a"}, "unknown engine 'tensorrt'"),
         ({"name": "x", "source": "vgg99"}, "the native engine builds"),
         ({"name": "x"}, "a source is required"),
-        ({"name": "x", "engine": "torch", "source": "/no/such/model.pt2"}, "source file not found"),
-        ({"name": "x", "engine": "onnx", "source": "missing.onnx"}, "source file not found"),
         ({"name": "x", "engine": "torch", "source": "pkg.mod:1fn"}, "neither a file nor"),
-        ({"name": "x", "source": "digits", "labels": "/no/labels.txt"}, "labels file not found"),
         ({"name": "x", "source": "digits", "arch": "resnet50"}, "arch or source"),
         ({"name": "bad name!", "source": "digits"}, "name"),
         ({"name": "x", "source": "digits", "input": {"channels": 3, "mean": [0.5]}}, "mean"),
@@ -50,11 +47,25 @@ def test_bad_entries_fail_validation_naming_the_reason(entry, message):
         ModelConfig.model_validate(entry)
 
 
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"name": "x", "engine": "tensorrt", "source": "a"}, "unknown engine 'tensorrt'"),
+        ({"name": "x", "engine": "torch", "source": "/no/such/model.pt2"}, "source file not found"),
+        ({"name": "x", "engine": "onnx", "source": "missing.onnx"}, "source file not found"),
+        ({"name": "x", "source": "digits", "labels": "/no/labels.txt"}, "labels file not found"),
+    ],
+)
+def test_entries_their_engines_or_files_refuse_fail_the_check_naming_the_reason(entry, message):
+    with pytest.raises(ConfigCheckFailed, match=message):
+        check(PipelineConfig(models=[ModelConfig.model_validate(entry)]))
+
+
 def test_labels_files_are_read_and_checked(tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n# nothing\n")
-    with pytest.raises(ValidationError, match="has no labels"):
-        ModelConfig(name="d", source="digits", labels=str(empty))
+    with pytest.raises(ConfigCheckFailed, match="has no labels"):
+        check(PipelineConfig(models=[ModelConfig(name="d", source="digits", labels=str(empty))]))
     ten = tmp_path / "ten.txt"
     ten.write_text("".join(f"digit {i}\n" for i in range(10)))
     e = ModelConfig(name="d", source="digits", labels=str(ten))
