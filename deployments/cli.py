@@ -7,10 +7,10 @@
 
 ``config check`` takes a Serve config file (``serve run`` / ``serve deploy``; checked with
 ``ray.serve.schema.ServeDeploySchema``, as ``serve deploy`` does, then every application
-that imports ``deployments.app:build_app`` is checked with Ferry's ``PipelineConfig`` and
+that imports ``deployments.app:build_app`` is validated with Ferry's ``PipelineConfig``,
 checked by ``pipeline.check.check`` -- its engines and files, ``gpus: auto`` as ``--gpus``
 GPUs -- and built, without starting Ray) or a bare pipeline config (YAML or JSON: the fields
-of ``PipelineConfig``). Unless ``--no-load``, the same check loads each application's models
+of ``PipelineConfig``; ``deployments/config_file.py`` reads both). Unless ``--no-load``, the same check loads each application's models
 as its inference replica loads them (``pipeline.check.check_models``: the engine built and
 checked, every bucket planned -- on the device when there is one, else on numpy); a model
 refused there fails the check, naming the model and the reason (for an ONNX file the node
@@ -22,8 +22,6 @@ fails. It lives here, not in ``pipeline/``, because ``pipeline/`` never imports
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 from typing import Any
 
@@ -37,18 +35,9 @@ from pipeline.placement import Cluster
 
 from .cli_metrics import main as metrics_url_main
 from .cli_models import main as models_main
+from .config_file import FERRY_APP, app_args, base_dir_of, read
 
-FERRY_APP = "deployments.app:build_app"
-
-
-def _load(path: str) -> Any:
-    with open(path) as f:
-        text = f.read()
-    if path.endswith(".json"):
-        return json.loads(text)
-    import yaml  # pyyaml: optional (Ray's dependency); JSON configs need none
-
-    return yaml.safe_load(text)
+_load = read  # the name deployments/cli_models.py takes from here (config_file's read)
 
 
 def _errors(exc: Exception) -> str:
@@ -71,13 +60,10 @@ def _check_pipeline(
     """Validate, check (``pipeline.check``: files, engines, ``gpus: auto`` as ``gpus`` GPUs,
     with ``load`` the models loaded) and build one application's pipeline config; the
     summary lines."""
-    args = dict(args or {})
-    cfg = args.get("config")
-    if isinstance(cfg, str) and not os.path.isabs(cfg):  # as `serve run` from the file's dir
-        args["config"] = os.path.join(base_dir, cfg)
     notes: list[str] = []
     try:
-        config = check(load_config(args), Cluster(gpus=gpus), load=load, tell=notes.append)
+        config = load_config(app_args(args, base_dir))
+        config = check(config, Cluster(gpus=gpus), load=load, tell=notes.append)
     except ModelsDoNotLoad as exc:
         raise ModelsDoNotLoad(f"{where}: {exc}") from None
     build(config)  # the deployments and their options, as `serve run` makes them
@@ -107,10 +93,10 @@ def _summary(config: PipelineConfig, where: str) -> str:
 
 def check_file(path: str, gpus: int = 1, load: bool = True) -> list[str]:
     """The lines of a passing check; raises ValueError with the reasons when it fails."""
-    raw = _load(path)
+    raw = read(path)
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: not a mapping")
-    base = os.path.dirname(os.path.abspath(path))
+    base = base_dir_of(path)
     lines = []
     if "applications" not in raw:  # a bare pipeline config
         try:
