@@ -1,8 +1,10 @@
-"""AsyncResult: the handle a commit returns, completed from a CUDA event.
+"""AsyncResult: a value that arrives later from another thread, completed from a CUDA event.
 
-Completion is driven by one ``CompletionWatcher`` thread per executor: it blocks on each
-batch's last event (``cudaEventSynchronize`` releases the GIL) in the order batches were
-committed, then runs the batch's finishing step and completes its result. No request
+``CompletionWatcher`` is one thread that blocks on each watched event in turn
+(``cudaEventSynchronize`` releases the GIL), runs the finishing step and completes the
+result (the GPU preprocessing stage's batches). The executor's batches complete through
+``executor_completion.Completions`` instead, where a waiting thread blocks on its batch's
+event itself and is woken once. ``complete`` is the finishing step both share. No request
 polls.
 """
 
@@ -162,7 +164,7 @@ class CompletionWatcher:
         CPU backend then needs no thread at all.
         """
         if event.raw is None:
-            _complete(event, finish, result, on_error)
+            complete(event, finish, result, on_error)
             return
         # the thread object is made before the lock is taken: a collection started while it
         # is held may finalize a batch lease that hands its event to this watcher, here
@@ -184,7 +186,7 @@ class CompletionWatcher:
             item = self._q.get()
             if item is self._STOP:
                 return
-            _complete(*item)
+            complete(*item)
 
     def close(self, timeout: float = 10.0) -> None:
         with self._lock:
@@ -195,12 +197,15 @@ class CompletionWatcher:
             thread.join(timeout)
 
 
-def _complete(
+def complete(
     event: Event,
     finish: Callable[[], Any],
     result: AsyncResult,
     on_error: Callable[[BaseException], Any] | None,
 ) -> None:
+    """Wait on ``event`` in this thread, then complete ``result`` with ``finish()``; a
+    failure of either (a CUDA error, the finishing step) is handed to ``on_error`` and
+    becomes the result's exception (``DeviceError`` unless it is Ferry's own)."""
     try:
         event.synchronize()
         value = finish()

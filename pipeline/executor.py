@@ -9,57 +9,48 @@
 
 ``prepare`` is admission control: it takes a pinned staging slot (waiting up to
 ``staging_timeout_s``) and reserves the bucket's whole arena from the pool, or fails with
-``ResourceExhausted`` before any work starts. ``commit`` copies the batch into the pinned
-slot, then enqueues host-to-device on the copy stream, the graph (a CUDA graph replay once
-one is captured for that bucket and arena) on a compute stream, and device-to-host on the
-third stream, handing over between streams with events only; one completion thread
-finishes the result when the last event fires. The slot and the reservation are returned
-on every path: success, a failed commit, a device error.
+``ResourceExhausted`` before any work starts; it also finds the batch's route (compute
+stream, the plan bound to the arena and its CUDA graph). ``commit`` copies the batch into
+the pinned slot and enqueues the copy in, the graph and the copy out (``executor_commit``);
+the batch's result completes from its one last event (``executor_completion``: a thread
+that waits is woken once, by the device). The slot and the reservation are returned on
+every path: success, a failed commit, a device error.
 
-The model itself is an engine (``pipeline/engines``): the executor asks it for a plan per
-bucket and feed, binds the plan to the reserved arena and enqueues it; nothing here depends
-on which engine it is.
-
-``mode="naive"`` is the baseline every benchmark reports beside the real path
-(``executor_naive``). The prepared batch and the row checks are ``executor_batch``; bound
-graphs, CUDA graph capture and warm-up are ``executor_graphs``.
+The mode is a class chosen once here (``executor_modes``: ``real``, ``eager``, ``naive``,
+the baseline every benchmark reports beside the real path); each part is handed what it
+uses -- the models (``executor_models``), the book of counts and failures
+(``executor_stats``), the pool, streams, fault injector, completions and enqueue lock.
+The model itself is an engine (``pipeline/engines``): nothing here depends on which.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .async_result import AsyncResult, CompletionWatcher
+from .async_result import AsyncResult
 from .config import ExecutorConfig, Settings
 from .device import Backend, StreamSet, select_backend
 from .engines.base import Engine, EngineContext, EnginePlan, Feed
-from .errors import DeviceError, FerryError, InvalidInput, ModelNotFound
+from .errors import DeviceError, FerryError, InvalidInput
 from .executor_batch import PreparedBatch, check_input
-from .executor_commit import commit_real
+from .executor_completion import Completions
 from .executor_graphs import BoundGraphs, warmup
-from .executor_naive import commit_naive
+from .executor_models import ModelTable
+from .executor_modes import Mode, make_mode
+from .executor_stats import Counters
 from .faults import Injector, resolve
-from .health import HealthConfig, ReplicaHealth, as_ferry_error, probe
-from .memory import PinnedRing, make_pool, round_up
+from .health import HealthConfig, ReplicaHealth, probe
+from .memory import PinnedRing, make_pool
+from .models import repository
 from .models.registry import LoadedModel, load_model
 
 logger = logging.getLogger(__name__)
 __all__ = ["GpuExecutor", "PreparedBatch"]
-
-
-@dataclass
-class _Model:
-    loaded: LoadedModel
-    engine: Engine
-    weights_bytes: int
-    buckets: tuple[int, ...]  # the executor's, up to the model's max_batch
 
 
 class GpuExecutor:
@@ -83,28 +74,27 @@ class GpuExecutor:
             self.backend, self.config.pool_limit_bytes, self.config.pool_limit_fraction
         )
         self.streams = StreamSet(self.backend, self.config.compute_streams)
-        self.watcher = CompletionWatcher(f"ferry-completion-{self.backend.device_id}")
-        self.ring: PinnedRing | None = None
-        self._models: dict[str, _Model] = {}
+        self.completions = Completions(f"ferry-completion-{self.backend.device_id}")
         self.enqueue_lock = threading.Lock()  # held while enqueueing: streams and cuBLAS handles
-        self.bound_graphs = BoundGraphs(self.count)
-        self._stats_lock = threading.Lock()
-        self._n = {
-            "batches": 0,
-            "items": 0,
-            "padded_items": 0,
-            "graph_replays": 0,
-            "eager_runs": 0,
-            "captures": 0,
-            "failed": 0,
-            "in_flight": 0,
-            "max_in_flight_seen": 0,
-        }
+        self.counters = Counters()
+        self.faults = Injector(resolve(self.config.faults, Settings.from_env().faults))
+        ctx = EngineContext(
+            self.backend, self.dtype, self.target, self.config.max_workspace_bytes, self.pool
+        )
+        self._models = ModelTable(ctx, self.config.buckets)
+        self.mode: Mode = make_mode(
+            self.config,
+            self.backend,
+            self.pool,
+            self.streams,
+            self._models,
+            self.counters,
+            self.faults,
+            self.completions,
+            self.enqueue_lock,
+        )
         self.warmed_up = False
         self._closed = False
-        self.faults = Injector(resolve(self.config.faults, Settings.from_env().faults))
-        self._device_error: DeviceError | None = None
-        self.last_progress = time.monotonic()  # when a batch last finished (health)
         logger.info(
             "executor on %s, dtype %s, mode %s, pool limit %.1f GiB",
             self.backend.describe(),
@@ -117,38 +107,10 @@ class GpuExecutor:
     def load(self, loaded: LoadedModel, max_batch: int | None = None) -> None:
         """Put a model's weights on the device and size the staging ring for it; it is run
         at the executor's buckets up to ``max_batch``."""
-        engine = loaded.engine
-        engine.load(
-            EngineContext(
-                self.backend, self.dtype, self.target, self.config.max_workspace_bytes, self.pool
-            )
-        )
-        inputs = engine.inputs
-        if len(inputs) != 1:
-            raise InvalidInput(
-                "models with more than one input tensor are not served yet",
-                model=loaded.name,
-                inputs=[t.name for t in inputs],
-            )
-        wbytes = engine.weights_bytes
-        buckets = tuple(b for b in self.config.buckets if max_batch is None or b <= max_batch)
-        if not buckets:
-            raise InvalidInput(
-                "max_batch is below the smallest bucket",
-                model=loaded.name,
-                max_batch=max_batch,
-                buckets=self.config.buckets,
-            )
+        m = self._models.build(loaded, max_batch)
         with self.enqueue_lock:
-            self._models[loaded.name] = _Model(loaded, engine, wbytes, buckets)
-            self._size_ring()
-        logger.info(
-            "loaded %s (%s engine, %s): %.1f MB of weights",
-            loaded.name,
-            engine.name,
-            loaded.source,
-            wbytes / 1e6,
-        )
+            self._models.add(m)
+            self.mode.fit(self._models.slot_bytes())
 
     def load_model(
         self, name: str, arch: str, weights: str | None = None, seed: int = 0
@@ -159,9 +121,7 @@ class GpuExecutor:
 
     def load_entry(self, entry: Any) -> LoadedModel:
         """Load a repository entry (``ModelConfig``) with its engine, checked at startup."""
-        from .models.repository import load_entry
-
-        loaded = load_entry(entry)
+        loaded = repository.load_entry(entry)
         self.load(loaded, entry.max_batch)
         return loaded
 
@@ -169,62 +129,37 @@ class GpuExecutor:
         """Drop a model (one refused at load or warm-up): its bound plans and CUDA graphs,
         and what its engine holds on the device."""
         with self.enqueue_lock:
-            m = self._models.pop(name, None)
-            self.bound_graphs.forget(name)
+            m = self._models.pop(name)
+            self.mode.forget(name)
         if m is not None:
             m.engine.close()
 
     @property
     def models(self) -> dict[str, LoadedModel]:
-        return {k: m.loaded for k, m in self._models.items()}
+        return self._models.loaded()
 
     def engine_of(self, name: str) -> Engine:
-        return self._model(name).engine
+        return self._models.get(name).engine
 
-    def _model(self, name: str) -> _Model:
-        m = self._models.get(name)
-        if m is None:
-            raise ModelNotFound("no such model", model=name, served=sorted(self._models))
-        return m
+    @property
+    def ring(self) -> PinnedRing | None:
+        """The pinned staging ring (None in naive mode, which stages nothing)."""
+        return self.mode.ring
 
-    def _size_ring(self) -> None:
-        need = max(
-            self._slot_bytes(self.plan(name, m.buckets[-1], feed))
-            for name, m in self._models.items()
-            for feed in m.engine.feeds
-        )
-        if self.ring is not None and self.ring.slot_bytes >= need:
-            return
-        if self.ring is not None and self.ring.available() != self.ring.slots:
-            raise RuntimeError("cannot grow the staging ring while batches are in flight")
-        old = self.ring
-        self.ring = PinnedRing(self.backend, need, self.config.max_in_flight)
-        if old is not None:
-            old.close()
-
-    @staticmethod
-    def _slot_bytes(plan: EnginePlan) -> int:
-        return round_up(plan.input_spec.nbytes, 256) + sum(
-            round_up(s.nbytes, 256) for s in plan.output_specs
-        )
+    @property
+    def bound_graphs(self) -> BoundGraphs:
+        return self.mode.bound_graphs
 
     # ------------------------------------------------------------------ planning
     def buckets(self, model: str | None = None) -> tuple[int, ...]:
         """The buckets ``model`` runs at (the executor's, up to its ``max_batch``)."""
-        return self.config.buckets if model is None else self._model(model).buckets
+        return self._models.buckets_of(model)
 
     def bucket_for(self, n: int, model: str | None = None) -> int:
-        buckets = self.buckets(model)
-        for b in buckets:
-            if b >= n:
-                return b
-        raise InvalidInput(
-            "batch larger than the largest bucket", batch_size=n, max_bucket=buckets[-1]
-        )
+        return self._models.bucket_for(n, model)
 
     def plan(self, model: str, bucket: int, feed: Feed = "image") -> EnginePlan:
-        engine = self._model(model).engine
-        return engine.plan(bucket, engine.feed_for(feed))
+        return self._models.plan(model, bucket, feed)
 
     # ------------------------------------------------------------------ phase one
     def prepare(
@@ -238,21 +173,9 @@ class GpuExecutor:
             raise RuntimeError("executor is closed")
         if not isinstance(batch_size, int | np.integer) or batch_size < 1:
             raise InvalidInput("batch_size must be a positive integer", batch_size=batch_size)
-        bucket = self.bucket_for(int(batch_size), model)
-        plan = self.plan(model, bucket, feed)
-        if self.naive:
-            return PreparedBatch(model, int(batch_size), bucket, plan, None, None, True)
-        assert self.ring is not None
-        slot = self.ring.acquire(self.config.staging_timeout_s if timeout is None else timeout)
-        try:
-            faults = self.faults.next_batch()  # (an injected oom_reserve raises here)
-            res = self.pool.reserve(plan.arena_bytes)
-        except BaseException:
-            slot.release()
-            raise
-        prepared = PreparedBatch(model, int(batch_size), bucket, plan, res, slot, False)
-        prepared.faults = faults
-        return prepared
+        n = int(batch_size)
+        bucket = self._models.bucket_for(n, model)
+        return self.mode.prepare(model, n, bucket, self._models.plan(model, bucket, feed), timeout)
 
     # ------------------------------------------------------------------ phase two
     def commit(
@@ -271,14 +194,12 @@ class GpuExecutor:
         except BaseException:
             prepared.release()
             raise
-        if prepared.naive:
-            return commit_naive(self, prepared, x, label)
         try:
-            return commit_real(self, prepared, x, label)
+            return self.mode.commit(prepared, x, label)
         except BaseException as exc:
             prepared.release()
-            self.count(failed=1)
-            return AsyncResult.failed(self.record_failure(exc), label)
+            self.counters.count(failed=1)
+            return AsyncResult.failed(self.counters.failure(exc), label)
 
     # ------------------------------------------------------------------ conveniences
     def infer(
@@ -308,11 +229,12 @@ class GpuExecutor:
         warm-up fails is handed to it (``failed(name, exc)``) and the others warm on."""
         self.faults.warmup_delay()
         times: dict[str, float] = {}
+        depth, rounds = self.mode.warm_depth, self.mode.warm_rounds
         for name in list(models or self.models):
             if starting is not None:
                 starting(name)
             try:
-                times.update(warmup(self, [name]))
+                times.update(warmup(self._models, self.prepare, self.commit, [name], depth, rounds))
             except Exception as exc:
                 if failed is None:
                     raise
@@ -324,21 +246,23 @@ class GpuExecutor:
     # ------------------------------------------------------------------ health
     def record_failure(self, exc: BaseException) -> FerryError:
         """A batch's failure as Ferry's error; a device error poisons the executor."""
-        err = as_ferry_error(exc)
-        self.last_progress = time.monotonic()
-        if isinstance(err, DeviceError) and self._device_error is None:
-            logger.error("device error, the executor is poisoned: %s", err)
-            self._device_error = err
-        return err
+        return self.counters.failure(exc)
+
+    @property
+    def last_progress(self) -> float:
+        """When a batch last finished (``time.monotonic``; health reads it)."""
+        return self.counters.last_progress
 
     @property
     def device_error(self) -> DeviceError | None:
         """The error that poisoned the device, once a batch has had one."""
-        return self._device_error or self.faults.poisoned
+        return self.counters.device_error or self.faults.poisoned
 
     @property
     def in_flight(self) -> int:
-        return self._n["in_flight"]
+        """Batches committed and not yet finished (finishing those whose events are done)."""
+        self.completions.reap()
+        return self.counters.in_flight
 
     def replica_health(self, config: HealthConfig, pending: Any) -> ReplicaHealth:
         """The health of a replica built around this executor, ready now (its constructor
@@ -353,15 +277,12 @@ class GpuExecutor:
 
     # ------------------------------------------------------------------ stats
     def count(self, **deltas: int) -> None:
-        with self._stats_lock:
-            for k, v in deltas.items():
-                self._n[k] += v
-            if self._n["in_flight"] > self._n["max_in_flight_seen"]:
-                self._n["max_in_flight_seen"] = self._n["in_flight"]
+        self.counters.count(**deltas)
 
     def stats(self) -> dict[str, Any]:
-        with self._stats_lock:
-            out: dict[str, Any] = dict(self._n)
+        self.completions.reap()
+        out: dict[str, Any] = self.counters.snapshot()
+        ring = self.ring
         out.update(
             backend=self.backend.name,
             dtype=self.dtype,
@@ -369,7 +290,7 @@ class GpuExecutor:
             warmed_up=self.warmed_up,
             pool=self.pool.stats().as_dict(),
             bound_graphs=len(self.bound_graphs),
-            staging_waits=self.ring.waits if self.ring else 0,
+            staging_waits=ring.waits if ring else 0,
             weights_bytes=sum(m.weights_bytes for m in self._models.values()),
             faults_injected=dict(self.faults.injected),
         )
@@ -379,12 +300,10 @@ class GpuExecutor:
         if self._closed:
             return
         self._closed = True
-        self.watcher.close()
+        self.completions.close()
         self.streams.synchronize()
-        self.bound_graphs.clear()
+        self.mode.close()
         for m in self._models.values():
             m.engine.close()
         self.streams.close()
-        if self.ring is not None:
-            self.ring.close()
         self.pool.trim()

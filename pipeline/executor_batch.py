@@ -1,6 +1,7 @@
 """What one batch holds between ``GpuExecutor.prepare`` and the end of its commit: the
-prepared batch (bucket, plan, arena reservation, pinned staging slot), the check of the
-rows a caller hands over, and the copy of them into a staging buffer."""
+prepared batch (bucket, plan, arena reservation, pinned staging slot, and the route chosen
+for it: stream, bound graph, views), the check of the rows a caller hands over, and the
+copy of them into a staging buffer."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ class PreparedBatch:
         "_released",
         "committed",
         "faults",
+        "route",
     )
 
     def __init__(
@@ -53,6 +55,7 @@ class PreparedBatch:
         self._released = False
         self.committed = False
         self.faults: frozenset[str] = frozenset()  # injected faults that hit it (faults.py)
+        self.route: Any = None  # where it runs, chosen at prepare (executor_commit.Route)
 
     def release(self) -> None:
         """Give back the staging slot and the reservation; safe to call more than once."""

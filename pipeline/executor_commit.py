@@ -1,101 +1,266 @@
-"""The real path of a commit: the batch into its pinned staging slot, host-to-device on the
-copy stream, the graph (a CUDA graph replay once one is captured for that bucket, arena
-and stream) on a compute stream, device-to-host on the third stream, handing over between
-streams with events only; the completion thread finishes the result when the last event
-fires and returns the slot and the reservation (on a failure too)."""
+"""The staged path of the ``real`` and ``eager`` modes: a pinned staging slot and the
+bucket's arena reserved in ``prepare``, with the batch's route -- its compute stream, the
+plan bound to its arena and that arena's CUDA graph, the slot's views and events -- found
+there too (cached: nothing is made for a batch whose bucket, arena and slot were seen
+before). ``commit`` copies the rows into the slot and enqueues, under the enqueue lock:
+
+* one stream per in-flight batch (``compute_streams >= max_in_flight``, as torch's own
+  loop runs): host-to-device, the graph launch and device-to-host on the arena's compute
+  stream, then the slot's one event -- ``memcpyAsync``, ``cudaGraphLaunch``,
+  ``memcpyAsync``, ``cudaEventRecord``;
+* fewer compute streams than batches in flight: the copies on the copy streams, handed
+  over with the slot's own events (made once per slot, recorded again by each batch), so
+  the copies of one batch overlap the compute of another.
+
+The batch's result completes from its last event (``executor_completion``); the slot and
+the reservation come back on every path.
+"""
 
 from __future__ import annotations
 
+import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from .async_result import AsyncResult
-from .device import is_device_array
+from .config import ExecutorConfig
+from .device import COMPLETE, Backend, Event, Stream, StreamSet, is_device_array
+from .engines.base import BoundModel, EnginePlan
 from .executor_batch import PreparedBatch, stage
-from .memory import round_up
+from .executor_completion import Completions
+from .executor_graphs import BoundGraphs
+from .executor_models import ModelTable
+from .executor_stats import Counters
+from .faults import Injector
+from .memory import DevicePool, PinnedRing, PinnedSlot, round_up
 
-if TYPE_CHECKING:
-    from .executor import GpuExecutor
+
+class SlotEvents:
+    """One staging slot's events: the hand-overs between streams and the batch's last one."""
+
+    __slots__ = ("h2d", "compute", "done")
+
+    def __init__(self, backend: Backend) -> None:
+        if not backend.is_cuda:
+            self.h2d = self.compute = self.done = COMPLETE
+            return
+        import cupy  # the optional GPU backend
+
+        with cupy.cuda.Device(backend.device_id):
+            self.h2d = Event(cupy.cuda.Event(block=False, disable_timing=True))
+            self.compute = Event(cupy.cuda.Event(block=False, disable_timing=True))
+            # blocking sync: the thread that waits on it sleeps instead of spinning a core
+            self.done = Event(cupy.cuda.Event(block=True, disable_timing=True))
 
 
-def commit_real(
-    ex: GpuExecutor, p: PreparedBatch, x: np.ndarray | list[np.ndarray], label: str
-) -> AsyncResult:
-    plan, slot = p.plan, p.slot
-    assert slot is not None and p.reservation is not None
+def record(event: Event, stream: Stream) -> None:
+    if event.raw is not None:
+        event.raw.record(stream.raw)
+
+
+class Route:
+    """Where a prepared batch runs (chosen at prepare)."""
+
+    __slots__ = ("compute", "bound", "graph", "stage_in", "outs_host", "events")
+
+    def __init__(
+        self,
+        compute: Stream,
+        bound: BoundModel,
+        graph: Any,
+        views: tuple[np.ndarray, list[np.ndarray]],
+        events: SlotEvents,
+    ) -> None:
+        self.compute, self.bound, self.graph = compute, bound, graph
+        self.stage_in, self.outs_host = views
+        self.events = events
+
+
+def slot_views(slot: PinnedSlot, plan: EnginePlan) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The slot's input rows (a bucket's worth), then one view per output."""
     spec_in = plan.input_spec
-    stage_in = slot.view(0, spec_in.shape, spec_in.dtype)
-    rows_d = [(i, r) for i, r in enumerate(x) if is_device_array(r)] if isinstance(x, list) else []
-    on_device = bool(rows_d) and len(rows_d) == p.n  # rows already on this device, every one
-    if not on_device:
-        stage(stage_in, x, p.n)  # the host copy into pinned memory, in this thread
-    outs_host = []
-    off = round_up(spec_in.nbytes, 256)
+    outs, off = [], round_up(spec_in.nbytes, 256)
     for s in plan.output_specs:
-        outs_host.append(slot.view(off, s.shape, s.dtype))
+        outs.append(slot.view(off, s.shape, s.dtype))
         off += round_up(s.nbytes, 256)
-    streams = ex.streams
-    with ex.enqueue_lock:
-        ex.backend.activate()
-        compute = streams.compute_for(p.reservation.ptr)  # one stream per arena
-        bound, cuda_graph = ex.bound_graphs.get(p, compute, ex.engine_of(p.model))
+    return slot.view(0, spec_in.shape, spec_in.dtype), outs
+
+
+class StagedMode:
+    """prepare/commit through the pinned ring, the pool and the fixed streams."""
+
+    name = "staged"
+    capture = False  # record each arena's first eager run as a CUDA graph (``GraphMode``)
+
+    def __init__(
+        self,
+        config: ExecutorConfig,
+        backend: Backend,
+        pool: DevicePool,
+        streams: StreamSet,
+        models: ModelTable,
+        counters: Counters,
+        faults: Injector,
+        completions: Completions,
+        lock: threading.Lock,
+    ) -> None:
+        self.config, self.backend, self.pool, self.streams = config, backend, pool, streams
+        self.models, self.counters, self.faults = models, counters, faults
+        self.completions, self.lock = completions, lock
+        self.bound_graphs = BoundGraphs(counters.count)
+        self.ring: PinnedRing | None = None
+        self.one_stream = config.compute_streams >= config.max_in_flight
+        self.capture = self.capture and backend.is_cuda
+        self.warm_depth = config.max_in_flight if backend.is_cuda else 1
+        self.warm_rounds = 2 if backend.is_cuda else 1
+        self._views: dict[tuple, tuple[np.ndarray, list[np.ndarray]]] = {}
+        self._events: dict[int, SlotEvents] = {}
+
+    def fit(self, slot_bytes: int) -> None:
+        """A ring whose slots hold ``slot_bytes`` (grown only while nothing is in flight)."""
+        if self.ring is not None and self.ring.slot_bytes >= slot_bytes:
+            return
+        if self.ring is not None and self.ring.available() != self.ring.slots:
+            raise RuntimeError("cannot grow the staging ring while batches are in flight")
+        old = self.ring
+        self.ring = PinnedRing(self.backend, slot_bytes, self.config.max_in_flight)
+        self._views.clear()
+        if old is not None:
+            old.close()
+
+    # ------------------------------------------------------------------ phase one
+    def prepare(
+        self, model: str, n: int, bucket: int, plan: EnginePlan, timeout: float | None
+    ) -> PreparedBatch:
+        ring = self.ring
+        assert ring is not None
+        if ring.available() == 0 and len(self.completions):
+            self.completions.drive_oldest()  # a batch nobody waits for may hold the slots
+        slot = ring.acquire(self.config.staging_timeout_s if timeout is None else timeout)
+        try:
+            faults = self.faults.next_batch()  # (an injected oom_reserve raises here)
+            res = self.pool.reserve(plan.arena_bytes)
+        except BaseException:
+            slot.release()
+            raise
+        p = PreparedBatch(model, n, bucket, plan, res, slot, False)
+        p.faults = faults
+        try:
+            p.route = self._route(p, slot)
+        except BaseException:
+            p.release()
+            raise
+        return p
+
+    def _route(self, p: PreparedBatch, slot: PinnedSlot) -> Route:
+        assert p.reservation is not None
+        compute = self.streams.compute_for(p.reservation.ptr)  # one stream per arena
+        bound, graph = self.bound_graphs.get(p, compute, self.models.get(p.model).engine)
+        key = (slot.index, p.model, p.bucket, p.plan.feed)
+        views = self._views.get(key)
+        if views is None:
+            views = self._views[key] = slot_views(slot, p.plan)
+        events = self._events.get(slot.index)
+        if events is None:
+            events = self._events[slot.index] = SlotEvents(self.backend)
+        return Route(compute, bound, graph, views, events)
+
+    # ------------------------------------------------------------------ phase two
+    def commit(self, p: PreparedBatch, x: np.ndarray | list[np.ndarray], label: str) -> AsyncResult:
+        r: Route = p.route
+        rows_d = (
+            [(i, a) for i, a in enumerate(x) if is_device_array(a)] if isinstance(x, list) else []
+        )
+        on_device = bool(rows_d) and len(rows_d) == p.n  # rows already on this device, every one
+        if not on_device:
+            stage(r.stage_in, x, p.n)  # the host copy into pinned memory, in this thread
+        with self.lock:
+            self.backend.activate()
+            replay = self._enqueue(p, r, x, rows_d, on_device)
+        self.counters.count(
+            batches=1,
+            items=p.n,
+            padded_items=p.bucket - p.n,
+            in_flight=1,
+            graph_replays=int(replay),
+            eager_runs=int(not replay),
+        )
+        return self._result(p, r, [a for _, a in rows_d], label)
+
+    def _enqueue(
+        self, p: PreparedBatch, r: Route, x: Any, rows_d: list[tuple[int, Any]], on_device: bool
+    ) -> bool:
+        """Enqueue the batch on its route (under the lock); True for a graph replay."""
+        bound, compute, ev, streams = r.bound, r.compute, r.events, self.streams
         if on_device:  # rows already on this device (GPU preprocessing): d2d copies
             with compute:
-                for i, r in enumerate(x):
-                    bound.input[i] = r
+                for i, a in enumerate(x):
+                    bound.input[i] = a
                 if p.n < p.bucket:
                     bound.input[p.n :] = 0
-        else:  # host rows go up on the copy stream; device rows beside them d2d after
-            streams.h2d.copy_h2d(bound.input, stage_in)
-            compute.wait(streams.h2d.record())
-            with compute:
-                for i, r in rows_d:
-                    bound.input[i] = r
-        if ex.faults.enabled:  # the middle of the batch: its arena and slot are held
-            ex.faults.on_commit(p.faults)
-        if cuda_graph is not None:
-            cuda_graph.launch(compute.raw)
-            replay = True
+        else:  # host rows go up first; device rows beside them are copied on the device
+            if self.one_stream:
+                compute.copy_h2d(bound.input, r.stage_in)
+            else:
+                streams.h2d.copy_h2d(bound.input, r.stage_in)
+                record(ev.h2d, streams.h2d)
+                compute.wait(ev.h2d)
+            if rows_d:
+                with compute:
+                    for i, a in rows_d:
+                        bound.input[i] = a
+        if self.faults.enabled:  # the middle of the batch: its arena and slot are held
+            self.faults.on_commit(p.faults)
+        replay = r.graph is not None
+        if replay:
+            r.graph.launch(compute.raw)
         else:
             bound.run(compute)
-            replay = False
-            if ex.backend.is_cuda and ex.config.cuda_graphs:
-                ex.bound_graphs.capture(p, compute, bound)
-        streams.d2h.wait(compute.record())
-        for host, dev in zip(outs_host, bound.outputs, strict=True):
-            streams.d2h.copy_d2h(host, dev)
-        done = streams.d2h.record()
-    ex.count(
-        batches=1,
-        items=p.n,
-        padded_items=p.bucket - p.n,
-        in_flight=1,
-        graph_replays=int(replay),
-        eager_runs=int(not replay),
-    )
-    n = p.n
+            if self.capture:
+                self.bound_graphs.capture(p, compute, bound)
+        out = compute if self.one_stream else streams.d2h
+        if not self.one_stream:
+            record(ev.compute, compute)
+            out.wait(ev.compute)
+        for host, dev in zip(r.outs_host, bound.outputs, strict=True):
+            out.copy_d2h(host, dev)
+        record(ev.done, out)
+        return replay
 
-    keep = [r for _, r in rows_d]  # device rows live until the batch is done
-    stall = ex.faults.stall_s(p.faults)
+    def _result(self, p: PreparedBatch, r: Route, keep: list[Any], label: str) -> AsyncResult:
+        """The batch's result, finished from its last event: the rows copied out of the
+        slot, the slot and the reservation given back (on a failure too)."""
+        n, outs_host, counters = p.n, r.outs_host, self.counters
+        stall = self.faults.stall_s(p.faults)
 
-    def finish() -> Any:
-        if stall:
-            time.sleep(stall)  # an injected hang: this batch does not finish meanwhile
-        keep.clear()
-        rows = [np.array(h[:n]) for h in outs_host]  # out of the slot before it is reused
-        p.release()
-        ex.last_progress = time.monotonic()
-        ex.count(in_flight=-1)
-        return rows[0] if len(rows) == 1 else tuple(rows)
+        def finish() -> Any:
+            if stall:
+                time.sleep(stall)  # an injected hang: this batch does not finish meanwhile
+            keep.clear()  # device rows live until the batch is done
+            rows = [np.array(h[:n]) for h in outs_host]  # out of the slot before it is reused
+            p.release()
+            counters.finished()
+            return rows[0] if len(rows) == 1 else tuple(rows)
 
-    def failed(exc: BaseException) -> None:
-        keep.clear()
-        p.release()
-        ex.record_failure(exc)
-        ex.count(in_flight=-1, failed=1)
+        def failed(exc: BaseException) -> None:
+            keep.clear()
+            p.release()
+            counters.failure(exc)
+            counters.count(in_flight=-1, failed=1)
 
-    result: AsyncResult = AsyncResult(label or f"{p.model}[{p.n}]")
-    ex.watcher.watch(done, finish, result, on_error=failed)
-    return result
+        return self.completions.add(r.events.done, finish, label or f"{p.model}[{n}]", failed)
+
+    def forget(self, model: str) -> None:
+        """Drop what was kept for ``model`` (unloaded): bound plans, graphs, slot views."""
+        self.bound_graphs.forget(model)
+        for key in [k for k in self._views if k[1] == model]:
+            del self._views[key]
+
+    def close(self) -> None:
+        self.bound_graphs.clear()
+        self._views.clear()
+        self._events.clear()
+        if self.ring is not None:
+            self.ring.close()

@@ -1,28 +1,28 @@
 """Bound graphs and CUDA graphs per bucket, and the warm-up that makes them.
 
 A plan bound to one reserved arena on one compute stream is kept (least recently used
-dropped past ``MAX_BOUND``); on the GPU its first eager run is recorded as a CUDA graph,
-replayed by every later batch that gets the same arena on the same stream. ``warmup`` runs
-every bucket -- twice on the GPU, with one arena per in-flight batch -- so those graphs
-exist before the first request.
+dropped past ``MAX_BOUND``); ``prepare`` looks it up, so a batch knows its graph before
+its commit. On the GPU in ``real`` mode its first eager run is recorded as a CUDA graph,
+replayed by every later batch that gets the same arena on the same stream. ``warmup``
+runs every bucket -- twice on the GPU, with one arena per in-flight batch -- so those
+graphs exist before the first request.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from .device import Stream
 from .engines.base import BoundModel, Engine
 from .executor_batch import PreparedBatch
-
-if TYPE_CHECKING:
-    from .executor import GpuExecutor
+from .executor_models import ModelTable
 
 logger = logging.getLogger("pipeline.executor")
 MAX_BOUND = 256  # bound graphs (and their CUDA graphs) kept, least recently used dropped
@@ -30,24 +30,28 @@ MAX_BOUND = 256  # bound graphs (and their CUDA graphs) kept, least recently use
 
 class BoundGraphs:
     """The LRU cache of (bound plan, CUDA graph or None), keyed by model, bucket, feed,
-    arena pointer and compute stream. Used under the executor's enqueue lock."""
+    arena pointer and compute stream; ``count`` is told of each capture. Thread-safe: a
+    key belongs to the one batch that holds its arena, so only the cache is locked."""
 
     def __init__(self, count: Callable[..., None]) -> None:
         self._bound: OrderedDict[tuple, tuple[BoundModel, Any]] = OrderedDict()
         self._count = count
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._bound)
 
     def forget(self, model: str) -> None:
         """Drop every entry of ``model`` (a model unloaded)."""
-        for key in [k for k in self._bound if k[0] == model]:
-            del self._bound[key]
+        with self._lock:
+            for key in [k for k in self._bound if k[0] == model]:
+                del self._bound[key]
 
     def items(self) -> list[tuple[tuple, tuple[BoundModel, Any]]]:
         """(key, (bound plan, CUDA graph or None)) of every entry, oldest first: which arenas
         and streams have graphs (tests and diagnostics read it)."""
-        return list(self._bound.items())
+        with self._lock:
+            return list(self._bound.items())
 
     @staticmethod
     def key(p: PreparedBatch, compute: Stream) -> tuple:
@@ -58,14 +62,16 @@ class BoundGraphs:
         """The plan bound to the batch's arena (bound now on a miss) and its CUDA graph."""
         assert p.reservation is not None
         key = self.key(p, compute)
-        hit = self._bound.get(key)
-        if hit is not None:
-            self._bound.move_to_end(key)
-            return hit
-        bound = engine.bind(p.plan, p.reservation.buffer)
-        self._bound[key] = (bound, None)
-        while len(self._bound) > MAX_BOUND:
-            self._bound.popitem(last=False)
+        with self._lock:
+            hit = self._bound.get(key)
+            if hit is not None:
+                self._bound.move_to_end(key)
+                return hit
+        bound = engine.bind(p.plan, p.reservation.buffer)  # views only: no device work
+        with self._lock:
+            self._bound[key] = (bound, None)
+            while len(self._bound) > MAX_BOUND:
+                self._bound.popitem(last=False)
         return bound, None
 
     def capture(self, p: PreparedBatch, compute: Stream, bound: BoundModel) -> None:
@@ -78,30 +84,39 @@ class BoundGraphs:
                 "CUDA graph capture failed for %s bucket %d; staying eager", p.model, p.bucket
             )
             return
-        self._bound[key] = (bound, graph)
+        with self._lock:
+            self._bound[key] = (bound, graph)
         self._count(captures=1)
 
     def clear(self) -> None:
-        self._bound.clear()
+        with self._lock:
+            self._bound.clear()
 
 
-def warmup(ex: GpuExecutor, models: list[str] | None = None) -> dict[str, float]:
-    """Plan every bucket and run it -- twice on the GPU, so its CUDA graphs are captured
-    (one per in-flight arena) and replayed once. Small buckets first, so the pool's
-    blocks for each bucket are exact fits that later batches get back."""
+def warmup(
+    models: ModelTable,
+    prepare: Callable[..., PreparedBatch],
+    commit: Callable[[PreparedBatch, np.ndarray], Any],
+    names: list[str],
+    depth: int,
+    rounds: int,
+) -> dict[str, float]:
+    """Plan every bucket of ``names`` and run it ``rounds`` times with ``depth`` batches in
+    flight (on the GPU: twice, one arena per in-flight batch, so each arena's CUDA graph is
+    captured and then replayed once). Small buckets first, so the pool's blocks for each
+    bucket are exact fits that later batches get back."""
     times: dict[str, float] = {}
-    gpu = ex.backend.is_cuda and not ex.naive
-    depth = ex.config.max_in_flight if gpu else 1  # one arena per in-flight batch to capture
-    for name in models or list(ex.models):
+    for name in names:
         t0 = time.perf_counter()
-        for feed in ex.engine_of(name).feeds:
-            item = ex.plan(name, 1, feed).input_spec
-            for bucket in ex.buckets(name):
-                for _round in range(2 if gpu else 1):
-                    prepared = [ex.prepare(name, bucket, feed=feed) for _ in range(depth)]
+        buckets = models.buckets_of(name)
+        for feed in models.get(name).engine.feeds:
+            item = models.plan(name, 1, feed).input_spec
+            for bucket in buckets:
+                for _round in range(rounds):
+                    prepared = [prepare(name, bucket, feed=feed) for _ in range(depth)]
                     zeros = np.zeros((bucket, *item.shape[1:]), dtype=item.np_dtype)
-                    for r in [ex.commit(p, zeros) for p in prepared]:
+                    for r in [commit(p, zeros) for p in prepared]:
                         r.wait()
         times[name] = time.perf_counter() - t0
-        logger.info("warmed up %s: %d buckets in %.2f s", name, len(ex.buckets(name)), times[name])
+        logger.info("warmed up %s: %d buckets in %.2f s", name, len(buckets), times[name])
     return times

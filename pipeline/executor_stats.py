@@ -1,0 +1,67 @@
+"""The executor's book: its counts, when a batch last ended (health reads it) and the
+device error that poisoned it, once a batch has had one. Every part that finishes or
+fails a batch is handed this one object."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from .errors import DeviceError, FerryError
+from .health import as_ferry_error
+
+logger = logging.getLogger("pipeline.executor")
+
+COUNTS = (
+    "batches",
+    "items",
+    "padded_items",
+    "graph_replays",
+    "eager_runs",
+    "captures",
+    "failed",
+    "in_flight",
+    "max_in_flight_seen",
+)
+
+
+class Counters:
+    """Counts under one lock; ``last_progress`` and ``device_error`` beside them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._n = dict.fromkeys(COUNTS, 0)
+        self.last_progress = time.monotonic()  # when a batch last finished (health)
+        self.device_error: DeviceError | None = None
+
+    def count(self, **deltas: int) -> None:
+        with self._lock:
+            n = self._n
+            for k, v in deltas.items():
+                n[k] += v
+            if n["in_flight"] > n["max_in_flight_seen"]:
+                n["max_in_flight_seen"] = n["in_flight"]
+
+    def finished(self) -> None:
+        """A batch ended well: progress now, one fewer in flight."""
+        self.last_progress = time.monotonic()
+        self.count(in_flight=-1)
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return dict(self._n)
+
+    @property
+    def in_flight(self) -> int:
+        return self._n["in_flight"]
+
+    def failure(self, exc: BaseException) -> FerryError:
+        """A batch's failure as Ferry's error; a device error poisons the executor."""
+        err = as_ferry_error(exc)
+        self.last_progress = time.monotonic()
+        if isinstance(err, DeviceError) and self.device_error is None:
+            logger.error("device error, the executor is poisoned: %s", err)
+            self.device_error = err
+        return err
