@@ -84,3 +84,16 @@ def test_the_summary_tells_the_backend_and_the_gpus_asked_truthfully(name, gpus,
     line = capsys.readouterr().out.splitlines()[1]
     assert line.endswith(says), line
     assert "placed for" not in line
+
+
+def test_a_missing_model_file_fails_the_check_without_loading(tmp_path, capsys):
+    """The config validates; the check (``pipeline.check``) finds the file is not there."""
+    missing = str(tmp_path / "nowhere.onnx")
+    bare = _write(
+        tmp_path, "p.yaml", {"models": [{"name": "m", "engine": "onnx", "source": missing}]}
+    )
+    assert cli.main(["config", "check", bare, "--no-load"]) == 1
+    err = capsys.readouterr().err
+    assert (
+        "Ferry's pipeline config" in err and f"model 'm': source file not found: {missing}" in err
+    )
