@@ -1,7 +1,9 @@
 """Models benchmark: the 13 torchvision classifiers (random weights, randomised batch norms) at
 batch 1, 32 and 128, fp16 on one GPU, from pinned host uint8 batches, three batches in flight.
 
-Systems (rows ``{"model", "batch", "system", "img_s", "top1_agree", "spread"}``):
+Systems (rows ``{"model", "batch", "system", "img_s", "top1_agree", "spread",
+"host_us_per_batch", "cpu_us_per_batch"}``; the host figures are defined in
+``bench_models_harness.py``):
 
 * ``ferry_torch``   -- Ferry's executor with the torch engine: torch.compile (default mode,
   freezing) in Ferry's CUDA graphs on Ferry's streams (3 compute streams, one per in-flight
@@ -48,7 +50,7 @@ from benchmarks.model_zoo import MODELS, make, normalised, photo_pixels  # noqa:
 SYSTEMS = ("ferry_torch", "torch_compile", "torch_eager", "ferry_native")
 OPTIONAL = ("ferry_onnx",)
 NATIVE = {"resnet50"}  # architectures Ferry builds natively
-COLS = ["model", "batch", "system", "img_s", "top1_agree", "spread"]
+COLS = ["model", "batch", "system", "img_s", "top1_agree", "spread", "host_us_per_batch"]
 
 
 def ferry_executor(entry: Any, batches: list[int], compute_streams: int) -> Any:
@@ -72,14 +74,16 @@ def ferry_executor(entry: Any, batches: list[int], compute_streams: int) -> Any:
     return ex
 
 
-def _row(model: str, batch: int, system: str, img_s: float, agree: float, spread: float):
+def _row(model: str, batch: int, system: str, timing: dict, agree: float) -> dict:
     return {
         "model": model,
         "batch": batch,
         "system": system,
-        "img_s": round(img_s, 1),
+        "img_s": round(timing["img_s"], 1),
         "top1_agree": agree,
-        "spread": round(spread, 3),
+        "spread": round(timing["spread"], 3),
+        "host_us_per_batch": timing["host_us_per_batch"],
+        "cpu_us_per_batch": timing["cpu_us_per_batch"],
     }
 
 
@@ -157,10 +161,10 @@ class ModelBench:
             if self.eager is not None:
                 drivers["torch_eager"] = H.torch_driver(self.eager, b, False)
                 top1["torch_eager"] = lambda b=b: H.torch_top1(self.eager, b, self.u8)
-            rates = H.interleaved(drivers, b, self.args.seconds)
-            for system, (img_s, spread) in rates.items():
+            timings = H.interleaved(drivers, b, self.args.seconds)
+            for system, timing in timings.items():
                 agree = H.agree(top1[system](), self.ref)
-                rows.append(_row(name, b, system, img_s, agree, spread))
+                rows.append(_row(name, b, system, timing, agree))
             for system, f in facts.items():
                 diags.append({"model": name, "batch": b, "system": system, **f()})
             for d in drivers.values():
@@ -176,34 +180,31 @@ class ModelBench:
     def diagnose(self, ex: Any, b: int) -> list[dict]:
         """What the ratio is made of: the GPU alone on Ferry's graphs, then the harness and
         executor variants (the earlier round-robin streams, submit threads, the host copy
-        into pinned memory, spinning instead of blocking on the completion event)."""
-        import pipeline.device as device
-
+        into pinned memory, a bounded wait: the completion thread's two wake-ups)."""
         name, secs, out = self.name, self.args.seconds, []
         out.append({"model": name, "batch": b, "variant": "gpu_only"})
         out[-1].update(H.ferry_graphs_only(ex, name, b))
         variants = [
-            ("round_robin_streams_pool_copy", dict(staged=False, pool=True), True, False),
-            ("pool_copy", dict(staged=False, pool=True), False, False),
-            ("loop_copy", dict(staged=False), False, False),
-            ("loop_staged_spin", dict(), False, True),
+            ("round_robin_streams_pool_copy", dict(staged=False, pool=True), True),
+            ("pool_copy", dict(staged=False, pool=True), False),
+            ("loop_copy", dict(staged=False), False),
+            ("loop_staged_bounded_wait", dict(bounded=True), False),
         ]
-        for label, kw, rr, spin in variants:
-            saved_for, saved_rec = ex.streams.compute_for, device.Stream.record
+        for label, kw, rr in variants:
+            saved_for = ex.streams.compute_for
             if rr:
                 ex.streams.compute_for = lambda key: ex.streams.next_compute()
-            if spin:
-                device.Stream.record = _spin_record
             try:
                 d, facts_of = H.ferry_driver(ex, name, b, **kw)
-                img_s, spread = H.timed(d, b, secs)
+                t = H.timed(d, b, secs)
                 d.close()
                 facts = facts_of()
             finally:
-                ex.streams.compute_for, device.Stream.record = saved_for, saved_rec
+                ex.streams.compute_for = saved_for
             out.append(
-                {"model": name, "batch": b, "variant": label, "img_s": round(img_s, 1)}
-                | {"spread": round(spread, 3), **facts}
+                {"model": name, "batch": b, "variant": label, "img_s": round(t["img_s"], 1)}
+                | {"spread": round(t["spread"], 3), "host_us_per_batch": t["host_us_per_batch"]}
+                | {"cpu_us_per_batch": t["cpu_us_per_batch"], **facts}
             )
             print(out[-1], file=sys.stderr, flush=True)
         return out
@@ -211,18 +212,6 @@ class ModelBench:
     def close(self) -> None:
         for ex in self.exs.values():
             ex.close()
-
-
-def _spin_record(self: Any) -> Any:
-    import cupy
-
-    from pipeline.device import COMPLETE, Event
-
-    if self._raw is None:
-        return COMPLETE
-    ev = cupy.cuda.Event(block=False, disable_timing=True)
-    ev.record(self._raw)
-    return Event(ev)
 
 
 # ----------------------------------------------------------------------------- processes
@@ -349,7 +338,9 @@ def main(argv: list[str] | None = None) -> int:
             "function (same kernels), in torch's CUDA graphs on 3 streams; Ferry: "
             f"{args.compute_streams} compute streams, one per in-flight arena; img_s the "
             f"median of 3 windows over {args.seconds} s, the systems of a batch size "
-            "timed window by window in turn; spread (max-min)/median",
+            "timed window by window in turn; spread (max-min)/median; host_us_per_batch: "
+            "CPU us per batch of the thread driving the loop, its device waits left out; "
+            "cpu_us_per_batch: the whole process's CPU us per batch (bench_models_harness)",
         )
         write_json(args.out, doc)
 

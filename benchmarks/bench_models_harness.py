@@ -13,7 +13,15 @@ from pinned host uint8 batches with ``IN_FLIGHT`` batches out, driven by one thr
 
 ``interleaved`` times several systems at one batch size window by window in turn: each
 rate is the median of its three windows after a short warm-up; ``spread`` is
-(max - min) / median of the three.
+(max - min) / median of the three. Beside each rate, the host's cost per batch:
+
+* ``host_us_per_batch`` -- CPU time of the thread that drives the loop, per batch, with its
+  waits on the device left out: for Ferry the whole step (prepare + commit, and the
+  finishing of the batch it waits for, which that thread does itself; its event wait
+  sleeps, so it costs no CPU time), for the torch peers the enqueue (copy in, replay, copy
+  out, event record; their event wait spins, so it is left out by timing around it);
+* ``cpu_us_per_batch`` -- CPU time of the whole process (every thread) per batch, waits
+  included as they are: torch's spin counts here, Ferry's sleep does not.
 """
 
 from __future__ import annotations
@@ -28,18 +36,42 @@ IN_FLIGHT = 3
 WARM_S = 0.25
 
 
+class HostClock:
+    """CPU seconds the driving thread spent in the host part of its steps."""
+
+    def __init__(self) -> None:
+        self.s = 0.0
+
+    def __enter__(self) -> HostClock:
+        self._t0 = time.thread_time()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.s += time.thread_time() - self._t0
+
+
 class Driver:
     """One system's loop: ``step()`` enqueues a batch (waiting on the oldest once
-    ``IN_FLIGHT`` are out), ``drain()`` waits for all, ``close()`` tidies up."""
+    ``IN_FLIGHT`` are out), ``drain()`` waits for all, ``close()`` tidies up; ``host``
+    counts the host part of the steps and drains (``host_us_per_batch``), None where the
+    work is on other threads."""
 
-    def __init__(self, step: Any, drain: Any, close: Any = None) -> None:
+    def __init__(
+        self, step: Any, drain: Any, close: Any = None, host: HostClock | None = None
+    ) -> None:
         self.step, self.drain, self.close = step, drain, close or (lambda: None)
+        self.host = host
 
 
-def interleaved(drivers: dict[str, Driver], batch: int, seconds: float) -> dict:
-    """{name: (median img/s, spread)}: each driver warmed up, then three rounds in which
-    every driver runs one window of ``seconds / 3`` in turn (the order rotating), so a
-    drift of the GPU's clocks falls on every system alike."""
+def _us(s: float, n: int) -> float | None:
+    return round(1e6 * s / n, 1) if n else None
+
+
+def interleaved(drivers: dict[str, Driver], batch: int, seconds: float) -> dict[str, dict]:
+    """{name: {img_s (the median), spread, host_us_per_batch, cpu_us_per_batch}}: each
+    driver warmed up, then three rounds in which every driver runs one window of
+    ``seconds / 3`` in turn (the order rotating), so a drift of the GPU's clocks falls on
+    every system alike; the host figures are over the three windows."""
     names = list(drivers)
     for d in drivers.values():
         t_end = time.perf_counter() + WARM_S
@@ -47,23 +79,35 @@ def interleaved(drivers: dict[str, Driver], batch: int, seconds: float) -> dict:
             d.step()
         d.drain()
     rates: dict[str, list[float]] = {n: [] for n in names}
+    cost = {n: [0.0, 0.0, 0] for n in names}  # host s, process CPU s, batches
     for r in range(3):
         for name in names[r % len(names) :] + names[: r % len(names)]:
             d = drivers[name]
-            n, t0 = 0, time.perf_counter()
+            h0 = d.host.s if d.host else 0.0
+            n, t0, c0 = 0, time.perf_counter(), time.process_time()
             while time.perf_counter() - t0 < seconds / 3:
                 d.step()
                 n += 1
             d.drain()
             rates[name].append(n * batch / (time.perf_counter() - t0))
+            c = cost[name]
+            c[0] += (d.host.s if d.host else 0.0) - h0
+            c[1] += time.process_time() - c0
+            c[2] += n
     out = {}
     for name, rs in rates.items():
         rs.sort()
-        out[name] = (rs[1], (rs[2] - rs[0]) / rs[1])
+        host_s, cpu_s, n = cost[name]
+        out[name] = {
+            "img_s": rs[1],
+            "spread": (rs[2] - rs[0]) / rs[1],
+            "host_us_per_batch": _us(host_s, n) if drivers[name].host else None,
+            "cpu_us_per_batch": _us(cpu_s, n),
+        }
     return out
 
 
-def timed(d: Driver, batch: int, seconds: float) -> tuple[float, float]:
+def timed(d: Driver, batch: int, seconds: float) -> dict:
     return interleaved({"one": d}, batch, seconds)["one"]
 
 
@@ -83,12 +127,16 @@ def random_batch(batch: int) -> np.ndarray:
 
 
 def ferry_driver(
-    ex: Any, name: str, batch: int, staged: bool = True, pool: bool = False
+    ex: Any, name: str, batch: int, staged: bool = True, pool: bool = False, bounded: bool = False
 ) -> tuple[Driver, Any]:
     """Ferry's executor at ``batch``, and a function of the facts of the run so far: the
-    captures and eager runs since the start (0 once warmed up) and the host time of
-    prepare + commit per batch."""
-    x = random_batch(batch)
+    captures and eager runs since the start (0 once warmed up) and the wall time of
+    prepare + commit per batch (``submit_wall_us_per_batch``). Its waits have no timeout:
+    a thread that waits so blocks on the batch's event itself and finishes it (one
+    wake-up), as torch's loop does; ``bounded`` waits with a timeout, which goes through
+    the completion thread (two wake-ups: the earlier design, for the diagnostics)."""
+    spec = ex.plan(name, batch).input_spec  # uint8 [N, H, W, C] of the image feed
+    x = np.random.default_rng(0).integers(0, 256, spec.shape, dtype=spec.np_dtype)
     if staged:  # every slot of the ring gets the batch once; it stays there
         held = [ex.prepare(name, batch) for _ in range(ex.ring.slots)]
         for p in held:
@@ -112,21 +160,24 @@ def ferry_driver(
         return {
             "captures_timed": after["captures"] - before["captures"],
             "eager_runs_timed": after["eager_runs"] - before["eager_runs"],
-            "host_us_per_batch": round(1e6 * host[0] / max(host[1], 1), 1),
+            "submit_wall_us_per_batch": round(1e6 * host[0] / max(host[1], 1), 1),
         }
 
     if not pool:
+        clock, limit = HostClock(), 60.0 if bounded else None
 
         def step() -> None:
-            if len(out) >= IN_FLIGHT:
-                out.popleft().wait(60)
-            out.append(submit())
+            with clock:
+                if len(out) >= IN_FLIGHT:
+                    out.popleft().wait(limit)
+                out.append(submit())
 
         def drain() -> None:
-            while out:
-                out.popleft().wait(60)
+            with clock:
+                while out:
+                    out.popleft().wait(limit)
 
-        return Driver(step, drain), facts
+        return Driver(step, drain, host=clock), facts
     from concurrent.futures import ThreadPoolExecutor
 
     workers = ThreadPoolExecutor(IN_FLIGHT, thread_name_prefix="bench-submit")
@@ -173,18 +224,19 @@ def torch_driver(fn: Any, batch: int, graphs: bool) -> Driver:
     out_host = [torch.empty(o.shape, dtype=o.dtype).pin_memory() for o in outs]
     events = [torch.cuda.Event() for _ in streams]
     state = {"i": 0}
+    clock = HostClock()
 
     def step() -> None:
         k = state["i"] % IN_FLIGHT
         state["i"] += 1
-        events[k].synchronize()
-        with torch.inference_mode(), torch.cuda.stream(streams[k]):
+        events[k].synchronize()  # (torch's default event: a spinning wait, left out)
+        with clock, torch.inference_mode(), torch.cuda.stream(streams[k]):
             dev_in[k].copy_(host[k], non_blocking=True)
             replays[k]()
             out_host[k].copy_(outs[k], non_blocking=True)
             events[k].record()
 
-    return Driver(step, torch.cuda.synchronize)
+    return Driver(step, torch.cuda.synchronize, host=clock)
 
 
 def torch_top1(fn: Any, batch: int, u8: np.ndarray) -> np.ndarray:
@@ -221,7 +273,7 @@ def ferry_graphs_only(ex: Any, name: str, batch: int, reps: int = 60) -> dict:
     streams = {s.name: s for s in ex.streams.compute}
     graphs = [
         (streams[k[4]], g)
-        for k, (_, g) in getattr(ex._bound, "_bound", ex._bound).items()
+        for k, (_, g) in ex.bound_graphs.items()
         if k[0] == name and k[1] == batch and k[2] == "image" and g is not None
     ]
     if not graphs:
