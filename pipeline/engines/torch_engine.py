@@ -329,12 +329,14 @@ class TorchGraph:
         self._ext: tuple[int, Any] | None = None  # (raw pointer, its torch ExternalStream)
         raw = getattr(graph, "raw_cuda_graph_exec", None)
         self._exec = int(raw()) if raw is not None else 0
+        if self._exec:
+            from cupy.cuda import runtime  # cupy: the GPU backend, present where graphs are
+
+            self._graph_launch = runtime.graphLaunch
 
     def launch(self, raw_stream: Any) -> None:
         if self._exec:
-            from cupy.cuda import runtime
-
-            runtime.graphLaunch(self._exec, raw_stream.ptr)
+            self._graph_launch(self._exec, raw_stream.ptr)  # one cudaGraphLaunch
             return
         torch = _torch()
         ext = self._ext

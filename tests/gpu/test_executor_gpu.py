@@ -1,8 +1,12 @@
-"""ResNet-50 against torchvision, graph replay against eager, naive against real, 50 threads."""
+"""ResNet-50 against torchvision, graph replay against eager, naive against real, 50 threads;
+who finishes a batch (the thread that waits, the completion thread for awaiters and bounded
+waits, and batches nobody waits for), with one event per staging slot."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
+from collections import deque
 
 import numpy as np
 import pytest
@@ -207,4 +211,66 @@ def test_50_threads_committing_concurrently():
     )
     assert s["pool"]["bytes_in_use"] == 0 and s["in_flight"] == 0
     assert s["pool"]["driver_allocs"] == allocs, "a driver allocation after warm-up"
+    ex.close()
+
+
+def test_a_waiting_thread_finishes_its_batches_and_each_slot_keeps_its_events():
+    """prepare/commit/wait from one thread, 3 in flight: the waiting thread finishes every
+    batch itself (the completion thread never starts), the events are the slots' own (made
+    once per slot), and one stream per in-flight batch (compute_streams >= max_in_flight:
+    copies, graph and event on the arena's stream) answers as the copy streams do."""
+    _, _, xte, _ = digits.load_split()
+    chunks = [xte[i * 7 : i * 7 + 1 + i % 16] for i in range(40)]
+    answers = {}
+    for streams in (1, 3):
+        ex = executor(buckets=(1, 8, 16), max_in_flight=3, compute_streams=streams)
+        ex.load_model("digits", "digits")
+        ex.warmup()
+        assert ex.mode.one_stream == (streams == 3)
+        s0 = ex.stats()
+        got, pending = [], deque()
+        for x in chunks:
+            if len(pending) >= 3:
+                got.append(pending.popleft().wait())
+            pending.append(ex.commit(ex.prepare("digits", len(x)), x))
+        got += [r.wait() for r in pending]
+        s = ex.stats()
+        assert ex.completions._thread is None  # no second thread was woken for a batch
+        assert len(ex.mode._events) == ex.ring.slots
+        ran = s["graph_replays"] - s0["graph_replays"], s["eager_runs"] - s0["eager_runs"]
+        print(f"{streams} compute streams: {ran[0]} replays, {ran[1]} eager runs")
+        assert sum(ran) == len(chunks) and ran[0] > 0 and s["in_flight"] == 0
+        assert s["pool"]["bytes_in_use"] == 0 and ex.ring.available() == ex.ring.slots
+        answers[streams] = got
+        ex.close()
+    for a, b in zip(answers[1], answers[3], strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_awaiters_bounded_waits_and_batches_nobody_waits_for():
+    """Awaited batches and bounded waits finish on the completion thread; batches whose
+    results are dropped hold their slots only until a prepare needs one (it finishes the
+    oldest of them itself) or until ``in_flight`` finds their events complete."""
+    _, _, xte, _ = digits.load_split()
+    ex = executor(buckets=(1, 8), max_in_flight=2, staging_timeout_s=5.0)
+    ex.load_model("digits", "digits")
+    ex.warmup()
+    x = xte[:8]
+    want = ex.infer("digits", x)
+
+    async def awaited():  # all six committed before the first await: two slots for six
+        results = [ex.commit(ex.prepare("digits", 8), x) for _ in range(6)]
+        return await asyncio.gather(*results)
+
+    for got in asyncio.run(awaited()):
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(ex.commit(ex.prepare("digits", 8), x).wait(30), want)
+    assert ex.completions._thread is not None  # the bounded wait went through it
+    for _ in range(7):  # results dropped at once: each prepare past two finishes the oldest
+        ex.commit(ex.prepare("digits", 8), x)
+    ex.streams.synchronize()
+    assert ex.in_flight == 0  # what was left is found complete and finished
+    s = ex.stats()
+    assert s["pool"]["bytes_in_use"] == 0 and ex.ring.available() == ex.ring.slots
+    assert s["failed"] == 0
     ex.close()
