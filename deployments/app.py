@@ -15,10 +15,13 @@ import logging
 import os
 from typing import Any
 
+import ray
 from ray import serve
 from ray.serve.exceptions import RayServeException
 
+from pipeline.check import check
 from pipeline.config import PipelineConfig
+from pipeline.placement import Cluster
 
 from .inference import Inference
 from .ingress import Ingress
@@ -103,23 +106,10 @@ def build(config: PipelineConfig) -> serve.Application:
 
 
 def place(config: PipelineConfig) -> PipelineConfig:
-    """Resolve ``replicas_per_gpu`` against the cluster's GPUs and refuse a layout its nodes
-    cannot hold (``pipeline.placement``). Serve builds a config file's application inside the
-    cluster, so Ray is up here; an import path given to ``serve run`` is built before Ray
-    starts, and then only an explicit ``gpus`` count can be resolved."""
-    import ray
-
-    from pipeline import placement
-
-    nodes = []
-    if ray.is_initialized():
-        nodes = [placement.NodeShape.from_ray(n) for n in ray.nodes() if n.get("Alive")]
-    gpus = sum(n.gpus for n in nodes) if nodes else None
-    config = placement.resolve(config, gpus)
-    if nodes:
-        for note in placement.check_fits(config, nodes):
-            logger.warning("%s", note)
-    return config
+    """The config checked and resolved for the cluster (``pipeline.check``). Serve builds a
+    config file's application inside the cluster, so Ray is up here; an import path given to
+    ``serve run`` is built before Ray starts, and then only an explicit ``gpus`` resolves."""
+    return check(config, Cluster.from_ray(ray.nodes()) if ray.is_initialized() else None)
 
 
 def build_app(args: dict[str, Any] | None = None) -> serve.Application:

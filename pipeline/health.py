@@ -17,26 +17,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from .config.health import HealthConfig
 from .errors import DeviceError, FerryError, ResourceExhausted, Unavailable
 
 logger = logging.getLogger(__name__)
-
-
-class HealthConfig(BaseModel):
-    """What makes a replica that owns an executor report itself unhealthy."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
-
-    stall_after_s: float = Field(60.0, gt=0.0, le=3600.0)
-    """Work queued or in flight and no batch finished for this long: the scheduler is wedged
-    (keep it above the longest batch the slowest bucket takes)."""
-    probe_device: bool = True
-    """Each health check also asks the device for its memory info, which fails on a lost
-    or poisoned CUDA context (nothing waits on the GPU's queue)."""
-    retry_after_s: float = Field(1.0, ge=0.0, le=600.0)
-    """Retry-After of the 503 a draining replica answers new work with."""
 
 
 def as_ferry_error(exc: BaseException) -> FerryError:

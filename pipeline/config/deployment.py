@@ -57,6 +57,9 @@ class DeploymentOptions(Strict):
     graceful_shutdown_timeout_s: float | None = Field(None, ge=0.0, le=3600.0)
     """How long a stopping replica may finish its requests in flight (``serve deploy`` of a
     changed config, ``serve shutdown``); ``None``: Serve's 20 s."""
+    graceful_shutdown_wait_loop_s: float | None = Field(None, gt=0.0, le=60.0)
+    """How often a stopping replica looks whether its requests in flight are done (it waits
+    this long before the first look); ``None``: Serve's 2 s, so every stop takes 2 s at least."""
     max_constructor_retry_count: int | None = Field(None, ge=1, le=1000)
     """How many replica starts Serve tries before the deployment is ``DEPLOY_FAILED``
     (Serve counts ``min(this, 3 x num_replicas)``); ``None``: Serve's 20, so 3 tries for one
@@ -123,6 +126,7 @@ class DeploymentOptions(Strict):
             "health_check_period_s",
             "health_check_timeout_s",
             "graceful_shutdown_timeout_s",
+            "graceful_shutdown_wait_loop_s",
             "max_constructor_retry_count",
         ):
             if getattr(self, k) is not None:

@@ -23,6 +23,11 @@ def run_ok(
     return r
 
 
+# a stopping replica looks every 0.1 s whether its requests are done, not every 2 s (Serve's
+# default, slept before the first look): each undeploy and redeploy is 2 s shorter
+QUICK_STOP = {"graceful_shutdown_wait_loop_s": 0.1}
+
+
 def cpu_config(**overrides):
     """A small all-CPU pipeline: digits + random-weight ResNet-50, buckets up to 8."""
     from pipeline.config import PipelineConfig
@@ -38,10 +43,10 @@ def cpu_config(**overrides):
         "batching": {"max_batch_size": 8, "max_wait_ms": 10},
         "ingress": {"coalesce_window_ms": 2.0, "max_coalesce": 32},
         "preprocess": {"threads": 2},
-        "ingress_deployment": {"num_cpus": 0.25, "max_ongoing_requests": 512},
-        "preprocess_deployment": {"num_cpus": 0.25, "max_ongoing_requests": 128},
-        "inference_deployment": {"num_cpus": 1.0, "max_ongoing_requests": 128},
-        "postprocess_deployment": {"num_cpus": 0.25, "max_ongoing_requests": 128},
+        "ingress_deployment": {"num_cpus": 0.25, "max_ongoing_requests": 512, **QUICK_STOP},
+        "preprocess_deployment": {"num_cpus": 0.25, "max_ongoing_requests": 128, **QUICK_STOP},
+        "inference_deployment": {"num_cpus": 1.0, "max_ongoing_requests": 128, **QUICK_STOP},
+        "postprocess_deployment": {"num_cpus": 0.25, "max_ongoing_requests": 128, **QUICK_STOP},
     }
     for k, v in overrides.items():
         base[k] = {**base[k], **v} if isinstance(v, dict) and isinstance(base.get(k), dict) else v

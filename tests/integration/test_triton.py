@@ -318,11 +318,12 @@ def run_perf_analyzer(tmp_path, model: str, *args: str) -> list[str]:
 
 @needs_pa
 def test_perf_analyzer_runs_unchanged(client, tmp_path):
-    # -s: stability within 50% (a shared 2-core machine is noisy)
+    # -s: stability within 50% (a shared 2-core machine is noisy); two levels of 1 s windows:
+    # it checks that perf_analyzer runs against Ferry unchanged, not how fast (benchmarks/)
     rows = run_perf_analyzer(
-        tmp_path, "digits", "--concurrency-range", "1:8:2", "-p", "2000", "-s", "50"
+        tmp_path, "digits", "--concurrency-range", "1:5:4", "-p", "1000", "-s", "50"
     )
-    assert len(rows) == 1 + 4  # 1, 3, 5, 7
+    assert len(rows) == 1 + 2  # 1, 5
 
 
 @needs_pa
@@ -356,7 +357,7 @@ def test_perf_analyzer_sends_jpeg_bytes_to_resnet50(client, tmp_path):
         "--concurrency-range",
         "2",
         "-p",
-        "3000",
+        "1000",
         "-s",
         "50",
     )
