@@ -109,7 +109,7 @@ def main() -> int:
 
     from pipeline.config import PipelineConfig
     from pipeline.imaging import encode_jpeg
-    from pipeline.stages.inference import InferenceStage
+    from pipeline.stages.build import build_inference
     from pipeline.stages.messages import Encoded
 
     with open(args.config) as f:
@@ -120,13 +120,14 @@ def main() -> int:
         raw["preprocess"] = {"threads": 2}
         raw["inference_deployment"] = {**raw.get("inference_deployment", {}), "num_gpus": 0}
     cfg = PipelineConfig.model_validate(raw)
-    core = InferenceStage(cfg)
+    # as one_process builds it: decode, model and answers in this process
+    core = build_inference(cfg, decode_here=True, answer_here=True)
     # the GPU stage's work is its core's (PreprocessGpuStage wraps a PreprocessGpuCore)
-    pre = getattr(core.local_pre, "core", core.local_pre)
+    pre = getattr(core.decoder, "core", core.decoder)
     for obj, name, label in (
         (pre, "_one_round", "decode_and_fit_round (GPU thread)"),
         (core, "_submit", "executor_prepare_commit (submit thread)"),
-        (core.post, "run", "postprocess (worker thread)"),
+        (core.answerer, "run", "postprocess (worker thread)"),
         (pre.cpu if hasattr(pre, "cpu") else pre, "decode_one", "cpu_decode (pool threads)"),
     ):
         if obj is not None and hasattr(obj, name):

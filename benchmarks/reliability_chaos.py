@@ -83,9 +83,7 @@ def _deploy(cfg) -> None:
 
 
 def _target(cfg) -> str:
-    from pipeline.config.forms import FORMS
-
-    return "Ingress" if FORMS[cfg.placement].executor_in == "ingress" else "Inference"
+    return "Ingress" if cfg.placement_row.executor_in == "ingress" else "Inference"
 
 
 def _alive(deployment: str) -> list[str]:

@@ -1,4 +1,8 @@
-"""Build the Ferry application from one pydantic config.
+"""Build the Ferry application from one pydantic config: the composition root.
+
+The only reader of the placement's row (``pipeline.config.placements``): ``bindings`` turns
+it into the Serve deployments to bind, each told what it is given -- the ingress its way
+downstream, the inference replica whether it decodes and answers and whom it fetches from.
 
     serve run serve_config.yaml                       # the embedded CPU default
     serve run deployments.app:build_app               # the same defaults, no file
@@ -10,9 +14,9 @@ inline under ``config:``, or a path to a YAML/JSON file of it.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -20,32 +24,51 @@ from ray import serve
 from ray.serve.exceptions import RayServeException
 
 from pipeline.check import check
-from pipeline.config import PipelineConfig
+from pipeline.config import PipelineConfig, Placement
 from pipeline.placement import Cluster
 
+from .config_file import load_config
 from .inference import Inference
 from .ingress import Ingress
 from .postprocess import Postprocess
 from .preprocess import Preprocess
 from .preprocess_gpu import PreprocessGPU
 
-# placement -> the deployments it binds, callees first: (stage, deployment, the stages whose
-# handles it is given). Each deployment's Serve options are the config's ``<stage>_deployment``.
-BINDINGS: dict[str, tuple[tuple[str, Any, tuple[str, ...]], ...]] = {
-    "four_stage": (
-        ("preprocess", Preprocess, ()),
-        ("inference", Inference, ()),
-        ("postprocess", Postprocess, ()),
-        ("ingress", Ingress, ("preprocess", "inference", "postprocess")),
-    ),
-    "one_process": (("ingress", Ingress, ()),),
-    "split": (("inference", Inference, ()), ("ingress", Ingress, ("inference",))),
-    "gpu_preprocess": (
-        ("preprocess", PreprocessGPU, ()),
-        ("inference", Inference, ("preprocess",)),
-        ("ingress", Ingress, ("inference",)),
-    ),
-}
+
+@dataclass(frozen=True)
+class Binding:
+    """One deployment of a placement: its stage (whose ``<stage>_deployment`` options it
+    takes), its Serve deployment, what it is given (choices, by name) and the stages whose
+    handles it is given."""
+
+    stage: str
+    deployment: Any
+    given: dict[str, Any]
+    handles: tuple[str, ...] = ()
+
+
+def bindings(row: Placement) -> list[Binding]:
+    """The deployments of a placement's row, callees first. This is the one place a row is
+    turned into code: each stage is told what it gets (a decoder, an answerer, the way
+    downstream, a PreprocessGPU to fetch from) and never asks which placement it is in."""
+    out = []
+    if row.decode_in == "preprocess":
+        out.append(Binding("preprocess", Preprocess, {}))
+    elif row.decode_in == "preprocess_gpu":
+        out.append(Binding("preprocess", PreprocessGPU, {}))
+    if "inference" in row.deployments:
+        given = {
+            "decode_here": row.decode_in == "executor",
+            "answer_here": row.answer_in == "executor",
+        }
+        fetch = ("preprocess",) if row.decode_in == "preprocess_gpu" else ()
+        out.append(Binding("inference", Inference, given, fetch))
+    if row.answer_in == "postprocess":
+        out.append(Binding("postprocess", Postprocess, {}))
+    called = {"chain": ("preprocess", "inference", "postprocess"), "hop": ("inference",)}
+    out.append(Binding("ingress", Ingress, {"way": row.way_down}, called.get(row.way_down, ())))
+    return out
+
 
 logger = logging.getLogger(__name__)
 
@@ -70,27 +93,6 @@ def one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
-def load_config(args: dict[str, Any] | None) -> PipelineConfig:
-    args = dict(args or {})
-    cfg = args.pop("config", None)
-    if isinstance(cfg, str):
-        with open(cfg) as f:
-            text = f.read()
-        if cfg.endswith((".yaml", ".yml")):
-            import yaml
-
-            cfg = yaml.safe_load(text)
-        else:
-            cfg = json.loads(text)
-    if cfg is None:
-        cfg = args  # the fields given directly as args
-    elif args:
-        raise ValueError(
-            f"give the pipeline config under 'config' or as args, not both: {sorted(args)}"
-        )
-    return PipelineConfig.model_validate(cfg or {})
-
-
 def build(config: PipelineConfig) -> serve.Application:
     raw = config.model_dump(mode="json")
     log = config.serve_logging_config()  # None: Serve's own logging_config applies
@@ -99,9 +101,10 @@ def build(config: PipelineConfig) -> serve.Application:
         return d.serve_options() if log is None else {**d.serve_options(), "logging_config": log}
 
     bound: dict[str, Any] = {}
-    for stage, deployment, given in BINDINGS[config.placement]:
-        d = getattr(config, f"{stage}_deployment")
-        bound[stage] = deployment.options(**opts(d)).bind(raw, **{h: bound[h] for h in given})
+    for b in bindings(config.placement_row):
+        d = getattr(config, f"{b.stage}_deployment")
+        handles = {h: bound[h] for h in b.handles}
+        bound[b.stage] = b.deployment.options(**opts(d)).bind(raw, **b.given, **handles)
     return bound["ingress"]
 
 

@@ -27,7 +27,8 @@ from typing import Any
 
 from ray.serve.schema import ServeDeploySchema
 
-from deployments.app import build, load_config
+from deployments.app import build
+from deployments.config_file import load_config
 from pipeline.__main__ import main as pipeline_main
 from pipeline.check import ModelsDoNotLoad, check
 from pipeline.config import PipelineConfig

@@ -1,6 +1,7 @@
 """Reading Ferry's config files: a Serve config (``serve run`` / ``serve deploy``) whose
 applications import ``FERRY_APP``, or a bare pipeline config (the fields of
-``PipelineConfig``), YAML or JSON -- for ``ferry config check`` and ``ferry models``.
+``PipelineConfig``), YAML or JSON -- for the application's build, ``ferry config check``
+and ``ferry models``.
 
     raw = read("serve_config.yaml")
     for app in raw["applications"]:
@@ -14,6 +15,8 @@ import os
 from typing import Any
 
 import yaml
+
+from pipeline.config import PipelineConfig
 
 FERRY_APP = "deployments.app:build_app"
 
@@ -38,3 +41,19 @@ def app_args(args: dict[str, Any] | None, base_dir: str) -> dict[str, Any]:
     if isinstance(cfg, str) and not os.path.isabs(cfg):
         out["config"] = os.path.join(base_dir, cfg)
     return out
+
+
+def load_config(args: dict[str, Any] | None) -> PipelineConfig:
+    """The pipeline config of an application's ``args``: under ``config`` (inline, or a path
+    to a YAML/JSON file of it), or its fields given as the args themselves."""
+    args = dict(args or {})
+    cfg = args.pop("config", None)
+    if isinstance(cfg, str):
+        cfg = read(cfg)
+    if cfg is None:
+        cfg = args  # the fields given directly as args
+    elif args:
+        raise ValueError(
+            f"give the pipeline config under 'config' or as args, not both: {sorted(args)}"
+        )
+    return PipelineConfig.model_validate(cfg or {})

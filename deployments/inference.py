@@ -1,10 +1,11 @@
 """Inference: the Serve deployment of the inference stage (``pipeline.stages.inference``),
 in every placement but ``one_process`` (there the ingress replica runs the stage itself).
 
-``__call__(model, rows, meta, specs, feed)`` runs decoded images or v2 tensors;
-``encoded(model, items, meta, specs)`` decodes checked image bytes here (or through
-PreprocessGPU) and answers. Given a ``preprocess`` handle (``gpu_preprocess``), the stage
-fetches its batches from that deployment.
+``logits(model, rows, meta, feed)`` runs decoded images or v2 tensors; ``answers(model,
+rows, meta, specs, feed)`` answers them too; ``encoded(model, items, meta, specs)`` decodes
+checked image bytes here (or through PreprocessGPU) and answers. What the replica is given
+-- a decoder, an answerer, a PreprocessGPU handle -- is the composition root's choice
+(``deployments/app.py``), passed as this deployment's arguments.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.config import PipelineConfig
+from pipeline.stages.build import build_inference
 from pipeline.stages.inference import InferenceStage
 from pipeline.stages.messages import SendTo
 
@@ -19,9 +21,14 @@ from . import load_board
 from .replica import stage_deployment
 
 
-def build_inference(config: PipelineConfig, preprocess: Any = None) -> InferenceStage:
-    """The stage; with a PreprocessGPU handle, its batches come from there. Each step of
-    loading its models is published for the ingress (``load_board``)."""
+def inference_replica(
+    config: PipelineConfig,
+    decode_here: bool = False,
+    answer_here: bool = False,
+    preprocess: Any = None,
+) -> InferenceStage:
+    """The stage of one replica; with a PreprocessGPU handle, its batches come from there.
+    Each step of loading its models is published for the ingress (``load_board``)."""
     fetch = None
     if preprocess is not None:
 
@@ -29,13 +36,20 @@ def build_inference(config: PipelineConfig, preprocess: Any = None) -> Inference
             return await preprocess.remote(model, items, to)
 
     board = load_board.for_this_replica(config)
-    return InferenceStage(config, fetch, board.publish if board is not None else None)
+    return build_inference(
+        config,
+        decode_here=decode_here,
+        answer_here=answer_here,
+        fetch=fetch,
+        progress=board.publish if board is not None else None,
+    )
 
 
 Inference = stage_deployment(
     "Inference",
     "inference_deployment",
-    build_inference,
-    methods=("encoded", "status", "signatures"),
-    stamps_hops=("__call__", "encoded"),
+    inference_replica,
+    methods=("logits", "answers", "encoded", "status", "signatures"),
+    stamps_hops=("answers", "encoded"),
+    call=False,
 )

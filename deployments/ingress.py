@@ -7,10 +7,10 @@ FastAPI must see real annotation objects, not strings, to recognise ``Request``.
 
 It validates what it can without decoding (size, media type, image header and its decode
 plan, tensor shape), gives every request an id, and coalesces the requests that arrive
-within ``coalesce_window_ms`` into one downstream call. Where that call goes is the
-placement's (``ingress_route.downstream``): the chained Serve deployments of
-``four_stage``, one Serve hop to an inference replica that answers (``split``,
-``gpu_preprocess``), or the inference stage in this very process (``one_process``). The
+within ``coalesce_window_ms`` into one downstream call. Where that call goes is the way it
+is given (``way_down``, ``ingress_route``): the chained Serve deployments of ``four_stage``,
+one Serve hop to an inference replica that answers (``split``, ``gpu_preprocess``), or the
+inference stage in this very process (``one_process``). The
 image's decode plan travels with its bytes, so no stage reads its header again.
 """
 
@@ -48,7 +48,7 @@ from . import ingress_http, load_board, triton, triton_encoded, triton_stats, v2
 from .drain import Drain, ray_kv
 from .http_errors import request_id_of, unwrap
 from .ingress_http import JsonAnswer, app, deadline_of, multipart_image, priority_of
-from .ingress_route import downstream
+from .ingress_route import way_down
 from .readiness import Readiness
 from .triton_routes import TritonRoutes
 from .uploads import UploadGate
@@ -86,15 +86,17 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
     def __init__(
         self,
         config: dict[str, Any],
+        way: str = "chain",
         preprocess: Any = None,
         inference: Any = None,
         postprocess: Any = None,
     ) -> None:
-        """The handles are the deployments the placement binds downstream (none in
-        ``one_process``, which builds the inference stage here)."""
+        """``way``: how this ingress reaches the rest (``ingress_route.way_down``), with the
+        handles of the deployments it calls (none for ``in_process``, which builds the
+        inference stage here). The composition root (``deployments/app.py``) gives both."""
         self.cfg = PipelineConfig.model_validate(config)
         self.cfg.ingress_deployment.apply_in_process()
-        self.down = downstream(self.cfg, preprocess, inference, postprocess)
+        self.down = way_down(way, self.cfg, preprocess, inference, postprocess)
         self.models = {m.name: m for m in self.cfg.models}
         self.cards = {m.name: model_card(m) for m in self.cfg.models}
         self._signatures: dict[str, v2.Signature] = {}

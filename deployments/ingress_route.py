@@ -1,5 +1,7 @@
-"""The ingress's way downstream: one object per placement, awaited the same way whatever
-the placement is -- a Serve hop, or a direct call in this process.
+"""The ingress's way downstream, awaited the same way whichever it is -- chained Serve calls,
+one Serve hop, or a direct call in this process. The composition root (``deployments/app.py``)
+names it (``WayDown``, from its placement's row) and hands over the handles; ``way_down``
+builds it.
 
 * ``ServeChain`` (``four_stage``): Preprocess -> Inference -> Postprocess, chained as
   DeploymentResponses, so images and logits go from stage to stage by reference and only
@@ -19,7 +21,10 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.config import PipelineConfig
+from pipeline.config.placements import WayDown
 from pipeline.errors import FerryError
+from pipeline.stages.build import build_inference
+from pipeline.stages.inference import InferenceStage
 from pipeline.stages.messages import Answer, Encoded, HostRows, PostSpec, RequestMeta
 
 
@@ -33,13 +38,13 @@ class ServeChain:
         self, model: str, items: list[Encoded], meta: list[RequestMeta], specs: list[PostSpec]
     ) -> list[Answer | FerryError]:
         images = self.pre.remote(model, items)
-        logits = self.inf.remote(model, images, meta)  # images go by reference
+        logits = self.inf.logits.remote(model, images, meta)  # images go by reference
         return await self.post.remote(model, logits, specs)
 
     async def tensors(
         self, model: str, rows: HostRows, meta: list[RequestMeta], specs: list[PostSpec]
     ) -> list[Answer | FerryError]:
-        logits = self.inf.remote(model, rows, meta, None, "tensors")
+        logits = self.inf.logits.remote(model, rows, meta, "tensors")
         return await self.post.remote(model, logits, specs)
 
     async def status(self) -> Any:
@@ -63,16 +68,14 @@ class ServeHop(ServeChain):
     async def tensors(
         self, model: str, rows: HostRows, meta: list[RequestMeta], specs: list[PostSpec]
     ) -> list[Answer | FerryError]:
-        return await self.inf.remote(model, rows, meta, specs, "tensors")
+        return await self.inf.answers.remote(model, rows, meta, specs, "tensors")
 
 
 class InProcess:
     """``one_process``: the inference stage in this process, called directly."""
 
-    def __init__(self, config: PipelineConfig) -> None:
-        from pipeline.stages.inference import InferenceStage
-
-        self.stage = InferenceStage(config)
+    def __init__(self, stage: InferenceStage) -> None:
+        self.stage = stage
 
     async def classify(
         self, model: str, items: list[Encoded], meta: list[RequestMeta], specs: list[PostSpec]
@@ -82,9 +85,7 @@ class InProcess:
     async def tensors(
         self, model: str, rows: HostRows, meta: list[RequestMeta], specs: list[PostSpec]
     ) -> list[Answer | FerryError]:
-        out = await self.stage.run(model, rows, meta, specs, "tensors")
-        assert isinstance(out, list)
-        return out
+        return await self.stage.answers(model, rows, meta, specs, "tensors")
 
     async def status(self) -> Any:
         return self.stage.status()
@@ -96,13 +97,17 @@ class InProcess:
         self.stage.check_health()
 
 
-def downstream(
-    config: PipelineConfig, preprocess: Any = None, inference: Any = None, postprocess: Any = None
+def way_down(
+    way: WayDown,
+    config: PipelineConfig,
+    preprocess: Any = None,
+    inference: Any = None,
+    postprocess: Any = None,
 ) -> ServeChain | ServeHop | InProcess:
-    """The way downstream of this config's placement, from the handles it was bound with."""
-    form = config.form
-    if form.executor_in == "ingress":
-        return InProcess(config)
-    if "postprocess" in form.deployments:
+    """The way ``way`` from the handles it needs; ``in_process`` builds the inference stage
+    here, decoding and answering in this process."""
+    if way == "in_process":
+        return InProcess(build_inference(config, decode_here=True, answer_here=True))
+    if way == "chain":
         return ServeChain(preprocess, inference, postprocess)
     return ServeHop(inference)

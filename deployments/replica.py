@@ -51,24 +51,27 @@ def stage_deployment(
     build: Callable[..., Stage],
     methods: tuple[str, ...] = (),
     stamps_hops: tuple[str, ...] = (),
+    call: bool = True,
 ) -> Any:
-    """A Serve deployment ``name`` whose replicas run ``build(config, **handles)``.
+    """A Serve deployment ``name`` whose replicas run ``build(config, **given)``: ``given``
+    are the handles and choices the composition root binds it with.
 
     ``options``: the ``PipelineConfig`` field of its Serve options (``preprocess_deployment``);
-    ``methods``: what it answers besides ``__call__``; ``stamps_hops``: the methods whose
-    answers carry the hop's arrival and departure.
+    ``methods``: what it answers besides ``__call__`` (forwarded to the core's ``run``; none
+    without ``call``); ``stamps_hops``: the methods whose answers carry the hop's arrival
+    and departure.
     """
 
-    def __init__(self: Any, config: dict[str, Any], **handles: Any) -> None:
+    def __init__(self: Any, config: dict[str, Any], **given: Any) -> None:
         cfg = PipelineConfig.model_validate(config)
         getattr(cfg, options).apply_in_process()
-        self.core = build(cfg, **handles)
+        self.core = build(cfg, **given)
 
     def check_health(self: Any) -> None:
         self.core.check_health()
 
     body: dict[str, Any] = {"__init__": __init__, "check_health": check_health}
-    for m in ("__call__", *methods):
+    for m in ("__call__", *methods) if call else methods:
         body[m] = _forward(m, m in stamps_hops)
     body["__doc__"] = f"Serve replica of {build.__name__} (``deployments.replica``)."
     cls = type(name, (), body)

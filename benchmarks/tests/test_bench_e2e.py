@@ -56,7 +56,7 @@ def test_benchmark_serve_configs_validate(system):
         assert (cfg.ingress_deployment.num_replicas, inf.num_replicas) == FERRY_SYSTEMS[system]
     assert inf.num_gpus * inf.num_replicas <= 1  # one H200
     assert cfg.executor.pool_limit_fraction * inf.num_replicas <= 0.95  # the pools share one GPU
-    if "preprocess" in cfg.form.deployments:
+    if "preprocess" in cfg.placement_row.deployments:
         cpus += cfg.preprocess_deployment.num_cpus * cfg.preprocess_deployment.num_replicas
     assert cpus <= 14  # leaves the 16-core GPU node room for HAProxy and the load generator
 

@@ -10,7 +10,7 @@ naming the values. Every field's docstring is its description in the JSON schema
 - ``health``: ``HealthConfig`` (what fails a replica's health check)
 - ``deployment``: ``DeploymentOptions`` (Serve options of one stage)
 - ``models``: ``ModelConfig``, ``ModelInputConfig``
-- ``forms``: ``FORMS``, the placements (``PipelineConfig.placement`` names one)
+- ``placements``: ``PLACEMENTS``, the rows ``PipelineConfig.placement`` names
 - ``stages``: ``IngressConfig``, ``PreprocessConfig``, ``TransportConfig``
 - ``pipeline``: ``PipelineConfig`` (the whole application, cross-field rules), ``Settings``
 
@@ -24,10 +24,10 @@ files, ``replicas_per_gpu`` against the cluster's GPUs, the nodes' cores, the mo
 from .base import Strict
 from .deployment import GRPC_LIMIT_ENV, DeploymentOptions, replicas_sharing_a_gpu
 from .faults import Fault, FaultConfig
-from .forms import FORMS, Form, Placement
 from .health import HealthConfig
 from .models import BUILTIN_ARCHS, MODEL_FILE_SUFFIXES, ModelConfig, ModelInputConfig
 from .pipeline import POOL_SHARE_LIMIT, PipelineConfig, Settings
+from .placements import PLACEMENTS, Placement, PlacementName
 from .runtime import DEFAULT_BUCKETS, BatchingConfig, ExecutorConfig
 from .stages import IngressConfig, PreprocessConfig, TransportConfig
 
@@ -40,12 +40,12 @@ __all__ = [
     "BatchingConfig",
     "DeploymentOptions",
     "ExecutorConfig",
-    "FORMS",
     "Fault",
     "FaultConfig",
-    "Form",
     "HealthConfig",
+    "PLACEMENTS",
     "Placement",
+    "PlacementName",
     "IngressConfig",
     "ModelConfig",
     "ModelInputConfig",

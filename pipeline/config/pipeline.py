@@ -12,9 +12,9 @@ from pydantic import Field, model_validator
 
 from .base import Strict
 from .deployment import DeploymentOptions
-from .forms import FORMS, Form, Placement
 from .health import HealthConfig
 from .models import ModelConfig
+from .placements import PLACEMENTS, Placement, PlacementName
 from .runtime import BatchingConfig, ExecutorConfig
 from .stages import IngressConfig, PreprocessConfig, TransportConfig
 
@@ -30,8 +30,8 @@ class PipelineConfig(Strict):
         "warmup": "replicas always warm up before they report ready; delete it",
     }
 
-    placement: Placement = "four_stage"
-    """Where the stages run, one named form (``pipeline.config.forms.FORMS``): ``four_stage``
+    placement: PlacementName = "four_stage"
+    """Where the stages run, one named row of ``pipeline.config.placements.PLACEMENTS``: ``four_stage``
     (ingress, CPU preprocess, inference, postprocess: the CPU default), ``one_process`` (the
     whole pipeline in each ingress replica: the GPU default), ``split`` (ingress on CPU nodes,
     one hop to inference replicas that decode and answer), ``gpu_preprocess`` (decoding on a
@@ -83,23 +83,23 @@ class PipelineConfig(Strict):
     access log, INFO and TEXT."""
 
     @property
-    def form(self) -> Form:
-        """The row of ``FORMS`` this config's placement names."""
-        return FORMS[self.placement]
+    def placement_row(self) -> Placement:
+        """The row of ``PLACEMENTS`` this config's placement names."""
+        return PLACEMENTS[self.placement]
 
     @property
     def decodes_on_gpu(self) -> bool:
         """Whether images are decoded and resized on a GPU: in a PreprocessGPU deployment, or
         in the process that owns the executor when that holds a GPU share."""
-        form = self.form
-        if form.decode_in == "preprocess_gpu":
+        row = self.placement_row
+        if row.decode_in == "preprocess_gpu":
             return True
-        owner = getattr(self, f"{form.executor_in}_deployment")
-        return form.decode_in == "executor" and owner.holds_gpu
+        owner = getattr(self, f"{row.executor_in}_deployment")
+        return row.decode_in == "executor" and owner.holds_gpu
 
     def deployed_stages(self) -> list[str]:
-        """The stages that run as deployments of their own in this config's form."""
-        return list(self.form.deployments)
+        """The stages that run as deployments of their own in this config's placement."""
+        return list(self.placement_row.deployments)
 
     def gpu_stages(self) -> list[tuple[str, DeploymentOptions]]:
         """The deployed stages that hold a GPU share (or ask for one per GPU), with their
@@ -163,7 +163,7 @@ class PipelineConfig(Strict):
                 )
 
     def _placement_rules(self) -> None:
-        form = self.form
+        row = self.placement_row
         if self.decodes_on_gpu:
             for m in self.models:
                 if m.input.resize == "fit":
@@ -171,12 +171,12 @@ class PipelineConfig(Strict):
                         f"model {m.name!r}: input.resize 'fit' runs on the CPU image path only; "
                         f"placement {self.placement!r} decodes on a GPU here: use crop or stretch"
                     )
-        if form.decode_in == "preprocess_gpu" and not self.preprocess_deployment.holds_gpu:
+        if row.decode_in == "preprocess_gpu" and not self.preprocess_deployment.holds_gpu:
             raise ValueError(
                 "placement 'gpu_preprocess' decodes on a GPU but preprocess_deployment.num_gpus "
                 f"is {self.preprocess_deployment.num_gpus}; give it a GPU share"
             )
-        if form.executor_in == "ingress":
+        if row.executor_in == "ingress":
             return  # no call leaves the ingress replica: nothing more to size
         ongoing, mb = self.inference_deployment.max_ongoing_requests, self.batching.max_batch_size
         if ongoing < mb // max(1, self.ingress.max_coalesce):
@@ -191,7 +191,7 @@ class PipelineConfig(Strict):
         if self.executor.pool_limit_bytes is not None:
             return  # an absolute limit: the device's size is known only on the node
         for stage, d in self.gpu_stages():
-            if stage not in (self.form.executor_in, "preprocess"):
+            if stage not in (self.placement_row.executor_in, "preprocess"):
                 continue  # the stage that owns the executor has a pool, and PreprocessGPU one
             k = d.replicas_on_a_gpu
             if k * frac > POOL_SHARE_LIMIT + 1e-9:

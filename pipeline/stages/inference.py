@@ -5,17 +5,16 @@ Rows from many calls (each already a coalesced group of requests) are merged int
 batches: full, or the oldest row waited ``max_wait_ms``. Up to ``max_in_flight`` batches
 are staged or running at once. Preparing a batch may wait for a staging slot and copying
 it into pinned memory takes time, so both run in a worker thread; the event loop only
-awaits. The replica loads its models and warms every bucket (capturing its CUDA graphs)
-in its constructor; then ``check_health`` tells the truth (``pipeline.health``). A model that
-fails to load or warm is refused (``pipeline.models.loading``): the others are served and its
-requests get 503 ``ModelUnavailable`` with the reason; with none left (or a required one
-refused) the constructor raises ``ModelsRefused``.
+awaits. It is given an executor whose models are loaded and every bucket warmed (its CUDA
+graphs captured; ``pipeline.stages.build``), so ``check_health`` tells the truth from the
+start (``pipeline.health``). A model refused at load (``pipeline.models.loading``) gets 503
+``ModelUnavailable`` with the reason; the others are served.
 
-Where the placement puts decoding in this process (``decode_in: executor``) it decodes
-here: on the executor's GPU, or on worker threads when the executor runs on numpy. Where
-the placement has no Postprocess deployment, this stage answers (softmax and top-k in a
-worker thread). In ``gpu_preprocess`` it drives the PreprocessGPU deployment through
-``fetch`` and receives its batches over NCCL or the object store.
+Three calls, each with one answer type: ``logits`` (rows -> ``Logits``), ``answers`` (rows ->
+one ``Answer`` or error per request, made by the ``answerer`` it was given) and ``encoded``
+(image bytes -> answers, decoded by its ``decoder`` or fetched from PreprocessGPU). Which it
+is given is the composition root's choice (``deployments/app.py``); the stage never asks
+which placement it runs in.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -34,7 +33,7 @@ from pipeline.batching import Batch, BatchScheduler
 from pipeline.config import PipelineConfig
 from pipeline.errors import FerryError, ModelNotFound, QueueFull
 from pipeline.executor import GpuExecutor
-from pipeline.models.loading import LoadReport, ModelUnavailable, load_models, refuse_start
+from pipeline.models.loading import LoadReport, ModelUnavailable
 from pipeline.threads import thread_pool
 
 from .inference_in import BatchReceiver
@@ -80,32 +79,55 @@ class RowOut:
 
 
 Fetch = Callable[[str, list[Encoded], SendTo], Awaitable[DeviceRows]]
+"""``fetch(model, items, to)``: the PreprocessGPU deployment decodes ``items`` and sends the
+batch as ``to`` says (``gpu_preprocess``); the rows it answers carry the batch's envelope."""
+
+
+class Decoder(Protocol):
+    """Decodes and resizes a call's image bytes in this process (``PreprocessStage`` on
+    threads, ``PreprocessGpuStage`` on this executor's GPU)."""
+
+    async def run(self, model: str, items: list[Encoded]) -> HostRows | DeviceRows: ...
+
+
+class Answerer(Protocol):
+    """Makes a call's answers from its logits (``PostprocessStage``)."""
+
+    def run(self, model: str, logits: Logits, specs: list[PostSpec]) -> list[Answer | FerryError]: ...
 
 
 class InferenceStage:
-    """Executor + scheduler + the row bookkeeping, without Ray. ``fetch(model, items, to)``
-    (``gpu_preprocess``): asks the PreprocessGPU deployment for a batch, sent as ``to`` says."""
+    """Executor + scheduler + the row bookkeeping, without Ray, given what it works with
+    (``pipeline.stages.build.build_inference`` assembles it):
+
+    * ``executor``: the GpuExecutor whose models ``report`` says were loaded and warmed
+      (``refused``: model -> why it is not served);
+    * ``decoder``: decodes and resizes image bytes in this process (``encoded``), or None;
+    * ``fetch`` + ``receiver``: asks the PreprocessGPU deployment for a batch and receives it
+      on this GPU, or None;
+    * ``answerer``: makes the answers here (``answers``), or None where a Postprocess
+      deployment does.
+    """
 
     def __init__(
         self,
         config: PipelineConfig,
+        executor: GpuExecutor,
+        report: LoadReport,
+        *,
+        decoder: Decoder | None = None,
+        answerer: Answerer | None = None,
         fetch: Fetch | None = None,
-        progress: Callable[[LoadReport], None] | None = None,
+        receiver: BatchReceiver | None = None,
     ) -> None:
-        """``progress``: told of each step of loading (the replica publishes it)."""
         self.config = config
-        self.fetch = fetch
-        self.executor = GpuExecutor(config.executor)
-        # every model loaded and every bucket warmed (its CUDA graph captured) before the
-        # replica reports healthy; a model that fails is refused, the others served
-        report = load_models(self.executor, config, progress=progress)
-        refuse_start(report)  # ModelsRefused (one line): no model, or a required one, loads
+        self.executor = executor
         self.refused = report.refused
-        self.random = {name: lm.random_weights for name, lm in self.executor.models.items()}
+        self.random = {name: lm.random_weights for name, lm in executor.models.items()}
         self.warmup_s: dict[str, float] = report.warmup_s
-        served = config.model_copy(
-            update={"models": [m for m in config.models if m.name not in self.refused]}
-        )
+        self.decoder, self.answerer = decoder, answerer
+        self.fetch, self.receiver = fetch, receiver
+        self.to: SendTo | None = receiver.to if receiver is not None else None
         b = config.batching
         self.scheduler = BatchScheduler(
             self._run_batch,
@@ -127,22 +149,8 @@ class InferenceStage:
         )
         self.budget_s = {m.name: b.policy_for(m.name).budget_s for m in config.models}
         self._pool_reported = 0.0
-        form = config.form
-        self.post = None
-        if "postprocess" not in form.deployments:  # this stage answers
-            from .postprocess import PostprocessStage
-
-            self.post = PostprocessStage(served)
-        self.local_pre: Any = None
-        if form.decode_in == "executor":
-            self.local_pre = self._local_preprocess(served)
-        self.receiver: BatchReceiver | None = None  # where PreprocessGPU sends batches
-        self.to: SendTo | None = None
-        if fetch is not None:
-            self.receiver = BatchReceiver(self.executor.backend, config.transport.timeout_s)
-            self.to = self.receiver.to
         self._start_metrics()
-        self.health = self.executor.replica_health(config.health, self.scheduler.queue.__len__)
+        self.health = executor.replica_health(config.health, self.scheduler.queue.__len__)
 
     def _start_metrics(self) -> None:
         """Gauges from the start (a scrape before the first batch finds them) and, on a
@@ -155,24 +163,13 @@ class InferenceStage:
 
             gpu_metrics.start(self.executor.backend.device_id)
 
-    def _local_preprocess(self, config: PipelineConfig) -> Any:
-        """Decode and resize here: on the executor's GPU, or on threads beside numpy."""
-        if not self.executor.backend.is_cuda:
-            from .decode import PreprocessStage
-
-            return PreprocessStage(config)
-        from .preprocess_gpu import PreprocessGpuStage
-
-        ex = self.executor  # the stage's batches come from this executor's pool
-        return PreprocessGpuStage(config, ex.backend.device_id, local=True, pool=ex.pool)
-
     async def _images(self, model: str, items: list[Encoded]) -> HostRows | DeviceRows:
         """Encoded images: decoded and resized in this process, or by PreprocessGPU, which
         sends the batch here (on this GPU)."""
-        if self.local_pre is not None:
-            return await self.local_pre.run(model, items)
+        if self.decoder is not None:
+            return await self.decoder.run(model, items)
         if self.fetch is None:
-            raise FerryError("this placement decodes in the Preprocess deployment, not here")
+            raise FerryError("this replica is given decoded images: it has no decoder")
         images = await self.fetch(model, items, self.to)
         if images.envelope is None:  # every image failed: nothing was sent
             return images
@@ -215,15 +212,16 @@ class InferenceStage:
             out.append(RowOut(row, (t0 - p.enqueued) * 1e3, gpu_ms, len(batch)))
         return out
 
-    async def _logits(
+    async def logits(
         self,
         model: str,
         images: HostRows | DeviceRows,
         meta: list[RequestMeta],
         feed: str = "image",
     ) -> Logits:
-        """``feed``: ``image`` (uint8 pixels) or ``tensors`` (the model's own input tensor,
-        from a v2 request)."""
+        """The model's outputs for a call's rows, one ``Logits`` (a request that failed is
+        carried as its error). ``feed``: ``image`` (uint8 pixels) or ``tensors`` (the model's
+        own input tensor, from a v2 request)."""
         key = model if feed == "image" else f"{model}{TENSORS}"
         self._served(model)
         self.health.admit()  # a draining replica refuses at once (503: retry elsewhere)
@@ -309,22 +307,20 @@ class InferenceStage:
             random_weights=self.random[model],
         )
 
-    async def run(
+    async def answers(
         self,
         model: str,
         images: HostRows | DeviceRows,
         meta: list[RequestMeta],
-        specs: list[PostSpec] | None = None,
+        specs: list[PostSpec],
         feed: str = "image",
-    ) -> Logits | list[Answer | FerryError]:
-        """The logits of decoded images or v2 tensors; with ``specs`` (this stage answers in
-        the placement) the answers themselves, softmax and top-k in a worker thread."""
-        logits = await self._logits(model, images, meta, feed)
-        if specs is None:
-            return logits
-        if self.post is None:
-            raise FerryError("this placement answers in the Postprocess deployment, not here")
-        return await asyncio.to_thread(self.post.run, model, logits, specs)
+    ) -> list[Answer | FerryError]:
+        """The answers for a call's rows, one per request: the logits, then softmax and
+        top-k (or the v2 outputs) in a worker thread."""
+        if self.answerer is None:
+            raise FerryError("this replica is not given an answerer: a Postprocess deployment answers")
+        logits = await self.logits(model, images, meta, feed)
+        return await asyncio.to_thread(self.answerer.run, model, logits, specs)
 
     async def encoded(
         self, model: str, items: list[Encoded], meta: list[RequestMeta], specs: list[PostSpec]
@@ -332,9 +328,7 @@ class InferenceStage:
         """Checked image bytes in, answers out: decode (here or by PreprocessGPU), batch, run."""
         self._served(model)
         images = await self._images(model, items)
-        out = await self.run(model, images, meta, specs)
-        assert isinstance(out, list)
-        return out
+        return await self.answers(model, images, meta, specs)
 
     def _served(self, model: str) -> None:
         """A model this replica serves, or why not: refused at load (503, not retryable),

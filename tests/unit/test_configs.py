@@ -41,7 +41,7 @@ def test_serve_configs_validate(name):
         )
         assert total <= 2.0  # fits a two-core laptop
     else:  # the deployment that holds the GPU: the ingress when it runs the whole pipeline
-        inf = getattr(cfg, f"{cfg.form.executor_in}_deployment")
+        inf = getattr(cfg, f"{cfg.placement_row.executor_in}_deployment")
         assert cfg.executor.backend == "cupy" and inf.num_gpus * inf.num_replicas >= 1
     if name == "serve_config.gpu.yaml":  # the measured form: one deployment, decode on its GPU
         assert cfg.placement == "one_process" and cfg.decodes_on_gpu
@@ -112,15 +112,19 @@ def _bound(app) -> dict:
     while todo:
         d = todo.pop()
         out[d.name] = d
-        todo += [h._bound_deployment for h in d.init_kwargs.values()]
+        todo += [h._bound_deployment for h in _handles(d).values()]
     return out
 
 
-def test_every_placement_builds_the_deployments_its_form_names():
-    from deployments.app import BINDINGS, build
-    from pipeline.config import FORMS
+def _handles(d) -> dict:
+    """The handles a bound deployment was given, by stage name (its other kwargs are the
+    composition root's choices: ``way``, ``decode_here``, ``answer_here``)."""
+    return {k: v for k, v in d.init_kwargs.items() if hasattr(v, "_bound_deployment")}
 
-    assert set(BINDINGS) == set(FORMS)
+
+def test_every_placement_builds_the_deployments_its_row_names():
+    from deployments.app import build
+    from pipeline.config import PLACEMENTS
     gpu = {
         "preprocess_deployment": {"num_gpus": 1},
         "inference_deployment": {"num_gpus": 1},
@@ -131,18 +135,22 @@ def test_every_placement_builds_the_deployments_its_form_names():
         "split": {"Ingress", "Inference"},
         "gpu_preprocess": {"Ingress", "PreprocessGPU", "Inference"},
     }
-    for form in FORMS:
+    for name in PLACEMENTS:
         cfg = PipelineConfig.model_validate(
-            {"placement": form, **(gpu if form == "gpu_preprocess" else {})}
+            {"placement": name, **(gpu if name == "gpu_preprocess" else {})}
         )
         bound = _bound(build(cfg))
-        assert set(bound) == names[form], form
-        assert len(bound) == len(FORMS[form].deployments)
+        assert set(bound) == names[name], name
+        assert len(bound) == len(PLACEMENTS[name].deployments)
         ingress = bound["Ingress"]
         assert ingress.init_args[1:] == ()  # handles by stage name only
     bound = _bound(build(PipelineConfig.model_validate({"placement": "gpu_preprocess", **gpu})))
-    assert set(bound["Inference"].init_kwargs) == {"preprocess"}  # inference drives it
-    assert set(bound["Ingress"].init_kwargs) == {"inference"}
+    # inference drives PreprocessGPU; it answers, and decodes nothing itself
+    assert bound["Inference"].init_kwargs["decode_here"] is False
+    assert bound["Inference"].init_kwargs["answer_here"] is True
+    assert set(_handles(bound["Inference"])) == {"preprocess"}
+    assert set(_handles(bound["Ingress"])) == {"inference"}
+    assert bound["Ingress"].init_kwargs["way"] == "hop"
     assert bound["PreprocessGPU"].ray_actor_options["num_gpus"] == 1
 
 
@@ -165,7 +173,7 @@ def test_placement_is_validated_with_its_cross_field_rules():
         )
     ok = PipelineConfig.model_validate({"placement": "split", "models": fit})  # CPU decode
     assert not ok.decodes_on_gpu
-    assert PipelineConfig(placement="one_process").form.executor_in == "ingress"
+    assert PipelineConfig(placement="one_process").placement_row.executor_in == "ingress"
 
 
 def test_ingress_coalescers_are_bounded_by_max_groups_in_flight():
@@ -209,7 +217,8 @@ def test_one_process_holds_the_gpu_in_the_ingress_and_its_pools_must_fit():
     cfg = PipelineConfig.model_validate({**share, "executor": {"pool_limit_fraction": 0.118}})
     assert cfg.decodes_on_gpu
     ingress = build(cfg)._bound_deployment
-    assert ingress.name == "Ingress" and ingress.init_kwargs == {}
+    assert ingress.name == "Ingress" and _handles(ingress) == {}  # no deployment below it
+    assert ingress.init_kwargs == {"way": "in_process"}
     assert ingress.ray_actor_options["num_gpus"] == 0.125
 
 

@@ -18,6 +18,7 @@ from pipeline.graph import Graph
 from pipeline.ops import NORMALIZE
 from pipeline.queue_budget import RateMeter
 from pipeline.stages import inference
+from pipeline.stages.build import build_inference
 from pipeline.stages.messages import HostRows, RequestMeta
 
 
@@ -63,7 +64,7 @@ def test_node_is_typed_named_once_and_survives_pickling():
 
 
 def _stage(**batching) -> inference.InferenceStage:
-    return inference.InferenceStage(
+    return build_inference(
         PipelineConfig.model_validate(
             {
                 "placement": "four_stage",
@@ -82,19 +83,19 @@ def test_the_stage_counts_each_refusal_by_its_typed_reason(monkeypatch):
     stage.scheduler.queue.rates["digits"] = RateMeter(rate=10.0, samples=3)
     rows = HostRows(2, [0] * 20 + [1] * 20, data=np.zeros((40, 8, 8, 1), np.uint8))
     meta = [RequestMeta("a"), RequestMeta("b")]
-    out = asyncio.run(stage._logits("digits", rows, meta))
+    out = asyncio.run(stage.logits("digits", rows, meta))
     assert set(out.errors) == {1} and counted == ["queue_budget"]
 
     counted.clear()
     stage = _stage(max_queue=2)
     rows = HostRows(3, [0, 1, 2], data=np.zeros((3, 8, 8, 1), np.uint8))
     meta = [RequestMeta("a"), RequestMeta("b"), RequestMeta("c")]
-    out = asyncio.run(stage._logits("digits", rows, meta))
+    out = asyncio.run(stage.logits("digits", rows, meta))
     assert set(out.errors) == {2} and counted == ["queue_full"]
 
     counted.clear()
     stage = _stage()
     rows = HostRows(1, [0], data=np.zeros((1, 8, 8, 1), np.uint8))
     gone = [RequestMeta("late", deadline=0.0)]  # (epoch 0: long past when it is queued)
-    out = asyncio.run(stage._logits("digits", rows, gone))
+    out = asyncio.run(stage.logits("digits", rows, gone))
     assert isinstance(out.errors[0], DeadlineExceeded) and counted == ["deadline"]

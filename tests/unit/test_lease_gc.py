@@ -30,8 +30,8 @@ from pipeline.memory import pool as pool_mod
 from pipeline.preprocess_gpu import fitter as fitter_mod
 from pipeline.preprocess_gpu.stage import PreprocessGpuCore
 from pipeline.queue_budget import RateMeter
+from pipeline.stages.build import build_inference
 from pipeline.stages.decode import PreprocessStage
-from pipeline.stages.inference import InferenceStage
 from pipeline.stages.messages import Encoded, RequestMeta
 
 CPU = Backend("numpy")
@@ -105,7 +105,7 @@ def test_a_gpu_queue_refusal_frees_the_calls_batch_without_the_collector():
             },
         }
     )
-    stage = InferenceStage(cfg)
+    stage = build_inference(cfg)
     core = PreprocessGpuCore(
         cfg, PreprocessStage(cfg, fitted=False), local=True, pool=stage.executor.pool, backend=CPU
     )
@@ -126,7 +126,7 @@ def test_a_gpu_queue_refusal_frees_the_calls_batch_without_the_collector():
         rows = await core.process("digits", imgs)  # views of one leased batch
         # a queue measured to drain 1 row/s: the 2nd request on waits past the 1 s budget
         stage.scheduler.queue.rates["digits"] = RateMeter(rate=1.0, samples=3, mean_n=1, mean_dt=1)
-        out = await stage._logits("digits", rows, [RequestMeta(f"r{i}") for i in range(4)])
+        out = await stage.logits("digits", rows, [RequestMeta(f"r{i}") for i in range(4)])
         return {o: e.fields.get("reason") for o, e in out.errors.items()}
 
     gc.collect()

@@ -20,8 +20,8 @@ from pipeline.errors import InvalidInput, TransportError
 from pipeline.imaging import encode_png
 from pipeline.models.repository import model_card
 from pipeline.preprocess_gpu.stage import PreprocessGpuCore
+from pipeline.stages.build import build_inference
 from pipeline.stages.decode import PreprocessStage
-from pipeline.stages.inference import InferenceStage
 from pipeline.stages.messages import (
     Answer,
     DeviceRows,
@@ -126,7 +126,8 @@ def _items(n: int) -> list[Encoded]:
 
 
 def test_the_stages_fill_every_timing_and_a_replica_stamps_its_hop():
-    stage = InferenceStage(_config())
+    # as one_process builds it: decoding and answering in this process
+    stage = build_inference(_config(), decode_here=True, answer_here=True)
     meta = [RequestMeta(f"r{i}") for i in range(3)]
     specs = [PostSpec("classify", top_k=3)] * 3
     out = asyncio.run(stage.encoded("digits", _items(3), meta, specs))
@@ -145,9 +146,9 @@ def test_the_stages_fill_every_timing_and_a_replica_stamps_its_hop():
 
 
 def test_v2_tensors_answer_outputs_with_queue_and_gpu_but_no_decode():
-    stage = InferenceStage(_config("four_stage"))
+    stage = build_inference(_config("four_stage"))  # as four_stage: logits only
     rows = HostRows(2, [0, 1, 1], data=np.zeros((3, 8, 8, 1), np.uint8))
-    logits = asyncio.run(stage.run("digits", rows, [RequestMeta("a"), RequestMeta("b")]))
+    logits = asyncio.run(stage.logits("digits", rows, [RequestMeta("a"), RequestMeta("b")]))
     assert isinstance(logits, Logits) and logits.data.shape == (3, 10)
     rt = logits.row_times
     assert len(rt.queue) == len(rt.gpu) == len(rt.batch_size) == 3

@@ -51,10 +51,15 @@ def names_node_and_op(text: str) -> bool:
 
 def test_the_stage_serves_the_models_that_load_and_refuses_the_other_with_its_reason(topk):
     from pipeline.models.loading import ModelUnavailable
-    from pipeline.stages.inference import InferenceStage
+    from pipeline.stages.build import build_inference
 
     steps = []
-    stage = InferenceStage(config(good_and_bad(topk)), progress=lambda r: steps.append(r.as_dict()))
+    stage = build_inference(  # as the split form builds it: decoding and answering here
+        config(good_and_bad(topk)),
+        decode_here=True,
+        answer_here=True,
+        progress=lambda r: steps.append(r.as_dict()),
+    )
     assert sorted(stage.signatures()) == ["digits"]
     reason = stage.status()["refused"]["my_model"]
     assert "TopK" in reason and "\n" not in reason
@@ -70,11 +75,11 @@ def test_the_stage_serves_the_models_that_load_and_refuses_the_other_with_its_re
 @pytest.mark.parametrize("required", [False, True])
 def test_a_replica_that_cannot_serve_fails_its_start_with_one_line(topk, required):
     from pipeline.models.loading import ModelsRefused
-    from pipeline.stages.inference import InferenceStage
+    from pipeline.stages.build import build_inference
 
     models = good_and_bad(topk, required) if required else good_and_bad(topk)[1:]
     with pytest.raises(ModelsRefused) as info:
-        InferenceStage(config(models))
+        build_inference(config(models))
     line = str(info.value)
     assert "\n" not in line and names_node_and_op(line), line
     assert line.startswith("required model(s) refused" if required else "no model of the config")

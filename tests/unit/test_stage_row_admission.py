@@ -10,12 +10,13 @@ import numpy as np
 
 from pipeline.config import PipelineConfig
 from pipeline.queue_budget import RateMeter
+from pipeline.stages.build import build_inference
 from pipeline.stages.inference import InferenceStage
 from pipeline.stages.messages import HostRows, Logits, RequestMeta
 
 
 def _stage(max_wait_ms: float = 5, timeout_ms: float | None = 1000) -> InferenceStage:
-    return InferenceStage(
+    return build_inference(
         PipelineConfig.model_validate(
             {
                 "placement": "four_stage",
@@ -38,7 +39,7 @@ def test_a_requests_own_rows_are_not_queue_ahead_of_one_another():
     rows = HostRows(1, [0] * 40, data=np.zeros((40, 8, 8, 1), np.uint8))
 
     async def go() -> Logits:
-        return await stage._logits("digits", rows, [RequestMeta("one")])
+        return await stage.logits("digits", rows, [RequestMeta("one")])
 
     out = asyncio.run(go())
     assert not out.errors, out.errors
@@ -51,7 +52,7 @@ def test_a_second_request_still_sees_the_first_as_ahead():
     rows = HostRows(2, [0] * 20 + [1] * 20, data=np.zeros((40, 8, 8, 1), np.uint8))
 
     async def go() -> Logits:
-        return await stage._logits("digits", rows, [RequestMeta("a"), RequestMeta("b")])
+        return await stage.logits("digits", rows, [RequestMeta("a"), RequestMeta("b")])
 
     out = asyncio.run(go())
     # b arrives behind a's 20 rows (2 s at 10 rows/s): refused at once, a answered whole
@@ -75,7 +76,7 @@ def test_a_lone_request_leaves_at_once_instead_of_waiting_max_wait_ms():
     rows = HostRows(1, [0], data=np.zeros((1, 8, 8, 1), np.uint8))
 
     async def go() -> Logits:
-        return await asyncio.wait_for(stage._logits("digits", rows, [RequestMeta("a")]), 5.0)
+        return await asyncio.wait_for(stage.logits("digits", rows, [RequestMeta("a")]), 5.0)
 
     out = asyncio.run(go())
     assert not out.errors and out.data is not None and out.data.shape[0] == 1
