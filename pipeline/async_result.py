@@ -85,6 +85,8 @@ class AsyncResult(Generic[T]):
 
     def wait_for(self, timeout: float | None) -> bool:
         """Wait up to ``timeout`` seconds; True when the result is complete."""
+        if self.done():  # (set before the waiters are told: no lock needed to see it)
+            return True
         with self._cond:
             return self._cond.wait_for(self.done, timeout=timeout)
 

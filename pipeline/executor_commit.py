@@ -60,21 +60,26 @@ def record(event: Event, stream: Stream) -> None:
         event.raw.record(stream.raw)
 
 
-class Route:
-    """Where a prepared batch runs (chosen at prepare)."""
+Copy = tuple[int, int, int]  # (destination address, source address, bytes)
 
-    __slots__ = ("compute", "bound", "graph", "stage_in", "outs_host", "events")
+
+class Route:
+    """Where a prepared batch runs (chosen at prepare): its compute stream, bound plan and
+    CUDA graph (or None), the slot's views and events, and on the GPU the addresses of its
+    copies in and out (``memcpyAsync`` straight from them)."""
+
+    __slots__ = ("compute", "bound", "graph", "stage_in", "outs_host", "events", "copies")
 
     def __init__(
         self,
         compute: Stream,
         bound: BoundModel,
         graph: Any,
-        views: tuple[np.ndarray, list[np.ndarray]],
+        slot_part: tuple[np.ndarray, list[np.ndarray], tuple[Copy, tuple[Copy, ...]] | None],
         events: SlotEvents,
     ) -> None:
         self.compute, self.bound, self.graph = compute, bound, graph
-        self.stage_in, self.outs_host = views
+        self.stage_in, self.outs_host, self.copies = slot_part
         self.events = events
 
 
@@ -86,6 +91,18 @@ def slot_views(slot: PinnedSlot, plan: EnginePlan) -> tuple[np.ndarray, list[np.
         outs.append(slot.view(off, s.shape, s.dtype))
         off += round_up(s.nbytes, 256)
     return slot.view(0, spec_in.shape, spec_in.dtype), outs
+
+
+def copies_of(
+    stage_in: np.ndarray, outs_host: list[np.ndarray], bound: BoundModel
+) -> tuple[Copy, tuple[Copy, ...]]:
+    """The addresses of a batch's copy in (slot -> arena) and out (arena -> slot)."""
+    h2d = (int(bound.input.data.ptr), int(stage_in.ctypes.data), int(stage_in.nbytes))
+    d2h = tuple(
+        (int(h.ctypes.data), int(d.data.ptr), int(h.nbytes))
+        for h, d in zip(outs_host, bound.outputs, strict=True)
+    )
+    return h2d, d2h
 
 
 class StagedMode:
@@ -115,8 +132,14 @@ class StagedMode:
         self.capture = self.capture and backend.is_cuda
         self.warm_depth = config.max_in_flight if backend.is_cuda else 1
         self.warm_rounds = 2 if backend.is_cuda else 1
-        self._views: dict[tuple, tuple[np.ndarray, list[np.ndarray]]] = {}
+        self._faults_on = faults.enabled  # the injector's config is fixed at start-up
+        self._slot_parts: dict[tuple, Any] = {}  # (slot, bound-graph key) -> views, copies
         self._events: dict[int, SlotEvents] = {}
+        self._rt: Any = None
+        if backend.is_cuda:
+            from cupy.cuda import runtime  # cupy: the GPU backend
+
+            self._rt = runtime
 
     def fit(self, slot_bytes: int) -> None:
         """A ring whose slots hold ``slot_bytes`` (grown only while nothing is in flight)."""
@@ -126,7 +149,7 @@ class StagedMode:
             raise RuntimeError("cannot grow the staging ring while batches are in flight")
         old = self.ring
         self.ring = PinnedRing(self.backend, slot_bytes, self.config.max_in_flight)
-        self._views.clear()
+        self._slot_parts.clear()
         if old is not None:
             old.close()
 
@@ -136,8 +159,8 @@ class StagedMode:
     ) -> PreparedBatch:
         ring = self.ring
         assert ring is not None
-        if ring.available() == 0 and len(self.completions):
-            self.completions.drive_oldest()  # a batch nobody waits for may hold the slots
+        if len(self.completions) >= ring.slots:  # every slot may be held by a batch nobody
+            self.completions.drive_oldest()  # waits for: finish the oldest of those here
         slot = ring.acquire(self.config.staging_timeout_s if timeout is None else timeout)
         try:
             faults = self.faults.next_batch()  # (an injected oom_reserve raises here)
@@ -156,16 +179,22 @@ class StagedMode:
 
     def _route(self, p: PreparedBatch, slot: PinnedSlot) -> Route:
         assert p.reservation is not None
-        compute = self.streams.compute_for(p.reservation.ptr)  # one stream per arena
-        bound, graph = self.bound_graphs.get(p, compute, self.models.get(p.model).engine)
-        key = (slot.index, p.model, p.bucket, p.plan.feed)
-        views = self._views.get(key)
-        if views is None:
-            views = self._views[key] = slot_views(slot, p.plan)
+        ptr = p.reservation.ptr
+        compute = self.streams.compute_for(ptr)  # one stream per arena
+        gkey = (p.model, p.bucket, p.plan.feed, ptr, compute.name)
+        bound, graph = self.bound_graphs.get(p, compute, self.models.get(p.model).engine, gkey)
+        key = (slot.index, gkey)
+        part = self._slot_parts.get(key)
+        if part is None:
+            if len(self._slot_parts) >= 4096:  # arenas come from a bounded pool; a guard
+                self._slot_parts.clear()
+            stage_in, outs = slot_views(slot, p.plan)
+            copies = copies_of(stage_in, outs, bound) if self._rt is not None else None
+            part = self._slot_parts[key] = (stage_in, outs, copies)
         events = self._events.get(slot.index)
         if events is None:
             events = self._events[slot.index] = SlotEvents(self.backend)
-        return Route(compute, bound, graph, views, events)
+        return Route(compute, bound, graph, part, events)
 
     # ------------------------------------------------------------------ phase two
     def commit(self, p: PreparedBatch, x: np.ndarray | list[np.ndarray], label: str) -> AsyncResult:
@@ -177,7 +206,8 @@ class StagedMode:
         if not on_device:
             stage(r.stage_in, x, p.n)  # the host copy into pinned memory, in this thread
         with self.lock:
-            self.backend.activate()
+            if self._rt is not None and self._rt.getDevice() != self.backend.device_id:
+                self.backend.activate()  # (a thread's device stays set: checked, not set)
             replay = self._enqueue(p, r, x, rows_d, on_device)
         self.counters.count(
             batches=1,
@@ -201,17 +231,20 @@ class StagedMode:
                 if p.n < p.bucket:
                     bound.input[p.n :] = 0
         else:  # host rows go up first; device rows beside them are copied on the device
-            if self.one_stream:
-                compute.copy_h2d(bound.input, r.stage_in)
+            up = compute if self.one_stream else streams.h2d
+            if r.copies is not None:
+                dst, src, nbytes = r.copies[0]
+                self._rt.memcpyAsync(dst, src, nbytes, self._rt.memcpyHostToDevice, up.ptr)
             else:
-                streams.h2d.copy_h2d(bound.input, r.stage_in)
-                record(ev.h2d, streams.h2d)
+                up.copy_h2d(bound.input, r.stage_in)
+            if not self.one_stream:
+                record(ev.h2d, up)
                 compute.wait(ev.h2d)
             if rows_d:
                 with compute:
                     for i, a in rows_d:
                         bound.input[i] = a
-        if self.faults.enabled:  # the middle of the batch: its arena and slot are held
+        if self._faults_on:  # the middle of the batch: its arena and slot are held
             self.faults.on_commit(p.faults)
         replay = r.graph is not None
         if replay:
@@ -224,8 +257,13 @@ class StagedMode:
         if not self.one_stream:
             record(ev.compute, compute)
             out.wait(ev.compute)
-        for host, dev in zip(r.outs_host, bound.outputs, strict=True):
-            out.copy_d2h(host, dev)
+        if r.copies is not None:
+            rt, out_ptr = self._rt, out.ptr
+            for dst, src, nbytes in r.copies[1]:
+                rt.memcpyAsync(dst, src, nbytes, rt.memcpyDeviceToHost, out_ptr)
+        else:
+            for host, dev in zip(r.outs_host, bound.outputs, strict=True):
+                out.copy_d2h(host, dev)
         record(ev.done, out)
         return replay
 
@@ -255,12 +293,12 @@ class StagedMode:
     def forget(self, model: str) -> None:
         """Drop what was kept for ``model`` (unloaded): bound plans, graphs, slot views."""
         self.bound_graphs.forget(model)
-        for key in [k for k in self._views if k[1] == model]:
-            del self._views[key]
+        for key in [k for k in self._slot_parts if k[1][0] == model]:
+            del self._slot_parts[key]
 
     def close(self) -> None:
         self.bound_graphs.clear()
-        self._views.clear()
+        self._slot_parts.clear()
         self._events.clear()
         if self.ring is not None:
             self.ring.close()

@@ -58,10 +58,13 @@ class BoundGraphs:
         assert p.reservation is not None
         return (p.model, p.bucket, p.plan.feed, p.reservation.ptr, compute.name)
 
-    def get(self, p: PreparedBatch, compute: Stream, engine: Engine) -> tuple[BoundModel, Any]:
-        """The plan bound to the batch's arena (bound now on a miss) and its CUDA graph."""
+    def get(
+        self, p: PreparedBatch, compute: Stream, engine: Engine, key: tuple | None = None
+    ) -> tuple[BoundModel, Any]:
+        """The plan bound to the batch's arena (bound now on a miss) and its CUDA graph;
+        ``key`` is ``key(p, compute)`` where the caller has it."""
         assert p.reservation is not None
-        key = self.key(p, compute)
+        key = key or self.key(p, compute)
         with self._lock:
             hit = self._bound.get(key)
             if hit is not None:

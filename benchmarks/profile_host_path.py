@@ -1,0 +1,78 @@
+"""Where the executor's host time per batch goes: the model benchmark's Ferry loop
+(``bench_models_harness.ferry_driver``: staged batches, 3 in flight, one thread, waits
+without a timeout) under cProfile, and the functions that took the most of it.
+
+    python benchmarks/profile_host_path.py --model resnet18 --batch 1 --steps 3000
+
+On the GPU (torch engine, ``compute_streams`` = in flight); on the CPU it profiles the
+numpy path of the digits model. cProfile slows every Python call alike, so read the
+shares, not the microseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import bench_models_harness as H  # noqa: E402
+from pipeline.config import ExecutorConfig, ModelConfig  # noqa: E402
+from pipeline.device import cuda_available  # noqa: E402
+from pipeline.executor import GpuExecutor  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--model", default="resnet18")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--top", type=int, default=40)
+    args = ap.parse_args(argv)
+    gpu = cuda_available()
+    ex = GpuExecutor(
+        ExecutorConfig(
+            backend="cupy" if gpu else "numpy",
+            buckets=(args.batch,),
+            max_in_flight=H.IN_FLIGHT,
+            compute_streams=H.IN_FLIGHT,
+            pool_limit_fraction=0.3 if gpu else 0.05,
+        )
+    )
+    name = args.model if gpu else "digits"
+    if gpu:
+        ex.load_entry(ModelConfig(name=name, engine="torch", source=name))
+    else:
+        ex.load_model(name, "digits")
+    ex.warmup()
+    d, facts = H.ferry_driver(ex, name, args.batch)
+    for _ in range(300):
+        d.step()
+    d.drain()
+    t0, c0 = time.perf_counter(), time.thread_time()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(args.steps):
+        d.step()
+    d.drain()
+    prof.disable()
+    wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+    print(
+        f"{name} batch {args.batch}: {args.steps} steps under cProfile, "
+        f"{1e6 * wall / args.steps:.1f} us wall and {1e6 * cpu / args.steps:.1f} us CPU a step; "
+        f"{facts()}"
+    )
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.top)
+    print(out.getvalue())
+    ex.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
