@@ -6,47 +6,52 @@ Serve config (every application that imports Ferry) or a bare pipeline config; w
 the default config's. For each entry: its engine and source, the input it is prepared for
 (size, channels, layout, resize, dtype), its labels, its batch limits (the largest batch on
 the config's backend -- the GPU's or numpy's -- and the rows a v2 request may carry), the v2
-names it answers to, and -- unless
-``--no-load`` -- whether it loads: the engine is built and checked against the entry
-exactly as the inference replica does at startup (``load_entry``), and its own tensors are
-printed. Exit status 1 when any entry fails. ``--ops`` prints, whole, the list an ONNX
-file's refusal ("this op is not supported") points to.
+names it answers to, and -- unless ``--no-load`` -- whether it loads. That verdict is the
+shared check's (``pipeline/check.py``), the one ``ferry config check`` and the inference
+replica run: the entry's engine and files (``entry_problems``), then every model of the
+config loaded as the replica loads it (``check_models``: the engine built and checked, every
+bucket planned, on the device where there is one, else on numpy). For an entry that loads,
+its own tensors are printed (its engine built once more, to read them). Exit status 1 when
+any entry fails. ``--ops`` prints, whole, the list an ONNX file's refusal ("this op is not
+supported") points to.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
 
+import numpy as np
 
-def configs_of(path: str | None) -> list[tuple[str, Any]]:
+from pipeline.check import check_models, entry_problems
+from pipeline.config import PipelineConfig, Settings
+from pipeline.importers.onnx_graph import FOLDED_OPS, OPSETS, supported_ops
+from pipeline.models.repository import load_entry, model_card, random_weights
+
+from .config_file import FERRY_APP, app_args, base_dir_of, load_config, read
+from .triton_encoded import views
+
+
+def configs_of(path: str | None) -> list[tuple[str, PipelineConfig]]:
     """(where, PipelineConfig) of every Ferry application a file holds."""
-    from deployments.app import load_config
-    from pipeline.config import PipelineConfig
-
-    from .cli import FERRY_APP, _load
-
     if path is None:
         return [("default config", PipelineConfig())]
-    raw = _load(path)
+    raw = read(path)
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: not a mapping")
     if "applications" not in raw:
         return [(path, load_config({"config": raw}))]
-    out = []
-    base = os.path.dirname(os.path.abspath(path))
-    for app in raw["applications"]:
-        if app.get("import_path") != FERRY_APP:
-            continue
-        args = dict(app.get("args") or {})
-        cfg = args.get("config")
-        if isinstance(cfg, str) and not os.path.isabs(cfg):  # as `serve run` from its dir
-            args["config"] = os.path.join(base, cfg)
-        out.append((f"{path}: application {app.get('name', '?')!r}", load_config(args)))
-    return out
+    base = base_dir_of(path)  # relative config paths as `serve run` reads them
+    return [
+        (
+            f"{path}: application {app.get('name', '?')!r}",
+            load_config(app_args(app.get("args"), base)),
+        )
+        for app in raw["applications"]
+        if app.get("import_path") == FERRY_APP
+    ]
 
 
 BACKENDS = {
@@ -56,27 +61,21 @@ BACKENDS = {
 }
 
 
-def backend_of(config: Any) -> str:
+def backend_of(config: PipelineConfig) -> str:
     """The backend the config's executor runs on (``auto``: ``FERRY_BACKEND`` where set, as
     the executor reads it)."""
-    from pipeline.config import Settings
-
     kind = config.executor.backend
     return (Settings.from_env().backend or kind) if kind == "auto" else kind
 
 
-def describe(config: Any, entry: Any, load: bool) -> dict[str, Any]:
-    """One entry of the repository, checked."""
-    from pipeline.models.repository import load_entry, model_card, random_weights
-
-    from .triton_encoded import views
-
+def describe(config: PipelineConfig, entry: Any) -> dict[str, Any]:
+    """One entry of the repository, as the config gives it (nothing loaded)."""
     card = model_card(entry)
     i = card.image
     buckets = [
         b for b in config.executor.buckets if entry.max_batch is None or b <= entry.max_batch
     ]
-    row: dict[str, Any] = {
+    return {
         "name": entry.name,
         "engine": entry.engine,
         "source": entry.source,
@@ -103,26 +102,27 @@ def describe(config: Any, entry: Any, load: bool) -> dict[str, Any]:
         "v2_names": [entry.name]  # and its encoded view, unless a model has that name
         + [v for v, m in views(e.name for e in config.models).items() if m == entry.name],
     }
-    if not load:
-        return row
-    try:
-        eng = load_entry(entry).engine
-    except Exception as exc:  # the reason, as the replica would log it at startup
-        row["loads"] = False
-        row["error"] = f"{type(exc).__name__}: {exc}"[:500]
-        return row
-    row["loads"] = True
 
-    def spec(t: Any) -> dict[str, Any]:
-        import numpy as np
 
-        return {"name": t.name, "dtype": np.dtype(t.dtype).name, "shape": list(t.shape)}
+def checked(config: PipelineConfig, rows: list[dict[str, Any]]) -> None:
+    """Each row's verdict from the shared check: ``loads``, else ``error`` (its reason)."""
+    problems = {e.name: entry_problems(e) for e in config.models}
+    report, _backend = check_models(config)
+    for entry, row in zip(config.models, rows, strict=True):
+        why = "; ".join(problems[entry.name]) or report.refused.get(entry.name)
+        row["loads"] = why is None
+        if why is not None:
+            row["error"] = why
+            continue
+        eng = load_entry(entry).engine  # its tensors, as the replica's engine has them
+        row["tensors"] = {
+            "inputs": [_spec(t) for t in eng.inputs],
+            "outputs": [_spec(t) for t in eng.outputs],
+        }
 
-    row["tensors"] = {
-        "inputs": [spec(t) for t in eng.inputs],
-        "outputs": [spec(t) for t in eng.outputs],
-    }
-    return row
+
+def _spec(t: Any) -> dict[str, Any]:
+    return {"name": t.name, "dtype": np.dtype(t.dtype).name, "shape": list(t.shape)}
 
 
 def text(row: dict[str, Any]) -> str:
@@ -149,8 +149,6 @@ def text(row: dict[str, Any]) -> str:
 
 def ops(as_json: bool) -> int:
     """The ONNX ops Ferry's importer runs, whole (what a refusal points to)."""
-    from pipeline.importers.onnx_graph import FOLDED_OPS, OPSETS, supported_ops
-
     run = supported_ops()
     if as_json:
         print(json.dumps({"ops": list(run), "folded": list(FOLDED_OPS), "opsets": list(OPSETS)}))
@@ -183,7 +181,9 @@ def main(argv: list[str]) -> int:
     try:
         for path in args.files or [None]:
             for where, config in configs_of(path):
-                out[where] = [describe(config, m, not args.no_load) for m in config.models]
+                out[where] = [describe(config, m) for m in config.models]
+                if not args.no_load:
+                    checked(config, out[where])
     except (OSError, ValueError) as exc:  # an unreadable or invalid config (pydantic's too)
         print(f"error: {exc}", file=sys.stderr)
         return 1
