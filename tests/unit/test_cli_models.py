@@ -9,6 +9,8 @@ import pytest
 import yaml
 
 from deployments.cli import main
+from pipeline.check import ConfigCheckFailed, check
+from pipeline.config import PipelineConfig
 
 
 def test_models_lists_checks_and_fails_an_entry_that_does_not_load(tmp_path, capsys):
@@ -124,3 +126,25 @@ def test_models_shows_an_onnx_refusal_whole_naming_an_unnamed_node_by_its_output
         f"that are (node=\"node producing 'scores'\", op='TopK', "
         f"supported='{n} ops, listed by `ferry models --ops`')"
     )
+
+
+def test_models_verdict_is_the_shared_checks_a_missing_file_named_as_config_check_names_it(
+    tmp_path, capsys
+):
+    cfg = {
+        "models": [
+            {"name": "digits", "arch": "digits"},
+            {"name": "gone", "engine": "onnx", "source": str(tmp_path / "gone.onnx")},
+        ],
+        "executor": {"backend": "numpy", "buckets": [1, 2]},
+        "batching": {"max_batch_size": 2},
+    }
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["models", str(path), "--json"]) == 1
+    (rows,) = json.loads(capsys.readouterr().out).values()
+    assert [r["loads"] for r in rows] == [True, False]
+    with pytest.raises(ConfigCheckFailed) as refused:  # ferry config check's words, exactly
+        check(PipelineConfig.model_validate(cfg))
+    assert rows[1]["error"] == str(refused.value)
+    assert rows[1]["error"] == f"model 'gone': source file not found: {tmp_path / 'gone.onnx'}"
