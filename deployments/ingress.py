@@ -44,7 +44,7 @@ from pipeline.stages.messages import (
     TensorRequest,
 )
 
-from . import ingress_http, load_board, triton, triton_encoded, triton_stats, v2
+from . import load_board, triton, triton_encoded, triton_stats, v2
 from .drain import Drain, ray_kv
 from .http_errors import request_id_of, unwrap
 from .ingress_http import JsonAnswer, app, deadline_of, multipart_image, priority_of
@@ -114,8 +114,9 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
             ic.body_timeout_s,
             ic.upload_grace_s,
         )
-        # the statistics extension: the sum over this app's ingress replicas
-        self.stats = triton_stats.for_this_replica()
+        # the statistics extension: this replica's book, and the sum over the app's replicas
+        self.book = triton.Stats()
+        self.stats = triton_stats.for_this_replica(self.book)
         self.drain = _drain_of_this_replica(self.cfg.batching.retry_after_s)
         self.drain.start()  # (in Serve's event loop; else from the first request)
         board = load_board.for_this_replica(self.cfg)  # what the inference replica said
@@ -123,7 +124,14 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
             self.down.status, board and board.read, lambda: self.drain.draining
         )
         self.readiness.start()  # (as the drain's)
-        ingress_http.ACTIVE = self  # for ClassifyFastPath and RequestMetrics
+
+    def __serve_build_asgi_app__(self) -> Any:
+        """The app this replica serves (Serve calls this after the constructor): Serve's
+        copy of the FastAPI app, with this ingress in its state -- where the ASGI layers
+        outside FastAPI's routes (``ClassifyFastPath``, ``RequestMetrics``) find it."""
+        app = self.app
+        app.state.ingress = self
+        return app
 
     def check_health(self) -> None:
         """In ``one_process`` this replica owns the GPU: its inference stage's health."""
@@ -270,7 +278,7 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
         ask = ImageRequest(item, PostSpec("classify", top_k=k), meta)
         result = await self._await(coalescer.submit(ask, rid), rid, meta.deadline)
         body = _finish(result, t0, queued)  # (observe.RequestMetrics counts it and its total)
-        triton.STATS.record(model, True, body["timings_ms"]["total"], body["timings_ms"], 1)
+        self.book.record(model, True, body["timings_ms"]["total"], body["timings_ms"], 1)
         return JsonAnswer({"request_id": rid, "model": model, **body})
 
     @app.get("/v1/models")
@@ -384,7 +392,7 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
             answer = await self._await(coalescer.submit(ask, rid), rid, meta.deadline)
             result = _finish(answer, t0, queued)
         total = result["timings_ms"]["total"]
-        triton.STATS.record(model, True, total, result["timings_ms"], len(req.images))
+        self.book.record(model, True, total, result["timings_ms"], len(req.images))
         extra = {
             "request_id": rid,
             "random_weights": result["random_weights"],

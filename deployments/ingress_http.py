@@ -23,7 +23,7 @@ from pipeline.errors import FerryError, InvalidInput
 
 from . import docs, http_errors
 from .http_errors import error_response, request_id_of, unwrap
-from .observe import RequestMetrics
+from .observe import RequestMetrics, ingress_of
 from .validate import finite_float
 
 app = FastAPI(
@@ -90,7 +90,6 @@ class JsonAnswer(Response):
 
 
 CLASSIFY_PATH = re.compile(r"^/v1/models/([^/]+)/classify$")
-ACTIVE: Any = None  # this process's Ingress (Serve makes one per replica process); it sets this
 
 
 class ClassifyFastPath:
@@ -110,11 +109,7 @@ class ClassifyFastPath:
             else None
         )
         if match:
-            # looked up through the module as imported in this process, whatever Serve
-            # pickled by value
-            import deployments.ingress_http as this
-
-            ingress = this.ACTIVE
+            ingress = ingress_of(scope)
             if ingress is not None:
                 request = Request(scope, receive)
                 try:

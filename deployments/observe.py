@@ -40,6 +40,14 @@ TIMED = ("/classify", "/infer")
 CLIENT_CLOSED = 499  # the client went away before the answer (nginx, Triton)
 
 
+def ingress_of(scope: dict) -> Any:
+    """The Ingress replica serving this request: Starlette puts the app in the scope, and
+    the replica puts itself in the app's state (``Ingress.__serve_build_asgi_app__``);
+    None before that (an app outside a replica)."""
+    app = scope.get("app")
+    return getattr(getattr(app, "state", None), "ingress", None)
+
+
 def route_of(path: str) -> tuple[str, str]:
     """(model, route template) of a request path; the template keeps label values few:
     ``("digits", "/v2/models/{model}/infer")``, ``("", "/v2/health/ready")``, ``("", "other")``."""
@@ -86,9 +94,7 @@ class RequestMetrics:
         if known is None:
             model, route = route_of(path)
             if model:  # only served models become label values (any path is not a series)
-                import deployments.ingress_http as ingress_http
-
-                active = ingress_http.ACTIVE
+                active = ingress_of(scope)
                 if active is not None:
                     if model in active.models or model in active.encoded_views:
                         if len(self._routes) < 4096:  # (a served model's paths: few)
@@ -133,6 +139,6 @@ class RequestMetrics:
                 status[0] = CLIENT_CLOSED
             metrics.count_request(model, route, status[0])
             if timed and model != "?" and status[0] >= 400:
-                from . import triton
-
-                triton.STATS.record(model, False, (time.perf_counter() - t0) * 1e3, None, 0)
+                ingress = ingress_of(scope)
+                if ingress is not None:
+                    ingress.book.record(model, False, (time.perf_counter() - t0) * 1e3, None, 0)

@@ -247,9 +247,6 @@ def merge(books: list[dict[str, _ModelBook]]) -> dict[str, _ModelBook]:
     return out
 
 
-STATS = Stats()  # this process's book (one ingress replica)
-
-
 @dataclass(frozen=True)
 class RequestOptions:
     priority_high: bool = False

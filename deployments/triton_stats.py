@@ -1,6 +1,6 @@
 """One statistics book for all ingress replicas (the statistics extension).
 
-Each ingress replica counts its own requests (``triton.STATS``). perf_analyzer takes the
+Each ingress replica counts its own requests (its ``triton.Stats`` book, ``Ingress.book``). perf_analyzer takes the
 server's queue and compute times as differences of two ``/v2/models/{m}/stats`` snapshots,
 in unsigned 64-bit integers; with several ingress replicas the two GETs land on any two of
 them, and a snapshot of a replica that had counted fewer nanoseconds than the one before
@@ -19,6 +19,7 @@ import os
 from typing import Any
 
 import ray
+from ray import serve
 
 from . import triton
 
@@ -43,16 +44,17 @@ class StatsBoard:
 class SharedStats:
     """The ingress's side: publishes this process's book, reads the sum."""
 
-    def __init__(self, app: str) -> None:
+    def __init__(self, app: str, book: triton.Stats) -> None:
+        self.book = book
         self.replica = f"{os.getpid()}-{id(self)}"
         self.board = StatsBoard.options(
             name=f"{NAME}:{app}", namespace="ferry", get_if_exists=True, lifetime="detached"
         ).remote()
         self._flush: asyncio.Task | None = None
-        triton.STATS.publish = self._changed
+        book.publish = self._changed
 
     def _put(self) -> None:
-        self.board.put.remote(self.replica, triton.STATS.books())  # (answered in order)
+        self.board.put.remote(self.replica, self.book.books())  # (answered in order)
 
     def _changed(self) -> None:
         """The book changed: publish it soon (once, whatever changes meanwhile)."""
@@ -64,27 +66,29 @@ class SharedStats:
             self._put()
 
     async def _later(self) -> None:
-        await asyncio.sleep(triton.STATS.publish_every_s)
+        await asyncio.sleep(self.book.publish_every_s)
         self._put()
 
     async def model_stats(self, models: list[str]) -> dict[str, Any]:
-        total = await self.board.total.remote(self.replica, triton.STATS.books())
-        return triton.STATS.model_stats(models, total)
+        total = await self.board.total.remote(self.replica, self.book.books())
+        return self.book.model_stats(models, total)
 
 
 class LocalStats:
-    """Outside a Serve replica (a class built by hand): this process's book alone."""
+    """Outside a Serve replica (a class built by hand): this replica's book alone."""
+
+    def __init__(self, book: triton.Stats) -> None:
+        self.book = book
 
     async def model_stats(self, models: list[str]) -> dict[str, Any]:
-        return triton.STATS.model_stats(models)
+        return self.book.model_stats(models)
 
 
-def for_this_replica() -> SharedStats | LocalStats:
-    """The shared book of this replica's Serve app; outside Serve, the local one."""
-    from ray import serve
-
+def for_this_replica(book: triton.Stats) -> SharedStats | LocalStats:
+    """The shared book of this replica's Serve app, ``book`` its part; outside Serve, the
+    book alone."""
     try:
         app = serve.get_replica_context().app_name
     except Exception:  # (RayServeException: not in a replica)
-        return LocalStats()
-    return SharedStats(app)
+        return LocalStats(book)
+    return SharedStats(app, book)
