@@ -78,6 +78,8 @@ class PreparedBatch:
         (None in naive mode, which has no slot)."""
         if self.slot is None:
             return None
+        if self.route is not None:  # the slot's view, made once per slot and arena
+            return self.route.stage_in[: self.n]
         spec = self.plan.input_spec
         return self.slot.view(0, spec.shape, spec.dtype)[: self.n]
 
@@ -132,7 +134,7 @@ def check_input(p: PreparedBatch, x: Any, backend: Backend) -> np.ndarray | list
 def stage(dst: np.ndarray, x: np.ndarray | list[np.ndarray], n: int) -> None:
     """Copy ``n`` host rows into ``dst`` (a bucket's worth) and zero the padding after
     them; device rows in a list are skipped (the commit copies them on the device)."""
-    if isinstance(x, np.ndarray) and x.ctypes.data == dst.ctypes.data:
+    if isinstance(x, np.ndarray) and _address(x) == _address(dst):
         pass  # written into the slot by the caller (``PreparedBatch.staging``): no copy
     elif isinstance(x, list):
         for i, r in enumerate(x):
@@ -142,3 +144,7 @@ def stage(dst: np.ndarray, x: np.ndarray | list[np.ndarray], n: int) -> None:
         dst[:n] = x
     if n < len(dst):
         dst[n:] = 0
+
+
+def _address(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]  # (cheaper than ``a.ctypes.data``)
