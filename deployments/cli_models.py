@@ -29,9 +29,9 @@ from pipeline.check import check_models, entry_problems
 from pipeline.config import PipelineConfig, Settings
 from pipeline.importers.onnx_graph import FOLDED_OPS, OPSETS, supported_ops
 from pipeline.models.repository import load_entry, model_card, random_weights
+from pipeline.protocol.encoded import views
 
 from .config_file import FERRY_APP, app_args, base_dir_of, load_config, read
-from .triton_encoded import views
 
 
 def configs_of(path: str | None) -> list[tuple[str, PipelineConfig]]:

@@ -34,6 +34,9 @@ from pipeline.errors import (
     Unavailable,
 )
 from pipeline.models.repository import model_card, random_weights
+from pipeline.protocol import encoded as triton_encoded
+from pipeline.protocol import triton, v2
+from pipeline.protocol.validate import header_int
 from pipeline.stages.messages import (
     Answer,
     Encoded,
@@ -44,7 +47,7 @@ from pipeline.stages.messages import (
     TensorRequest,
 )
 
-from . import load_board, triton, triton_encoded, triton_stats, v2
+from . import load_board, triton_stats
 from .drain import Drain, ray_kv
 from .http_errors import request_id_of, unwrap
 from .ingress_http import JsonAnswer, app, deadline_of, multipart_image, priority_of
@@ -52,7 +55,6 @@ from .ingress_route import way_down
 from .readiness import Readiness
 from .triton_routes import TritonRoutes
 from .uploads import UploadGate
-from .validate import header_int
 
 logger = logging.getLogger(__name__)
 # past a request's deadline, how long the ingress still waits for the stage holding it to

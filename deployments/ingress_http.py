@@ -20,11 +20,11 @@ from fastapi.responses import JSONResponse, Response
 
 from pipeline.config import Settings
 from pipeline.errors import FerryError, InvalidInput
+from pipeline.protocol.validate import finite_float
 
 from . import docs, http_errors
 from .http_errors import error_response, request_id_of, unwrap
 from .observe import RequestMetrics, ingress_of
-from .validate import finite_float
 
 app = FastAPI(
     title="Ferry",

@@ -1,7 +1,7 @@
 """Triton's v2 extension routes, a mixin of the ``Ingress`` deployment (Serve finds routes
 of base classes too): model configuration, statistics, repository index and model control,
 every model route also under ``/versions/{version}`` (version "1"). The logic is in
-``deployments/triton.py``; this module imports before the ingress's own routes, so
+``pipeline/protocol/triton.py``; this module imports before the ingress's own routes, so
 ``/v2/models/stats`` is matched before ``/v2/models/{model}``.
 
 (No ``from __future__ import annotations``: FastAPI must see real annotation objects.)
@@ -12,7 +12,8 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response
 
-from . import triton
+from pipeline.protocol import triton
+
 from .ingress_http import app
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import ray
 from ray import serve
 
-from . import triton
+from pipeline.protocol import triton
 
 NAME = "ferry_triton_stats"
 

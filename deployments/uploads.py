@@ -35,8 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pipeline.errors import ClientClosedRequest, PayloadTooLarge, RequestTimeout, UploadsFull
-
-from .validate import header_int
+from pipeline.protocol.validate import header_int
 
 
 class UploadGate:

@@ -15,15 +15,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.requests import Request
 
-from deployments import v2
 from deployments.http_errors import error_response
 from deployments.ingress_http import app, deadline_of, multipart_image, priority_of
-from deployments.v2 import Signature
-from deployments.validate import finite_float, header_int, shape_of
 from pipeline.engines.base import TensorInfo
 from pipeline.errors import FerryError, InvalidInput
 from pipeline.imaging import plan_decode
 from pipeline.models.registry import model_info
+from pipeline.protocol import v2
+from pipeline.protocol.v2 import Signature
+from pipeline.protocol.validate import finite_float, header_int, shape_of
 
 DIGITS = Signature(
     (TensorInfo("image", "uint8", (-1, 8, 8, 1)),), (TensorInfo("logits", "float32", (-1, 10)),)

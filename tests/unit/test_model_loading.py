@@ -159,7 +159,7 @@ def test_a_config_that_cannot_be_deployed_fails_the_build_in_one_line(tmp_path):
 
 
 def test_the_repository_index_marks_refused_models_unavailable():
-    from deployments.triton import repository_index
+    from pipeline.protocol.triton import repository_index
 
     rows = repository_index(["a", "b"], {"b": "ModelRefused: no"})
     assert rows[0] == {"name": "a", "version": "1", "state": "READY"}

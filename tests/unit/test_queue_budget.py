@@ -230,7 +230,7 @@ def test_coalescer_drops_at_dispatch_what_waited_past_the_budget_and_skips_cance
 
 
 def test_config_policy_per_model_and_triton_reports_it():
-    from deployments import triton
+    from pipeline.protocol import triton
 
     cfg = PipelineConfig.model_validate(
         {

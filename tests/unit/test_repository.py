@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from deployments.v2 import Signature, model_metadata, parse_infer
 from pipeline.check import ConfigCheckFailed, check
 from pipeline.config import ExecutorConfig, ModelConfig, PipelineConfig
 from pipeline.engines.base import TensorInfo
@@ -16,6 +15,7 @@ from pipeline.errors import InvalidInput
 from pipeline.executor import GpuExecutor
 from pipeline.imaging import Target, fit
 from pipeline.models.repository import load_entry, model_card, random_weights
+from pipeline.protocol.v2 import Signature, model_metadata, parse_infer
 
 
 def test_builtins_are_ordinary_entries_and_the_arch_spelling_still_works():

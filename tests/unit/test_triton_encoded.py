@@ -1,4 +1,4 @@
-"""v2 BYTES tensors of encoded images (deployments/triton_encoded.py): parsing the binary
+"""v2 BYTES tensors of encoded images (pipeline/protocol/encoded.py): parsing the binary
 and JSON forms as tritonclient and perf_analyzer send them, the errors, the merge."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deployments import triton_encoded as te
 from pipeline.errors import InvalidInput, UnsupportedMediaType
 from pipeline.imaging import Target, encode_jpeg, encode_png, plan_decode
+from pipeline.protocol import encoded as te
 
 OUTS = ("logits", "probabilities")
 

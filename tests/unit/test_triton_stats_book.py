@@ -4,7 +4,7 @@ replica answers the GET."""
 
 from __future__ import annotations
 
-from deployments import triton
+from pipeline.protocol import triton
 
 
 def _serve(book: triton.Stats, n: int, queue_ms: float) -> None:
