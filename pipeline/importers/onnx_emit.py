@@ -21,7 +21,7 @@ from ..ops.activation import ACTIVATION
 from ..ops.binary import BINARY
 from ..ops.layout import TRANSPOSE
 from ..ops.reshape import RESHAPE
-from .onnx_ir import BATCH, Batch, INode, Val, refuse
+from .onnx_ir import BATCH, INode, Val, batch_axis, is_batch, per_item, refuse
 
 Handler = Callable[["Emitter", INode], None]
 HANDLERS: dict[str, Handler] = {}
@@ -46,6 +46,7 @@ class Emitter:
         self.static_batch: int | None = None  # the file's fixed batch size, if it has one
         self.opset = 0
         self.float32_out: set[str] = set()  # tensors an op leaves in float32 (softmax)
+        self.outputs: set[str] = set()  # the model's outputs (a softmax there stays float32)
 
     # ------------------------------------------------------------------ names, constants
     def fresh(self, base: str) -> str:
@@ -81,7 +82,7 @@ class Emitter:
     def put(
         self, name: str, tensor: str, shape: tuple[Any, ...], nhwc: bool, phys: tuple[int, ...]
     ) -> Val:
-        v = Val(tensor, tuple(shape), nhwc, tuple(int(d) for d in phys))
+        v = Val(tensor, tuple(shape), nhwc, _dims(phys))
         self.vals[name] = v
         return v
 
@@ -108,16 +109,34 @@ class Emitter:
         t = self.add(TRANSPOSE, [self.tensor(v, v.item)], "to_nhwc", perm=TO_NHWC)
         return Val(t, v.shape, True, (h, w, c))
 
-    def tensor(self, v: Val, phys: tuple[int, ...]) -> str:
-        """The Ferry tensor of ``v`` shaped [lead, *phys] (a view where it differs)."""
-        phys = tuple(int(d) for d in phys)
+    def tensor(self, v: Val, phys: tuple[Any, ...]) -> str:
+        """The Ferry tensor of ``v`` shaped [lead, *phys] (a view where it differs): the
+        lead holds the batch, or, where ``phys`` has the ``Batch``, is a fixed size."""
+        phys = _dims(phys)
         if v.phys == phys:
             return v.tensor
-        return self.add(RESHAPE, [v.tensor], "view", shape=(-1, *phys))
+        b = batch_axis(phys)
+        if b is None:
+            shape: tuple[int, ...] = (-1, *phys)
+        else:
+            lead, rest = divmod(per_item(v.shape), per_item(phys))
+            if rest or lead < 1:
+                raise refuse(None, "a view of a tensor does not fit", shape=v.shape, view=phys)
+            shape = (lead, *(-1 if is_batch(d) else int(d) for d in phys))
+        return self.add(RESHAPE, [v.tensor], "view", shape=shape)
 
-    def phys_of(self, v: Val) -> tuple[int, ...]:
+    def full(self, v: Val) -> str:
+        """The Ferry tensor of ``v`` in the ONNX shape and byte order."""
+        p = self.plain(v)
+        return self.tensor(p, p.shape[1:])
+
+    def phys_of(self, v: Val) -> tuple[Any, ...]:
         """The natural physical shape: NHWC for ``nhwc`` values, the ONNX shape otherwise."""
-        return v.nhwc_item() if v.nhwc else v.item
+        return v.nhwc_item() if v.nhwc else tuple(v.shape[1:])
+
+
+def _dims(shape: Any) -> tuple[Any, ...]:
+    return tuple(d if is_batch(d) else int(d) for d in shape)
 
 
 def onnx_axis(node: INode, axis: int, rank: int) -> int:
@@ -132,11 +151,30 @@ def phys_axis(v: Val, axis: int) -> int:
     return {1: 3, 2: 1, 3: 2}[axis] if v.nhwc else axis
 
 
-def no_batch_axis(node: INode, axis: int) -> None:
-    if axis == 0:
+def no_batch_axis(node: INode, axis: int, v: Val | None = None) -> None:
+    """Refuse an op along the axis that holds the batch (it would mix a batch's items)."""
+    b = 0 if v is None else batch_axis(v.shape)
+    if axis == b:
         raise refuse(
-            node, "ops along the batch axis are not supported", axis=0, supported="axes >= 1"
+            node,
+            "ops along the batch axis are not supported",
+            axis=axis,
+            supported="axes that do not hold the batch",
         )
+
+
+def sym_broadcast(node: INode, shapes: list[tuple[Any, ...]]) -> tuple[Any, ...]:
+    """numpy's broadcast of shapes that may hold the batch (a ``Batch`` meets 1 or itself)."""
+    rank = max(len(s) for s in shapes)
+    padded = [(1,) * (rank - len(s)) + tuple(s) for s in shapes]
+    out: list[Any] = []
+    for dims in zip(*padded, strict=True):
+        b = {d for d in dims if is_batch(d)}
+        ints = {int(d) for d in dims if not is_batch(d)} - {1}
+        if len(b) > 1 or (b and ints) or len(ints) > 1:
+            raise refuse(node, "shapes do not broadcast", shapes=[str(s) for s in shapes])
+        out.append(b.pop() if b else (ints.pop() if ints else 1))
+    return tuple(out)
 
 
 def ints_input(em: Emitter, node: INode, k: int, attr: str) -> list[int] | None:
@@ -175,22 +213,23 @@ def _binary(em: Emitter, n: INode) -> None:
             shapes=[s.shape for s in acts],
         )
     nhwc = rank == 4 and any(s.nhwc for s in acts)
+    batch_at = {batch_axis(s.shape) for s in acts}
     names, shapes = [], []
     for s in sides:
         if isinstance(s, Val):
             s = em.nhwc(n, s) if nhwc else em.plain(s)
             ph = em.phys_of(s)
             names.append(em.tensor(s, ph))
-            shapes.append((BATCH, *ph))
+            shapes.append((BATCH, *ph) if nhwc else tuple(s.shape))
         else:
             c = s.reshape((1,) * (rank - s.ndim) + s.shape)
-            if c.shape[0] != 1:
+            if any(c.shape[b] != 1 for b in batch_at if b is not None):
                 raise refuse(n, "a constant with a batch dimension cannot broadcast", shape=s.shape)
             if nhwc:
                 c = c.transpose(TO_NHWC)
             names.append(em.graph_const(n.name or kind, np.ascontiguousarray(c)))
             shapes.append(c.shape)
-    out = tuple(np.broadcast_shapes(*[tuple(1 if d == BATCH else d for d in sh) for sh in shapes]))
+    out = sym_broadcast(n, shapes)
     f = n.fused
     t = em.add(
         BINARY,
@@ -202,7 +241,7 @@ def _binary(em: Emitter, n: INode) -> None:
         beta=f.get("beta", 0.0),
     )
     phys = out[1:]
-    shape = (BATCH, *((phys[2], phys[0], phys[1]) if nhwc else phys))
+    shape = (BATCH, *((phys[2], phys[0], phys[1]) if nhwc else phys)) if nhwc else out
     em.put(n.outputs[0], t, shape, nhwc, phys)
 
 
@@ -219,120 +258,6 @@ def _cast(em: Emitter, n: INode) -> None:
             supported=("FLOAT", "FLOAT16"),
         )
     em.vals[n.outputs[0]] = em.val(n, n.inputs[0])
-
-
-# ---------------------------------------------------------------------- shapes (views)
-def _reshaped(em: Emitter, n: INode, v: Val, item: tuple[int, ...]) -> None:
-    if int(np.prod(item, dtype=np.int64)) != int(np.prod(v.item, dtype=np.int64)):
-        raise refuse(
-            n,
-            "reshape changes the number of elements per batch item",
-            input=v.shape,
-            output=(BATCH, *item),
-        )
-    p = em.plain(v)
-    em.put(n.outputs[0], p.tensor, (BATCH, *item), False, p.phys)
-
-
-@handles("Flatten")
-def _flatten(em: Emitter, n: INode) -> None:
-    v = em.val(n, n.inputs[0])
-    axis = onnx_axis(n, int(n.attrs.get("axis", 1)), v.rank)
-    if axis != 1:
-        raise refuse(n, "Flatten must keep the batch axis alone", axis=axis, supported=1)
-    _reshaped(em, n, v, (int(np.prod(v.item, dtype=np.int64)),))
-
-
-@handles("Reshape")
-def _reshape(em: Emitter, n: INode) -> None:
-    v = em.val(n, n.inputs[0])
-    target = em.consts.get(n.inputs[1])
-    if target is None:
-        raise refuse(n, "the target shape of Reshape must be known at import time")
-    dims = list(target.reshape(-1))
-    if int(n.attrs.get("allowzero", 0)) and any(
-        isinstance(d, int | np.integer) and int(d) == 0 for d in dims
-    ):
-        raise refuse(n, "Reshape to a 0 dimension (allowzero) is not supported", target=str(dims))
-    first = dims[0]
-    if not (
-        first == Batch(1)
-        or (isinstance(first, int | np.integer) and int(first) in (0, -1))
-        or em.static_batch is not None
-        and isinstance(first, int | np.integer)
-        and int(first) == em.static_batch
-    ):
-        raise refuse(n, "Reshape must keep the batch as its first dimension", target=str(dims))
-    rest = []
-    for k, d in enumerate(dims[1:], start=1):
-        if isinstance(d, Batch):
-            raise refuse(
-                n, "Reshape may use the batch only as its first dimension", target=str(dims)
-            )
-        d = int(d)
-        rest.append(v.shape[k] if d == 0 else d)
-    if -1 in rest:
-        if first == -1 or rest.count(-1) > 1:
-            raise refuse(n, "Reshape has more than one inferred dimension", target=str(dims))
-        known = int(np.prod([d for d in rest if d != -1], dtype=np.int64))
-        rest[rest.index(-1)] = int(np.prod(v.item, dtype=np.int64)) // max(known, 1)
-    _reshaped(em, n, v, tuple(int(d) for d in rest))
-
-
-@handles("Squeeze", "Unsqueeze")
-def _squeeze(em: Emitter, n: INode) -> None:
-    v = em.val(n, n.inputs[0])
-    axes = ints_input(em, n, 1, "axes")
-    shape = list(v.shape)
-    if n.op == "Squeeze":
-        axes = (
-            [onnx_axis(n, a, v.rank) for a in axes]
-            if axes is not None
-            else [k for k in range(1, v.rank) if shape[k] == 1]
-        )
-        for a in axes:
-            no_batch_axis(n, a)
-            if shape[a] != 1:
-                raise refuse(n, "Squeeze of a dimension that is not 1", axis=a, shape=v.shape)
-        item = tuple(d for k, d in enumerate(shape) if k not in axes)[1:]
-    else:
-        if axes is None:
-            raise refuse(n, "Unsqueeze needs axes")
-        r = v.rank + len(axes)
-        axes = sorted(onnx_axis(n, a, r) for a in axes)
-        for a in axes:
-            no_batch_axis(n, a)
-            shape.insert(a, 1)
-        item = tuple(shape[1:])
-    _reshaped(em, n, v, tuple(int(d) for d in item))
-
-
-@handles("Transpose")
-def _transpose(em: Emitter, n: INode) -> None:
-    v = em.val(n, n.inputs[0])
-    perm = tuple(int(p) for p in n.attrs.get("perm", range(v.rank - 1, -1, -1)))
-    if perm[0] != 0:
-        raise refuse(n, "Transpose must keep the batch axis first", perm=perm)
-    shape = tuple(v.shape[p] for p in perm)
-    if v.nhwc and perm == TO_NHWC:  # the bytes already are NHWC
-        em.put(n.outputs[0], v.tensor, shape, False, v.phys)
-        return
-    if not v.nhwc and v.rank == 4 and perm == TO_NCHW:
-        em.put(n.outputs[0], v.tensor, shape, True, v.phys)
-        return
-    p = em.plain(v)
-    t = em.add(TRANSPOSE, [em.tensor(p, p.item)], "transpose", perm=perm)
-    em.put(n.outputs[0], t, shape, False, shape[1:])
-
-
-@handles("ChannelShuffle")
-def _shuffle(em: Emitter, n: INode) -> None:
-    v = em.nhwc(n, em.val(n, n.inputs[0]))
-    g = int(n.attrs["groups"])
-    c, h, w = v.item
-    x5 = em.tensor(v, (h, w, g, c // g))
-    t = em.add(TRANSPOSE, [x5], "shuffle", perm=(0, 1, 2, 4, 3))
-    em.put(n.outputs[0], t, v.shape, True, (h, w, c // g, g))
 
 
 __all__ = ["COMPUTE_DTYPE", "Emitter", "HANDLERS", "handles"]

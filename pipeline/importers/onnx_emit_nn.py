@@ -15,6 +15,7 @@ from ..ops.conv_grouped import CONV2D_GROUPED, grouped_weights
 from ..ops.norm import CHANNEL_AFFINE
 from ..ops.pool2d import POOL2D, REDUCE_MEAN, pool_out_size
 from .onnx_emit import Emitter, handles, ints_input, no_batch_axis, onnx_axis
+from .onnx_emit_attn import matmul_activations
 from .onnx_ir import BATCH, INode, Val, refuse
 
 
@@ -164,17 +165,14 @@ def _gemm(em: Emitter, n: INode) -> None:
             )
         bias = np.broadcast_to(c.reshape(-1), (nout,)).copy()
     t = _gemm_node(em, n, a, k, b, bias)
-    em.put(n.outputs[0], t, (BATCH, nout), False, (nout,))
+    em.put(n.outputs[0], t, (a.shape[0], nout), False, (nout,))
 
 
 @handles("MatMul")
 def _matmul(em: Emitter, n: INode) -> None:
     if not em.has_const(n.inputs[1]):
-        raise refuse(
-            n,
-            "MatMul of two computed tensors is not supported",
-            supported="MatMul by a constant matrix",
-        )
+        matmul_activations(em, n)
+        return
     a = em.plain(em.val(n, n.inputs[0]))
     b = em.const(n, n.inputs[1]).astype(np.float32)
     if b.ndim != 2 or a.rank < 2 or int(a.shape[-1]) != b.shape[0]:
@@ -277,11 +275,11 @@ def _reduce_mean(em: Emitter, n: INode) -> None:
         raise refuse(n, "ReduceMean over every axis (the batch too) is not supported")
     axes = sorted(onnx_axis(n, a, v.rank) for a in axes)
     for a in axes:
-        no_batch_axis(n, a)
+        no_batch_axis(n, a, v)
     keep = bool(int(n.attrs.get("keepdims", 1)))
     shape = tuple(1 if k in axes else d for k, d in enumerate(v.shape))
     out_shape = shape if keep else tuple(d for k, d in enumerate(v.shape) if k not in axes)
-    if v.rank == 4 and axes == [2, 3]:  # a global average pool
+    if v.rank == 4 and axes == [2, 3] and v.batch_first:  # a global average pool
         x = em.nhwc(n, v)
         c, h, w = x.item
         t = em.add(GLOBAL_AVG_POOL, [em.tensor(x, (h, w, c))], "avgpool")
@@ -289,7 +287,6 @@ def _reduce_mean(em: Emitter, n: INode) -> None:
         return
     if axes != list(range(axes[0], axes[-1] + 1)):
         raise refuse(n, "ReduceMean over axes that are not adjacent", axes=axes)
-    p = em.plain(v)
-    t = em.add(REDUCE_MEAN, [em.tensor(p, p.item)], "reduce_mean", axes=(axes[0], axes[-1] + 1))
-    rest = tuple(int(d) for k, d in enumerate(v.shape) if k and k not in axes)
-    em.put(n.outputs[0], t, out_shape, False, rest)
+    t = em.add(REDUCE_MEAN, [em.full(v)], "reduce_mean", axes=(axes[0], axes[-1] + 1))
+    rest = tuple(d for k, d in enumerate(v.shape) if k not in axes)
+    em.put(n.outputs[0], t, out_shape, False, rest[1:])

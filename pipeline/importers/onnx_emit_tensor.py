@@ -3,13 +3,16 @@ the last-axis ops (softmax, layer norm); see ``onnx_emit`` for the layout bookke
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ..ops.layout import CONCAT, SLICE
 from ..ops.norm import LAYER_NORM
 from ..ops.softmax import SOFTMAX
+from ..ops.softmax_axis import SOFTMAX_AXIS
 from .onnx_emit import Emitter, handles, ints_input, no_batch_axis, onnx_axis, phys_axis
-from .onnx_ir import INode, Val, refuse
+from .onnx_ir import INode, Val, is_batch, refuse
 
 
 # ---------------------------------------------------------------------- concat, split
@@ -18,7 +21,7 @@ def _concat(em: Emitter, n: INode) -> None:
     vals = [em.val(n, x) for x in n.inputs if x]
     r = vals[0].rank
     axis = onnx_axis(n, int(n.attrs.get("axis", 0)), r)
-    no_batch_axis(n, axis)
+    no_batch_axis(n, axis, vals[0])
     nhwc = r == 4 and any(v.nhwc for v in vals)
     vals = [em.nhwc(n, v) if nhwc else em.plain(v) for v in vals]
     ph = phys_axis(vals[0], axis) if nhwc else axis
@@ -29,11 +32,14 @@ def _concat(em: Emitter, n: INode) -> None:
     em.put(n.outputs[0], t, out.shape, nhwc, em.phys_of(out))
 
 
-def _slice_along(em: Emitter, n: INode, v: Val, axis: int, start: int, stop: int, out: str) -> Val:
+def _slice_along(
+    em: Emitter, n: INode, v: Val, axis: int, start: int, stop: int, out: str, step: int = 1
+) -> Val:
     ph = phys_axis(v, axis) if v.nhwc else axis
-    t = em.add(SLICE, [em.tensor(v, em.phys_of(v))], "slice", axis=ph, start=start, stop=stop)
+    attrs = {"axis": ph, "start": start, "stop": stop} | ({"step": step} if step != 1 else {})
+    t = em.add(SLICE, [em.tensor(v, em.phys_of(v))], "slice", **attrs)
     shape = list(v.shape)
-    shape[axis] = stop - start
+    shape[axis] = -(-(stop - start) // step)
     o = Val("", tuple(shape), v.nhwc, ())
     return em.put(out, t, o.shape, v.nhwc, em.phys_of(o))
 
@@ -42,7 +48,7 @@ def _slice_along(em: Emitter, n: INode, v: Val, axis: int, start: int, stop: int
 def _split(em: Emitter, n: INode) -> None:
     v = em.val(n, n.inputs[0])
     axis = onnx_axis(n, int(n.attrs.get("axis", 0)), v.rank)
-    no_batch_axis(n, axis)
+    no_batch_axis(n, axis, v)
     if not v.nhwc or v.rank != 4:
         v = em.plain(v)
     size = int(v.shape[axis])
@@ -66,35 +72,48 @@ def _slice(em: Emitter, n: INode) -> None:
     steps = ints_input(em, n, 4, "steps") or [1] * len(starts)
     cur = v if (v.nhwc and v.rank == 4) else em.plain(v)
     todo = [
-        (onnx_axis(n, a, v.rank), s, e)
+        (onnx_axis(n, a, v.rank), s, e, st)
         for a, s, e, st in zip(axes, starts, ends, steps, strict=True)
-        if not (st == 1 and s == 0 and e >= int(v.shape[onnx_axis(n, a, v.rank)]))
+        if not (st == 1 and s == 0 and _reaches_end(v.shape[onnx_axis(n, a, v.rank)], e))
     ]
-    if any(st != 1 for st in steps):
-        raise refuse(n, "Slice with steps other than 1 is not supported", steps=steps)
+    if any(st < 1 for st in steps):
+        raise refuse(n, "Slice with steps below 1 is not supported", steps=steps)
     if not todo:
         em.vals[n.outputs[0]] = v
         return
-    for k, (a, s, e) in enumerate(todo):
-        no_batch_axis(n, a)
+    for k, (a, s, e, st) in enumerate(todo):
+        no_batch_axis(n, a, v)
         size = int(cur.shape[a])
         s, e = (s + size if s < 0 else s), (e + size if e < 0 else e)
         s, e = max(0, min(s, size)), max(0, min(e, size))
+        if e <= s:
+            raise refuse(n, "Slice to an empty tensor is not supported", axis=a, start=s, end=e)
         out = n.outputs[0] if k == len(todo) - 1 else em.fresh("slice")
-        cur = _slice_along(em, n, cur, a, s, e, out)
+        cur = _slice_along(em, n, cur, a, s, e, out, st)
+
+
+def _reaches_end(dim: Any, end: int) -> bool:
+    return is_batch(dim) and end >= 2**62 or not is_batch(dim) and end >= int(dim)
 
 
 # ---------------------------------------------------------------------- softmax, layer norm
 @handles("Softmax")
 def _softmax(em: Emitter, n: INode) -> None:
+    """A model output over the last axis: ``softmax`` (float32 out, as classifiers had it);
+    anywhere else ``softmax_axis`` in the compute dtype (attention)."""
     v = em.plain(em.val(n, n.inputs[0]))
-    axis = onnx_axis(n, int(n.attrs.get("axis", -1)), v.rank)
-    if axis != v.rank - 1 and not (em.opset < 13 and axis == 1 and v.rank == 2):
-        raise refuse(n, "Softmax only over the last axis", axis=axis, supported=-1)
-    c = int(v.shape[-1])
-    t = em.add(SOFTMAX, [em.tensor(v, (c,))], "softmax")
-    em.put(n.outputs[0], t, v.shape, False, (c,))
-    em.float32_out.add(n.outputs[0])
+    axis = onnx_axis(n, int(n.attrs.get("axis", -1 if em.opset >= 13 else 1)), v.rank)
+    if em.opset < 13 and axis != v.rank - 1:
+        raise refuse(n, "Softmax before opset 13 only over the last axis", axis=axis)
+    no_batch_axis(n, axis, v)
+    if axis == v.rank - 1 and n.outputs[0] in em.outputs:
+        c = int(v.shape[-1])
+        t = em.add(SOFTMAX, [em.tensor(v, (c,))], "softmax")
+        em.put(n.outputs[0], t, v.shape, False, (c,))
+        em.float32_out.add(n.outputs[0])
+        return
+    t = em.add(SOFTMAX_AXIS, [em.full(v)], "softmax", axis=axis)
+    em.put(n.outputs[0], t, v.shape, False, v.shape[1:])
 
 
 @handles("LayerNormalization")

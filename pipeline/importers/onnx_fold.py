@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .onnx_ir import BATCH, Batch, INode, refuse
+from .onnx_ir import Batch, INode, per_item, refuse
 
 # ops that only compute on their inputs (safe to evaluate at import time)
 NOT_FOLDABLE = {
@@ -39,6 +39,11 @@ SHAPE_OPS = {
     "Reshape",
     "Identity",
     "Size",
+    "Expand",
+    "Equal",
+    "Where",
+    "Not",
+    "Max",
 }
 
 
@@ -126,15 +131,16 @@ class Folder:
                 )
             start = int(node.attrs.get("start", 0))
             end = node.attrs.get("end")
-            dims = [Batch(1) if d == BATCH else int(d) for d in shape]
+            dims = [Batch(d.k) if isinstance(d, Batch) else int(d) for d in shape]
             self.consts[node.outputs[0]] = np.array(dims[start:end], dtype=object)
             return
         if op == "Size" and node.inputs[0] not in self.consts:
-            item = int(np.prod([int(d) for d in self._runtime_shape(node)[1:]]))
-            self.consts[node.outputs[0]] = np.array(Batch(item), dtype=object)
+            self.consts[node.outputs[0]] = np.array(
+                Batch(per_item(self._runtime_shape(node))), dtype=object
+            )
             return
         known = [x for x in node.inputs if x]
-        if known and all(x in self.consts for x in known) and op not in NOT_FOLDABLE:
+        if known and all(x in self.consts for x in known) and not _makes_batch(node, self.consts):
             self._fold(node)
             return
         self.nodes.append(node)
@@ -159,6 +165,18 @@ class Folder:
         for name, v in zip(node.outputs, outs, strict=False):
             if name:
                 self.consts[name] = _demote(np.asarray(v))
+
+
+def _makes_batch(node: INode, consts: dict[str, np.ndarray]) -> bool:
+    """A node of constants whose output is a runtime tensor: random ops, and numbers
+    expanded to a shape that holds the batch (ViT's class token)."""
+    if node.op in NOT_FOLDABLE:
+        return True
+    if node.op in ("Expand", "ConstantOfShape"):
+        data = consts[node.inputs[0]] if node.op == "Expand" else None
+        shape = consts[node.inputs[-1]]
+        return shape.dtype == object and (data is None or data.dtype != object)
+    return False
 
 
 def _demote(a: np.ndarray) -> np.ndarray:
@@ -230,6 +248,39 @@ def _ints(a: Any) -> list[int]:
     return [int(v) for v in np.asarray(a).reshape(-1)]
 
 
+def _sym_div(u: Any, v: Any) -> Any:
+    if isinstance(u, Batch) and isinstance(v, Batch) and u.k % v.k == 0:
+        return u.k // v.k  # (k N) / (j N): an ordinary number again
+    return u // v
+
+
+def _sym_max(u: Any, v: Any) -> Any:
+    if isinstance(u, Batch) and not isinstance(v, Batch) and int(v) <= 1:
+        return u  # N >= 1
+    if isinstance(v, Batch) and not isinstance(u, Batch) and int(u) <= 1:
+        return v
+    return max(u, v)
+
+
+def _sym_eq(u: Any, v: Any) -> bool:
+    bu, bv = isinstance(u, Batch), isinstance(v, Batch)
+    if bu and bv or not (bu or bv):
+        return bool(u == v)
+    if int(v if bu else u) <= 0:
+        return False  # k N is at least 1: never 0 or -1 (the "infer" marker)
+    raise TypeError("whether the batch size equals a number is not known at import time")
+
+
+_SYM_BINARY = {
+    "Mul": lambda u, v: u * v,
+    "Div": _sym_div,
+    "Add": lambda u, v: u + v,
+    "Sub": lambda u, v: u - v,
+    "Equal": lambda u, v: _sym_eq(u, v),
+    "Max": _sym_max,
+}
+
+
 def _fold_symbolic(node: INode, ins: list[Any]) -> np.ndarray:
     """Shape arithmetic on arrays that hold the symbolic batch (object dtype)."""
     op, at = node.op, node.attrs
@@ -269,16 +320,26 @@ def _fold_symbolic(node: INode, ins: list[Any]) -> np.ndarray:
             return np.squeeze(x, axis=tuple(int(v) for v in axes) if axes is not None else None)
         if op == "Cast":
             return x
-        if op in ("Mul", "Div", "Add", "Sub"):
+        if op == "Shape":
+            return np.array(x.shape[int(at.get("start", 0)) : at.get("end")], dtype=np.int64)
+        if op == "Reshape":
+            dims = [int(d) for d in _ints(ins[1])]
+            dims = [x.shape[k] if d == 0 and not at.get("allowzero") else d for k, d in enumerate(dims)]
+            return x.reshape(dims)
+        if op == "Expand":
+            shape = tuple(int(d) for d in _ints(ins[1]))
+            out = np.empty(np.broadcast_shapes(x.shape, shape), dtype=object)
+            out[...] = x
+            return out
+        if op == "Where":
+            cond = np.asarray(ins[0]).astype(bool)
+            return np.where(cond, np.asarray(ins[1], dtype=object), np.asarray(ins[2], dtype=object))
+        if op == "Not":
+            return np.logical_not(np.asarray(x).astype(bool))
+        fn2 = _SYM_BINARY.get(op)
+        if fn2 is not None:
             a, b = np.asarray(ins[0], dtype=object), np.asarray(ins[1], dtype=object)
-            fn = {
-                "Mul": lambda u, v: u * v,
-                "Div": lambda u, v: u // v,
-                "Add": lambda u, v: u + v,
-                "Sub": lambda u, v: u - v,
-            }[op]
-            out = np.frompyfunc(fn, 2, 1)(a, b)
-            return np.asarray(out, dtype=object)
+            return np.asarray(np.frompyfunc(fn2, 2, 1)(a, b), dtype=object)
     except TypeError as exc:
         raise refuse(
             node, "shape arithmetic on the batch size is not supported here", error=str(exc)

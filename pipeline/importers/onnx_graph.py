@@ -25,11 +25,11 @@ from ..errors import InvalidInput
 from ..graph import COMPUTE_DTYPE, Graph
 from ..ops.image import NORMALIZE
 from ..ops.layout import TRANSPOSE
-from . import onnx_emit_nn, onnx_emit_tensor  # noqa: F401  (register their handlers)
+from . import onnx_emit_attn, onnx_emit_nn, onnx_emit_shape, onnx_emit_tensor  # noqa: F401
 from .onnx_emit import HANDLERS, TO_NHWC, Emitter
 from .onnx_fold import Folder
 from .onnx_fuse import ACT_OPS, Fuser
-from .onnx_ir import BATCH, INode, Val, refuse
+from .onnx_ir import BATCH, BatchMoved, INode, Val, refuse
 
 OPSETS = (11, 23)  # default-domain opset versions accepted, inclusive
 FOLDED_OPS = (
@@ -82,6 +82,7 @@ class OnnxModel:
         """Ferry's graph; with ``image``, its input is uint8 [N, H, W, C] images."""
         em = start_graph(self.name, self.inputs[0], self.consts, image)
         em.static_batch, em.opset = self.static_batch, self.opset
+        em.outputs = {o.name for o in self.outputs}
         g = em.g
         for node in self.nodes:
             emit_node(em, node)
@@ -90,6 +91,11 @@ class OnnxModel:
             v = em.plain(em.val(None, o.name)) if o.name in em.vals else None  # type: ignore[arg-type]
             if v is None:
                 raise refuse(None, "a model output is not computed from the input", output=o.name)
+            if not v.batch_first:
+                raise refuse(
+                    None, "a model output needs the batch as its first dimension", output=o.name,
+                    shape=str(v.shape),
+                )  # fmt: skip
             outs.append(em.tensor(v, v.item))
         if len(set(outs)) != len(outs) or g.input_name in outs:
             raise refuse(
@@ -157,7 +163,13 @@ def emit_node(em: Emitter, node: INode) -> None:
             f"this op is not supported; `{OPS_COMMAND}` lists the ops that are",
             supported=f"{len(supported_ops())} ops, listed by `{OPS_COMMAND}`",
         )
-    handler(em, node)
+    try:
+        handler(em, node)
+    except BatchMoved:
+        shapes = [str(em.vals[i].shape) for i in node.inputs if i in em.vals]
+        raise refuse(
+            node, "this op needs the batch as the first dimension of its input", shapes=shapes
+        ) from None
 
 
 class ShapeOracle:

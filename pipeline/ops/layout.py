@@ -47,17 +47,18 @@ extern "C" __global__ void transpose_same(const T* __restrict__ x, T* __restrict
   }
 }
 
-// dst[o, dst_off + m, k] = src[o, src_off + m, k] for m < mid
+// dst[o, dst_off + m, k] = src[o, src_off + m * step, k] for m < mid
 extern "C" __global__ void copy_block(const T* __restrict__ src, T* __restrict__ dst,
     long long outer, long long mid, long long inner, long long src_mid, long long src_off,
-    long long dst_mid, long long dst_off) {
+    long long dst_mid, long long dst_off, long long step) {
   const long long total = outer * mid * inner;
   FERRY_FOR(i, total) {
     long long k = i % inner;
     long long t = i / inner;
     long long m = t % mid;
     long long o = t / mid;
-    dst[(o * dst_mid + dst_off + m) * inner + k] = src[(o * src_mid + src_off + m) * inner + k];
+    dst[(o * dst_mid + dst_off + m) * inner + k] =
+        src[(o * src_mid + src_off + m * step) * inner + k];
   }
 }
 """
@@ -142,13 +143,11 @@ def _copy_block_cuda(
     s_off: int,
     d_mid: int,
     d_off: int,
+    step: int = 1,
 ) -> None:
     kern = _cuda.kernel(SOURCE, "copy_block", dst.dtype)
-    _cuda.launch(
-        kern,
-        outer * mid * inner,
-        (src, dst, *(np.int64(v) for v in (outer, mid, inner, s_mid, s_off, d_mid, d_off))),
-    )
+    vals = (outer, mid, inner, s_mid, s_off, d_mid, d_off, step)
+    _cuda.launch(kern, outer * mid * inner, (src, dst, *(np.int64(v) for v in vals)))
 
 
 class Concat(Op):
@@ -210,7 +209,7 @@ class Concat(Op):
 
 
 class Slice(Op):
-    """y = x[..., start:stop, ...] along ``axis`` (step 1)."""
+    """y = x[..., start:stop:step, ...] along ``axis`` (``step`` >= 1, default 1)."""
 
     name = "slice"
 
@@ -221,29 +220,34 @@ class Slice(Op):
         axis = int(attrs.get("axis", -1))
         axis = axis + r if axis < 0 else axis
         start, stop = int(attrs.get("start", 0)), int(attrs.get("stop", -1))
-        if not 0 <= axis < r or not 0 <= start < stop <= x.shape[axis]:
+        step = int(attrs.get("step", 1))
+        if not 0 <= axis < r or not 0 <= start < stop <= x.shape[axis] or step < 1:
             raise InvalidInput(
-                "slice: need 0 <= start < stop <= size on a valid axis",
+                "slice: need 0 <= start < stop <= size on a valid axis, step >= 1",
                 axis=axis,
                 start=start,
                 stop=stop,
+                step=step,
                 shape=x.shape,
             )
-        out = TensorSpec(x.shape[:axis] + (stop - start,) + x.shape[axis + 1 :], x.dtype)
+        size = -(-(stop - start) // step)
+        out = TensorSpec(x.shape[:axis] + (size,) + x.shape[axis + 1 :], x.dtype)
         return OpPlan(
             self.name,
             specs,
             (out,),
             0,
             bytes_moved=2 * out.nbytes,
-            attrs=(("axis", axis), ("start", start), ("stop", stop)),
+            attrs=(("axis", axis), ("start", start), ("step", step), ("stop", stop)),
         )
 
     def _run_host(
         self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any
     ) -> None:
         axis = plan.attr("axis")
-        idx = (slice(None),) * axis + (slice(plan.attr("start"), plan.attr("stop")),)
+        idx = (slice(None),) * axis + (
+            slice(plan.attr("start"), plan.attr("stop"), plan.attr("step")),
+        )
         np.copyto(outputs[0], inputs[0][idx])
 
     def _run_cuda(
@@ -258,7 +262,8 @@ class Slice(Op):
         axis = plan.attr("axis")
         outer, inner = _axis_split(tuple(x.shape), axis)
         mid = int(y.shape[axis])
-        _copy_block_cuda(x, y, outer, mid, inner, int(x.shape[axis]), plan.attr("start"), mid, 0)
+        src_mid, start = int(x.shape[axis]), plan.attr("start")
+        _copy_block_cuda(x, y, outer, mid, inner, src_mid, start, mid, 0, plan.attr("step"))
 
 
 TRANSPOSE = Transpose()

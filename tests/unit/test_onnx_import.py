@@ -449,18 +449,28 @@ def test_refuses_a_non_float_input(tmp_path):
     assert err.fields["dtype"] == "int64" and err.fields["supported"] == "float32"
 
 
-def test_refuses_matmul_of_two_activations_and_batch_mixing_reshapes(tmp_path):
-    err = _refused(tmp_path, single(lambda b, x: b.node("MatMul", [x, x]), (4, 4), ["batch", 4, 4]))
-    assert err.fields["op"] == "MatMul"
+def test_refuses_a_matmul_over_the_batch_and_batch_mixing_reshapes(tmp_path):
+    """A MatMul of two computed tensors runs batched (tests/unit/test_onnx_transformers.py);
+    one that contracts the batch axis, or a reshape that splits a batch item across
+    dimensions, would mix a bucket's rows (padding would change answers): refused."""
     err = _refused(
         tmp_path,
         single(
-            lambda b, x: b.node("Reshape", [x, b.const(np.array([1, -1], np.int64))]),
+            lambda b, x: b.node("MatMul", [b.node("Transpose", [x], perm=[1, 0]), x]),
             (4,),
-            [1, None],
+            [4, 4],
         ),
     )
-    assert err.fields["op"] == "Reshape"
+    assert err.fields["op"] == "MatMul" and "leading dimension" in err.message
+    err = _refused(
+        tmp_path,
+        single(
+            lambda b, x: b.node("Reshape", [x, b.const(np.array([2, -1], np.int64))]),
+            (4,),
+            [2, None],
+        ),
+    )
+    assert err.fields["op"] == "Reshape" and "splits a batch item" in err.message
 
 
 def test_refusal_survives_pickling():
