@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ray import serve
+
 from pipeline.errors import Unavailable
 
 logger = logging.getLogger(__name__)
@@ -127,6 +129,16 @@ class Drain:
             except Exception as exc:  # the store may be briefly away; the next poll tries again
                 logger.debug("drain poll failed: %s", exc)
             await asyncio.sleep(POLL_S)
+
+
+def for_this_replica(retry_after_s: float) -> Drain:
+    """This replica's drain, keyed by its application and replica id (outside a Serve
+    replica -- a test building the class -- a drain nobody flags)."""
+    try:
+        ctx = serve.get_replica_context()
+        return Drain(ctx.app_name, ctx.replica_tag, ray_kv(), retry_after_s)
+    except Exception:
+        return Drain("", "local", (lambda _k: None, lambda _k, _v: None), retry_after_s)
 
 
 def drained(reports: list[Report], now: float) -> bool:

@@ -47,8 +47,7 @@ from pipeline.stages.messages import (
     TensorRequest,
 )
 
-from . import load_board, triton_stats
-from .drain import Drain, ray_kv
+from . import drain, load_board, triton_stats
 from .http_errors import request_id_of, unwrap
 from .ingress_http import JsonAnswer, app, deadline_of, multipart_image, priority_of
 from .ingress_route import way_down
@@ -60,16 +59,6 @@ logger = logging.getLogger(__name__)
 # past a request's deadline, how long the ingress still waits for the stage holding it to
 # answer (its own 504) before it answers 503 itself (Ingress._await)
 DEADLINE_GRACE_S = 1.0
-
-
-def _drain_of_this_replica(retry_after_s: float) -> Drain:
-    """This replica's drain, keyed by its application and replica id (outside a Serve
-    replica -- a test building the class -- a drain nobody flags)."""
-    try:
-        ctx = serve.get_replica_context()
-        return Drain(ctx.app_name, ctx.replica_tag, ray_kv(), retry_after_s)
-    except Exception:
-        return Drain("", "local", (lambda _k: None, lambda _k, _v: None), retry_after_s)
 
 
 def _finish(result: Answer | BaseException, t0: float, queued: float) -> dict[str, Any]:
@@ -119,7 +108,7 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
         # the statistics extension: this replica's book, and the sum over the app's replicas
         self.book = triton.Stats()
         self.stats = triton_stats.for_this_replica(self.book)
-        self.drain = _drain_of_this_replica(self.cfg.batching.retry_after_s)
+        self.drain = drain.for_this_replica(self.cfg.batching.retry_after_s)
         self.drain.start()  # (in Serve's event loop; else from the first request)
         board = load_board.for_this_replica(self.cfg)  # what the inference replica said
         self.readiness = Readiness(

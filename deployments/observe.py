@@ -81,6 +81,24 @@ class RequestMetrics:
         # path -> (model, route, timed) of a served model's paths, worked out once each
         self._routes: dict[str, tuple[str, str, bool]] = {}
 
+    def _labels(self, scope: dict) -> tuple[str, str, bool]:
+        """(model, route template, whether its latency is observed) of a request's path;
+        a model this ingress does not serve is ``?`` (any path is not a series)."""
+        path = scope["path"]
+        known = self._routes.get(path)
+        if known is not None:
+            return known
+        model, route = route_of(path)
+        if model:
+            active = ingress_of(scope)
+            if active is not None:
+                if model in active.models or model in active.encoded_views:
+                    if len(self._routes) < 4096:  # (a served model's paths: few)
+                        self._routes[path] = model, route, route.endswith(TIMED)
+                else:
+                    model = "?"
+        return model, route, bool(model) and route.endswith(TIMED)
+
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
@@ -89,21 +107,7 @@ class RequestMetrics:
         state = scope.setdefault("state", {})
         if "request_id" not in state:
             state["request_id"] = request_id_from(scope.get("headers") or [])
-        path = scope["path"]
-        known = self._routes.get(path)
-        if known is None:
-            model, route = route_of(path)
-            if model:  # only served models become label values (any path is not a series)
-                active = ingress_of(scope)
-                if active is not None:
-                    if model in active.models or model in active.encoded_views:
-                        if len(self._routes) < 4096:  # (a served model's paths: few)
-                            self._routes[path] = model, route, route.endswith(TIMED)
-                    else:
-                        model = "?"
-            timed = bool(model) and route.endswith(TIMED)
-        else:
-            model, route, timed = known
+        model, route, timed = self._labels(scope)
         status = [500]  # what a request that ends with no answer and no reason counts as
         started = [False]
         gone = [False]  # the client went away before the answer started

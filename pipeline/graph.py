@@ -236,7 +236,11 @@ class _Arena:
         self.free = merged
 
 
-def _plan_graph(g: Graph, batch: int, dtype: str, target: str, max_ws: int) -> GraphPlan:
+def _plan_ops(
+    g: Graph, batch: int, dtype: str, target: str, max_ws: int
+) -> tuple[dict[str, TensorSpec], dict[str, str], list[OpPlan]]:
+    """Every node planned at ``batch``: the spec of each tensor, the root tensor each one is a
+    view of (itself where it owns memory), and the nodes' plans in order."""
     specs: dict[str, TensorSpec] = {g.input_name: TensorSpec((batch, *g.item_shape), g.input_dtype)}
     for name in g.constants:
         specs[name] = g.constant_spec(name, dtype)
@@ -259,8 +263,11 @@ def _plan_graph(g: Graph, batch: int, dtype: str, target: str, max_ws: int) -> G
             specs[o] = s
             root[o] = root[node.inputs[0]] if node.op.is_view else o
         plans.append(plan)
+    return specs, root, plans
 
-    # liveness of every root tensor, in steps; graph outputs live to the end
+
+def _liveness(g: Graph, root: dict[str, str]) -> dict[str, list[int]]:
+    """The first and last step each root tensor is used at; graph outputs live to the end."""
     end = len(g.nodes)
     live: dict[str, list[int]] = {g.input_name: [-1, -1]}
     for i, node in enumerate(g.nodes):
@@ -271,7 +278,12 @@ def _plan_graph(g: Graph, batch: int, dtype: str, target: str, max_ws: int) -> G
                 live[root[t]][1] = max(live[root[t]][1], i)
     for o in g.outputs:
         live[root[o]][1] = end
+    return live
 
+
+def _plan_graph(g: Graph, batch: int, dtype: str, target: str, max_ws: int) -> GraphPlan:
+    specs, root, plans = _plan_ops(g, batch, dtype, target, max_ws)
+    live = _liveness(g, root)
     arena = _Arena()
     offsets: dict[str, int] = {}
     dies_at: dict[int, list[str]] = {}

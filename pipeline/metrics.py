@@ -122,6 +122,13 @@ def _make(m: Any) -> dict[str, Any]:
             "HTTP requests answered, by model (empty: not a model's route), route and status code",
             tag_keys=("model", "route", "code"),
         ),
+        **_device_metrics(m),
+    }
+
+
+def _device_metrics(m: Any) -> dict[str, Any]:
+    """The GPU's own readings (NVML) and the exporter's drops."""
+    return {
         "gpu_util": m.Gauge(
             "ferry_gpu_utilization",
             "Fraction of the last sample period a kernel ran on the GPU (NVML)",

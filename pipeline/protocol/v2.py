@@ -121,6 +121,24 @@ def parse_infer(
         raise InvalidInput(
             "datatype does not match the model's input", datatype=dt_name, expected=own_dt
         )
+    arr = _tensor_of(t, shape, dt_name, binary)
+    want = tuple(own.shape[1:])
+    if len(shape) != len(own.shape) or tuple(shape[1:]) != want:
+        raise InvalidInput(
+            "input shape does not match the model's input", shape=shape, expected=[-1, *want]
+        )
+    if not 1 <= shape[0] <= max_batch:
+        raise InvalidInput("batch size out of range", batch=shape[0], max_batch=max_batch)
+    if own_dt == "UINT8" and arr.dtype != np.uint8:
+        arr = _as_pixels(arr)
+    outputs, binary_out = requested(req.get("outputs"), sig.output_names)
+    rid = optional_str(req.get("id"), "id")
+    return InferRequest(rid, np.ascontiguousarray(arr), outputs, binary_out)
+
+
+def _tensor_of(t: dict[str, Any], shape: list[int], dt_name: str, binary: bytes) -> np.ndarray:
+    """An input's values in its shape and datatype: from the binary part, or its JSON
+    ``data`` (a 400 where they do not match the shape and datatype)."""
     dt = DTYPES[dt_name]
     count = element_count(shape)
     params = params_of(t, "inputs[0]")
@@ -152,25 +170,19 @@ def parse_infer(
                 "number of elements does not match the shape", elements=int(arr.size), shape=shape
             )
         arr = arr.reshape(shape)
-    want = tuple(own.shape[1:])
-    if len(shape) != len(own.shape) or tuple(shape[1:]) != want:
+    return arr
+
+
+def _as_pixels(arr: np.ndarray) -> np.ndarray:
+    """Numbers sent for a uint8 image input, checked to be pixels and rounded to uint8."""
+    f = arr.astype(np.float64)
+    if not np.isfinite(f).all():
+        raise InvalidInput("input contains NaN or infinity")
+    if f.min() < 0 or f.max() > 255:
         raise InvalidInput(
-            "input shape does not match the model's input", shape=shape, expected=[-1, *want]
+            "pixel values must lie in [0, 255]", min=float(f.min()), max=float(f.max())
         )
-    if not 1 <= shape[0] <= max_batch:
-        raise InvalidInput("batch size out of range", batch=shape[0], max_batch=max_batch)
-    if own_dt == "UINT8" and arr.dtype != np.uint8:
-        f = arr.astype(np.float64)
-        if not np.isfinite(f).all():
-            raise InvalidInput("input contains NaN or infinity")
-        if f.min() < 0 or f.max() > 255:
-            raise InvalidInput(
-                "pixel values must lie in [0, 255]", min=float(f.min()), max=float(f.max())
-            )
-        arr = np.rint(f).astype(np.uint8)
-    outputs, binary_out = requested(req.get("outputs"), sig.output_names)
-    rid = optional_str(req.get("id"), "id")
-    return InferRequest(rid, np.ascontiguousarray(arr), outputs, binary_out)
+    return np.rint(f).astype(np.uint8)
 
 
 def check_name(kind: str, name: Any, names: list[str] | tuple[str, ...]) -> str:

@@ -222,12 +222,41 @@ class InferenceStage:
         """The model's outputs for a call's rows, one ``Logits`` (a request that failed is
         carried as its error). ``feed``: ``image`` (uint8 pixels) or ``tensors`` (the model's
         own input tensor, from a v2 request)."""
-        key = model if feed == "image" else f"{model}{TENSORS}"
         self._served(model)
         self.health.admit()  # a draining replica refuses at once (503: retry elsewhere)
-        n = 0 if images.data is None else len(images.data)
         errors = dict(images.errors)
-        futs = []
+        futs = self._submit_rows(model, feed, images, meta, errors)
+        results = await asyncio.gather(*(f for f in futs if f is not None), return_exceptions=True)
+        rows, owner, times = _collect(futs, results, images.owner, errors)
+        # a request whose rows partly failed is dropped whole
+        keep = [j for j, o in enumerate(owner) if o not in errors]
+        data, more = _stack([rows[j] for j in keep])
+        metrics.observe_items("queue", model, times.queue)  # each item's own wait
+        kept = RowTimes(*([c[j] for j in keep] for c in (times.queue, times.gpu, times.batch_size)))
+        return Logits(
+            images.n_requests,
+            [owner[j] for j in keep],
+            errors,
+            images.preprocess_ms,
+            data=data,
+            more=more,
+            row_times=kept,
+            random_weights=self.random[model],
+        )
+
+    def _submit_rows(
+        self,
+        model: str,
+        feed: str,
+        images: HostRows | DeviceRows,
+        meta: list[RequestMeta],
+        errors: dict[int, FerryError],
+    ) -> list[asyncio.Future | None]:
+        """Each row into the scheduler: its future, or None where its request is refused
+        (already, or now by the queue: its reason put in ``errors``)."""
+        key = model if feed == "image" else f"{model}{TENSORS}"
+        n = 0 if images.data is None else len(images.data)
+        futs: list[asyncio.Future | None] = []
         now_epoch, now_mono = time.time(), time.monotonic()
         decoding_s = (images.preprocess_ms or 0.0) / 1e3
         admitted: set[int] = set()  # a request's rows are admitted as one: by its first row
@@ -265,47 +294,7 @@ class InferenceStage:
                 # without its traceback: that holds this frame, and with it every row of the
                 # call (and their batch's lease), in a cycle only the cyclic GC would end
                 errors.setdefault(o, exc.with_traceback(None))
-        results = await asyncio.gather(*(f for f in futs if f is not None), return_exceptions=True)
-        it = iter(results)
-        rows, owner, times = [], [], RowTimes()
-        for i, f in enumerate(futs):
-            if f is None:
-                continue
-            r = next(it)
-            o = images.owner[i]
-            if isinstance(r, BaseException):
-                errors.setdefault(
-                    o, r if isinstance(r, FerryError) else FerryError(f"{type(r).__name__}: {r}")
-                )
-                continue
-            if o in errors:
-                continue
-            rows.append(r.row)
-            owner.append(o)
-            times.queue.append(r.queue_ms)
-            times.gpu.append(r.gpu_ms)
-            times.batch_size.append(r.batch_size)
-        # a request whose rows partly failed is dropped whole
-        keep = [j for j, o in enumerate(owner) if o not in errors]
-        data, more = None, ()
-        if keep and isinstance(rows[keep[0]], tuple):  # outputs after the first ride in .more
-            cols = list(zip(*(rows[j] for j in keep), strict=True))
-            data = np.stack(cols[0]).astype(np.float32)
-            more = tuple(np.stack(c) for c in cols[1:])
-        elif keep:
-            data = np.stack([rows[j] for j in keep]).astype(np.float32)
-        metrics.observe_items("queue", model, times.queue)  # each item's own wait
-        kept = RowTimes(*([c[j] for j in keep] for c in (times.queue, times.gpu, times.batch_size)))
-        return Logits(
-            images.n_requests,
-            [owner[j] for j in keep],
-            errors,
-            images.preprocess_ms,
-            data=data,
-            more=more,
-            row_times=kept,
-            random_weights=self.random[model],
-        )
+        return futs
 
     async def answers(
         self,
@@ -356,6 +345,43 @@ class InferenceStage:
         s["refused"] = dict(self.refused)  # model -> why it is not served
         s["health"] = self.health.snapshot()
         return s
+
+
+def _collect(
+    futs: list[Any], results: list[Any], owners: list[int], errors: dict[int, FerryError]
+) -> tuple[list[Any], list[int], RowTimes]:
+    """The rows that came back (``RowOut``s, in row order) with their owners and times; a
+    row that failed puts its request's error in ``errors``."""
+    it = iter(results)
+    rows, owner, times = [], [], RowTimes()
+    for i, f in enumerate(futs):
+        if f is None:
+            continue
+        r = next(it)
+        o = owners[i]
+        if isinstance(r, BaseException):
+            errors.setdefault(
+                o, r if isinstance(r, FerryError) else FerryError(f"{type(r).__name__}: {r}")
+            )
+            continue
+        if o in errors:
+            continue
+        rows.append(r.row)
+        owner.append(o)
+        times.queue.append(r.queue_ms)
+        times.gpu.append(r.gpu_ms)
+        times.batch_size.append(r.batch_size)
+    return rows, owner, times
+
+
+def _stack(rows: list[Any]) -> tuple[np.ndarray | None, tuple[np.ndarray, ...]]:
+    """The kept rows as (the first output, fp32 [N, ...], the model's other outputs)."""
+    if not rows:
+        return None, ()
+    if isinstance(rows[0], tuple):  # outputs after the first ride in .more
+        cols = list(zip(*rows, strict=True))
+        return np.stack(cols[0]).astype(np.float32), tuple(np.stack(c) for c in cols[1:])
+    return np.stack(rows).astype(np.float32), ()
 
 
 def waited_s(meta: RequestMeta, now_epoch: float, decoding_s: float) -> float:
