@@ -282,6 +282,42 @@ def _ints(s: str) -> list[int]:
     return [int(b) for b in s.split(",") if b]
 
 
+def _merge(doc: dict, part: dict, args: Any) -> None:
+    """One model's rows into the JSON: its rows and diagnostics replace the old ones."""
+    order = {m: i for i, m in enumerate(MODELS)}
+    keys = {(r["model"], r["batch"], r["system"]) for r in part["rows"]}
+    kept = [r for r in doc["rows"] if (r["model"], r["batch"], r["system"]) not in keys]
+    doc["rows"] = sorted(
+        kept + part["rows"], key=lambda r: (order.get(r["model"], 99), r["batch"], r["system"])
+    )
+    rerun = {r["model"] for r in part["rows"]}
+    varied = {d["model"] for d in part["diagnostics"] if "variant" in d}
+    doc["diagnostics"] = [
+        d
+        for d in doc.get("diagnostics", [])
+        if d["model"] not in (varied if "variant" in d else rerun)
+    ] + part["diagnostics"]
+    doc["compile_s"] = {  # per model now (all its batches); drop the old model@batch keys
+        k: v for k, v in doc.get("compile_s", {}).items() if k.split("@")[0] not in rerun
+    }
+    doc.setdefault("compile_s", {}).update(part["compile_s"])
+    doc.update(
+        benchmark="bench_models",
+        date=today(),
+        machine=machine(),
+        setup="fp16, pinned host uint8 [N,224,224,3] batches, 3 in flight from one "
+        "thread for every system; random weights with randomised batch norms; top1_agree "
+        "against torch fp32 on 20 photos; torch_compile shares ferry_torch's compiled "
+        "function (same kernels), in torch's CUDA graphs on 3 streams; Ferry: "
+        f"{args.compute_streams} compute streams, one per in-flight arena; img_s the "
+        f"median of 3 windows over {args.seconds} s, the systems of a batch size "
+        "timed window by window in turn; spread (max-min)/median; host_us_per_batch: "
+        "CPU us per batch of the thread driving the loop, its device waits left out; "
+        "cpu_us_per_batch: the whole process's CPU us per batch (bench_models_harness)",
+    )
+    write_json(args.out, doc)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -309,42 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.path.exists(args.out) and not args.no_merge:
         with open(args.out) as f:
             doc = json.load(f)
-    order = {m: i for i, m in enumerate(MODELS)}
-
-    def save(part: dict) -> None:
-        keys = {(r["model"], r["batch"], r["system"]) for r in part["rows"]}
-        kept = [r for r in doc["rows"] if (r["model"], r["batch"], r["system"]) not in keys]
-        doc["rows"] = sorted(
-            kept + part["rows"], key=lambda r: (order.get(r["model"], 99), r["batch"], r["system"])
-        )
-        rerun = {r["model"] for r in part["rows"]}
-        varied = {d["model"] for d in part["diagnostics"] if "variant" in d}
-        doc["diagnostics"] = [
-            d
-            for d in doc.get("diagnostics", [])
-            if d["model"] not in (varied if "variant" in d else rerun)
-        ] + part["diagnostics"]
-        doc["compile_s"] = {  # per model now (all its batches); drop the old model@batch keys
-            k: v for k, v in doc.get("compile_s", {}).items() if k.split("@")[0] not in rerun
-        }
-        doc.setdefault("compile_s", {}).update(part["compile_s"])
-        doc.update(
-            benchmark="bench_models",
-            date=today(),
-            machine=machine(),
-            setup="fp16, pinned host uint8 [N,224,224,3] batches, 3 in flight from one "
-            "thread for every system; random weights with randomised batch norms; top1_agree "
-            "against torch fp32 on 20 photos; torch_compile shares ferry_torch's compiled "
-            "function (same kernels), in torch's CUDA graphs on 3 streams; Ferry: "
-            f"{args.compute_streams} compute streams, one per in-flight arena; img_s the "
-            f"median of 3 windows over {args.seconds} s, the systems of a batch size "
-            "timed window by window in turn; spread (max-min)/median; host_us_per_batch: "
-            "CPU us per batch of the thread driving the loop, its device waits left out; "
-            "cpu_us_per_batch: the whole process's CPU us per batch (bench_models_harness)",
-        )
-        write_json(args.out, doc)
-
-    run_models(args, models, save)
+    run_models(args, models, lambda part: _merge(doc, part, args))
     if doc["rows"]:
         print(table(doc["rows"], COLS))
     return 0

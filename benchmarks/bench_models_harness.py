@@ -178,6 +178,11 @@ def ferry_driver(
                     out.popleft().wait(limit)
 
         return Driver(step, drain, host=clock), facts
+    return _pool_driver(submit, out), facts
+
+
+def _pool_driver(submit: Any, out: deque) -> Driver:
+    """``submit`` run on ``IN_FLIGHT`` threads, as the inference stage submits."""
     from concurrent.futures import ThreadPoolExecutor
 
     workers = ThreadPoolExecutor(IN_FLIGHT, thread_name_prefix="bench-submit")
@@ -191,7 +196,7 @@ def ferry_driver(
         while out:
             out.popleft().result().wait(60)
 
-    return Driver(pstep, pdrain, workers.shutdown), facts
+    return Driver(pstep, pdrain, workers.shutdown)
 
 
 def ferry_top1(ex: Any, name: str, batch: int, u8: np.ndarray) -> np.ndarray:
