@@ -31,7 +31,7 @@ import itertools
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -39,8 +39,13 @@ from ..errors import InvalidInput, TransportError
 from ..threads import thread_pool
 from .base import DTYPES
 
-if TYPE_CHECKING:
-    from .nccl import NcclEndpoint
+
+class Endpoint(Protocol):
+    """What a link uses of its endpoint (``nccl.NcclEndpoint``): the device it runs on and
+    its id (named in errors)."""
+
+    device: int
+    id: str
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +170,7 @@ class Link:
 
     def __init__(
         self,
-        endpoint: NcclEndpoint,
+        endpoint: Endpoint,
         peer: str,
         generation: int,
         rank: int,
