@@ -25,6 +25,7 @@ from .onnx_emit import (
     sym_broadcast,
 )
 from .onnx_emit_tensor import _slice_along
+from .onnx_iota import iota_of, is_item_view
 from .onnx_ir import BATCH, Batch, INode, Val, batch_axis, is_batch, per_item, refuse
 
 
@@ -212,6 +213,12 @@ def _gather(em: Emitter, n: INode) -> None:
     """Gather of a computed tensor at constant indices: a slice (a scalar index drops the axis)."""
     v = em.plain(em.val(n, n.inputs[0]))
     axis = onnx_axis(n, int(n.attrs.get("axis", 0)), v.rank)
+    it = iota_of(em.consts.get(n.inputs[1]))
+    if it is not None:  # the dynamo exporter's as_strided of a flattened tensor
+        if v.rank != 1 or axis != 0 or not is_item_view(it, per_item(v.shape)):
+            raise refuse(n, "Gather at batch-dependent indices that are not a view of the input")
+        em.put(n.outputs[0], v.tensor, it.shape, False, v.phys)
+        return
     no_batch_axis(n, axis, v)
     idx = np.asarray(em.const(n, n.inputs[1])).astype(np.int64)
     size = int(v.shape[axis])

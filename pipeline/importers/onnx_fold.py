@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from .onnx_iota import BatchIota, fold_iota
 from .onnx_ir import Batch, INode, per_item, refuse
 
 # ops that only compute on their inputs (safe to evaluate at import time)
@@ -44,6 +45,7 @@ SHAPE_OPS = {
     "Where",
     "Not",
     "Max",
+    "Range",
 }
 
 
@@ -158,7 +160,10 @@ class Folder:
     def _fold(self, node: INode) -> None:
         ins = [self.consts[x] if x else None for x in node.inputs]
         symbolic = any(a is not None and a.dtype == object for a in ins)
-        if symbolic:
+        iota = fold_iota(node, ins) if symbolic else None
+        if iota is not None:
+            outs = [iota]
+        elif symbolic:
             outs = [_fold_symbolic(node, ins)]
         else:
             outs = _fold_reference(node, ins, self.opset)
@@ -181,7 +186,7 @@ def _makes_batch(node: INode, consts: dict[str, np.ndarray]) -> bool:
 
 def _demote(a: np.ndarray) -> np.ndarray:
     """A symbolic array without the batch in it is plain int64 again."""
-    if a.dtype == object and not any(isinstance(v, Batch) for v in a.reshape(-1)):
+    if a.dtype == object and not any(isinstance(v, Batch | BatchIota) for v in a.reshape(-1)):
         return a.astype(np.int64)
     return a
 
