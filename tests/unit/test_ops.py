@@ -297,3 +297,83 @@ def test_topk_of_wide_rows_is_the_stable_sorts_prefix(k):
     want = np.argsort(key, axis=1, kind="stable")[:, :k]
     np.testing.assert_array_equal(idx, want)
     np.testing.assert_array_equal(vals, np.take_along_axis(x, want, axis=1))
+
+
+# ---------------------------------------------------------------------- transformer ops
+def test_matmul_of_two_tensors_batched_and_broadcast():
+    from pipeline.ops.matmul import MATMUL
+
+    a = rng.standard_normal((2, 3, 5, 4)).astype(np.float32)
+    b = rng.standard_normal((2, 3, 4, 6)).astype(np.float32)
+    (y,) = eager(MATMUL, a, b)
+    ref = np.zeros((2, 3, 5, 6))
+    for i, j, m, n in np.ndindex(*ref.shape):
+        ref[i, j, m, n] = sum(float(a[i, j, m, k]) * float(b[i, j, k, n]) for k in range(4))
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+    (y1,) = eager(MATMUL, a, b[:1, :1])  # one side all 1: its matrix repeats (stride 0)
+    np.testing.assert_allclose(y1, a @ np.broadcast_to(b[:1, :1], b.shape), rtol=1e-5)
+    plan = MATMUL.prepare(TensorSpec.of(a), TensorSpec.of(b[:1, :1]))
+    assert plan.detail == (6, 5, 6, 4, 20, 0)
+    with pytest.raises(InvalidInput, match="leading dimensions"):
+        MATMUL.prepare(TensorSpec((2, 3, 5, 4), "float32"), TensorSpec((3, 2, 4, 6), "float32"))
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2, -1])
+def test_softmax_over_any_axis_keeps_the_dtype(axis):
+    from pipeline.ops.softmax_axis import SOFTMAX_AXIS
+
+    x = (rng.standard_normal((3, 4, 5)) * 4).astype(np.float32)
+    (y,) = eager(SOFTMAX_AXIS, x, axis=axis)
+    moved = np.moveaxis(x, axis, -1)
+    ref = np.moveaxis(softmax_ref(moved.reshape(-1, moved.shape[-1])).reshape(moved.shape), -1, axis)
+    assert y.dtype == np.float32 and y.shape == x.shape
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-7)
+    (h,) = eager(SOFTMAX_AXIS, x.astype(np.float16), axis=axis)
+    assert h.dtype == np.float16
+
+
+@pytest.mark.parametrize("mode", ["constant", "edge", "reflect"])
+def test_pad_against_index_mapping(mode):
+    from pipeline.ops.pad import PAD
+
+    x = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    pads = ((0, 0), (2, 1), (1, 3))
+    (y,) = eager(PAD, x, pads=pads, mode=mode, value=7.0)
+    assert y.shape == (2, 6, 8)
+
+    def src(c: int, size: int) -> int | None:
+        if 0 <= c < size:
+            return c
+        if mode == "constant":
+            return None
+        if mode == "edge":
+            return min(max(c, 0), size - 1)
+        return -c if c < 0 else 2 * (size - 1) - c
+
+    for i, j, k in np.ndindex(*y.shape):
+        sj, sk = src(j - 2, 3), src(k - 1, 4)
+        want = 7.0 if sj is None or sk is None else x[i, sj, sk]
+        assert y[i, j, k] == np.float32(want), (i, j, k)
+    with pytest.raises(InvalidInput):
+        PAD.prepare(TensorSpec.of(x), pads=((0, 0), (-1, 0), (0, 0)))
+
+
+def test_expand_takes_the_batch_from_its_ref():
+    from pipeline.ops.expand import EXPAND
+
+    token = rng.standard_normal((1, 1, 6)).astype(np.float32)
+    ref = np.zeros((4, 3, 8, 8), np.uint8)  # the graph's input: only its first dim is read
+    (y,) = eager(EXPAND, token, ref, shape=(-1, 1, 6), batch_k=1)
+    assert y.shape == (4, 1, 6)
+    for i in range(4):
+        np.testing.assert_array_equal(y[i], token[0])
+    (z,) = eager(EXPAND, rng.standard_normal((2, 1, 3)).astype(np.float32), shape=(2, 5, 3))
+    assert z.shape == (2, 5, 3) and (z == z[:, :1]).all()
+
+
+def test_slice_with_a_step():
+    from pipeline.ops.layout import SLICE
+
+    x = rng.standard_normal((2, 7, 3)).astype(np.float32)
+    (y,) = eager(SLICE, x, axis=1, start=1, stop=7, step=2)
+    np.testing.assert_array_equal(y, np.stack([x[:, 1], x[:, 3], x[:, 5]], axis=1))
