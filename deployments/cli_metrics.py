@@ -15,6 +15,8 @@ import json
 import sys
 from typing import Any
 
+import ray
+
 
 def metrics_urls(nodes: list[dict[str, Any]]) -> list[str]:
     """The metrics URL of every live node of a Ray node table (``ray.nodes()``)."""
@@ -39,7 +41,6 @@ def main(argv: list[str]) -> int:
     )
     ap.add_argument("--json", action="store_true", help="a JSON list of the URLs")
     args = ap.parse_args(argv)
-    import ray
 
     try:
         ray.init(address=args.address, log_to_driver=False, logging_level="ERROR")

@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import Response
+from swagger_ui_bundle import swagger_ui_path
 
 ASSETS = ("swagger-ui-bundle.js", "swagger-ui.css", "favicon-32x32.png")
 
@@ -23,7 +24,6 @@ def asset(name: str) -> tuple[bytes, str] | None:
     """The bytes and media type of one of Swagger UI's files, or None (not one of ASSETS)."""
     if name not in ASSETS:
         return None
-    from swagger_ui_bundle import swagger_ui_path
 
     data = (swagger_ui_path / name).read_bytes()
     return data, mimetypes.guess_type(name)[0] or "application/octet-stream"

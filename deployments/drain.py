@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ray import serve
+from ray.experimental import internal_kv
 
 from pipeline.errors import Unavailable
 
@@ -152,7 +153,6 @@ class RayKv:
     """Ray's internal key-value store in Ferry's namespace: what the drain reads and writes."""
 
     def __init__(self) -> None:
-        from ray.experimental import internal_kv
 
         self._kv = internal_kv
 

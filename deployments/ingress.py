@@ -19,6 +19,7 @@ import logging
 import time
 from typing import Any
 
+import numpy as np
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from ray import serve
@@ -170,7 +171,6 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
         return await self._answers(model, self.down.classify(model, encoded, meta, specs), t_send)
 
     async def _v2_group(self, model: str, items: list[TensorRequest]) -> list[Answer | FerryError]:
-        import numpy as np
 
         t_send = time.perf_counter()
         owner = [i for i, it in enumerate(items) for _ in range(len(it.tensors))]

@@ -20,6 +20,8 @@ import logging
 import time
 from typing import Any
 
+from ray import serve
+
 from .drain import RayKv
 
 logger = logging.getLogger(__name__)
@@ -59,7 +61,6 @@ def for_this_replica(config: Any) -> LoadBoard | None:
     """The board of the replica's application; None outside a Serve replica (a test building
     the stage or the ingress class directly)."""
     try:
-        from ray import serve
 
         return LoadBoard(serve.get_replica_context().app_name, config)
     except Exception:

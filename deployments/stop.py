@@ -23,6 +23,11 @@ import logging
 import sys
 import time
 
+import ray
+from ray import serve
+
+from .drain import drain_app, forget
+
 logger = logging.getLogger(__name__)
 
 
@@ -33,9 +38,7 @@ def stop(
     new work until it holds none, at most ``drain_timeout_s``), delete each (waiting until
     its replicas are gone), then shut Serve down unless ``keep_serve``. Returns the apps
     deleted. Needs a connected Ray (``ray.init``)."""
-    from ray import serve
 
-    from .drain import drain_app, forget
 
     names = list(serve.status().applications) if apps is None else apps
     for name in names:
@@ -63,7 +66,6 @@ def main(argv: list[str] | None = None) -> int:
         "--drain-timeout-s", type=float, default=60.0, help="the longest wait for a drain"
     )
     a = ap.parse_args(argv)
-    import ray
 
     ray.init(address=a.address, log_to_driver=False)
     t0 = time.monotonic()

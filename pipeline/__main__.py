@@ -20,9 +20,17 @@ import time
 
 import numpy as np
 
+from .config import ExecutorConfig, ModelConfig
+from .errors import FerryError
+from .executor import GpuExecutor
+from .imaging import decode
+from .models.registry import REGISTRY
+from .models.repository import model_card, random_weights
+from .ops import SOFTMAX, TOPK
+from .ops.base import eager
+
 
 def _entry(args: argparse.Namespace):
-    from .config import ModelConfig
 
     if args.model_file:
         engine = args.engine or ("onnx" if args.model_file.endswith(".onnx") else "torch")
@@ -39,12 +47,6 @@ def _entry(args: argparse.Namespace):
 
 
 def _classify(args: argparse.Namespace) -> int:
-    from .config import ExecutorConfig
-    from .executor import GpuExecutor
-    from .imaging import decode
-    from .models.repository import model_card, random_weights
-    from .ops import SOFTMAX, TOPK
-    from .ops.base import eager
 
     try:
         entry = _entry(args)
@@ -94,7 +96,6 @@ def _classify(args: argparse.Namespace) -> int:
 
 
 def _models(_args: argparse.Namespace) -> int:
-    from .models.registry import REGISTRY
 
     for name, info in REGISTRY.items():
         print(
@@ -139,7 +140,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.fn(args)
     except Exception as exc:  # a CLI answers with a message, not a trace
-        from .errors import FerryError
 
         if isinstance(exc, FerryError):
             print(f"error: {exc}", file=sys.stderr)

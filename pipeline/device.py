@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -19,7 +20,7 @@ import numpy as np
 from .errors import DeviceError
 
 if TYPE_CHECKING:  # pragma: no cover
-    import cupy
+    import cupy  # optional: cupy
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ def cuda_device_count() -> int:
     """How many CUDA devices cupy sees; 0 when cupy is missing or finds no driver."""
     try:
         import cupy  # noqa: F401
-        from cupy.cuda import runtime
+        from cupy.cuda import runtime  # optional: cupy
 
         return int(runtime.getDeviceCount())
     except Exception as exc:  # ImportError, CUDARuntimeError (no driver), ...
@@ -63,7 +64,7 @@ class Backend:
     @property
     def xp(self) -> Any:
         if self.is_cuda:
-            import cupy
+            import cupy  # optional: cupy
 
             return cupy
         return np
@@ -76,19 +77,18 @@ class Backend:
     def activate(self) -> None:
         """Make this backend's device current for the calling thread."""
         if self.is_cuda:
-            import cupy
+            import cupy  # optional: cupy
 
             cupy.cuda.Device(self.device_id).use()
 
     def total_memory(self) -> int:
         if self.is_cuda:
-            import cupy
+            import cupy  # optional: cupy
 
             with cupy.cuda.Device(self.device_id):
                 _free, total = cupy.cuda.runtime.memGetInfo()
             return int(total)
         try:
-            import os
 
             return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
         except (ValueError, OSError, AttributeError):
@@ -97,7 +97,7 @@ class Backend:
     def describe(self) -> str:
         if not self.is_cuda:
             return "numpy (CPU)"
-        import cupy
+        import cupy  # optional: cupy
 
         props = cupy.cuda.runtime.getDeviceProperties(self.device_id)
         name = props["name"]
@@ -163,7 +163,7 @@ class Stream:
         self._cublas: int | None = None
         self._cublas_ws: Any = None
         if self.is_cuda:
-            import cupy
+            import cupy  # optional: cupy
 
             with cupy.cuda.Device(backend.device_id):
                 self._raw = cupy.cuda.Stream(non_blocking=True)
@@ -184,8 +184,8 @@ class Stream:
         CUDA graph capture and the no-allocation rule of commit.
         """
         if self._cublas is None:
-            import cupy
-            from cupy_backends.cuda.libs import cublas
+            import cupy  # optional: cupy
+            from cupy_backends.cuda.libs import cublas  # optional: cupy
 
             with cupy.cuda.Device(self.backend.device_id):
                 handle = cublas.create()
@@ -200,7 +200,7 @@ class Stream:
     def record(self) -> Event:
         if self._raw is None:
             return COMPLETE
-        import cupy
+        import cupy  # optional: cupy
 
         # blocking sync: a thread that waits on it sleeps instead of spinning a core
         # (CUDA's default), which on a node whose cores are the limit is a core lost
@@ -222,7 +222,7 @@ class Stream:
         if self._raw is None:
             np.copyto(dst, src.reshape(dst.shape))
             return
-        from cupy.cuda import runtime
+        from cupy.cuda import runtime  # optional: cupy
 
         runtime.memcpyAsync(
             int(dst.data.ptr),
@@ -237,7 +237,7 @@ class Stream:
         if self._raw is None:
             np.copyto(dst, src.reshape(dst.shape))
             return
-        from cupy.cuda import runtime
+        from cupy.cuda import runtime  # optional: cupy
 
         runtime.memcpyAsync(
             int(dst.ctypes.data),
@@ -258,7 +258,7 @@ class Stream:
 
     def close(self) -> None:
         if self._cublas is not None:
-            from cupy_backends.cuda.libs import cublas
+            from cupy_backends.cuda.libs import cublas  # optional: cupy
 
             try:
                 cublas.destroy(self._cublas)

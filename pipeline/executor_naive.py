@@ -74,7 +74,7 @@ class NaiveMode:
 
     def _on_gpu(self, engine: Engine, plan: EnginePlan, padded: np.ndarray, n: int) -> list[Any]:
         import cupy  # the optional GPU backend
-        from cupy.cuda import runtime
+        from cupy.cuda import runtime  # optional: cupy
 
         self.backend.activate()
         mem = cupy.cuda.Memory(plan.arena_bytes)  # cudaMalloc

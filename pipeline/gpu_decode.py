@@ -60,7 +60,7 @@ class GpuJpegDecoder:
     """
 
     def __init__(self, device_id: int, cpu_threads: int = 4, backends: str = "auto") -> None:
-        from nvidia import nvimgcodec as nv
+        from nvidia import nvimgcodec as nv  # optional: nvimgcodec
 
         if backends not in BACKENDS:
             raise ValueError(f"backends must be one of {BACKENDS}, got {backends!r}")
@@ -124,7 +124,7 @@ class GpuJpegDecoder:
     @staticmethod
     def _order_after(images: list[Any], ptr: int, stream: Any) -> None:
         """Make ``stream`` wait (on the device) for every other stream an image is on."""
-        import cupy
+        import cupy  # optional: cupy
 
         others = set()
         for img in images:

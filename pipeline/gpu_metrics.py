@@ -44,7 +44,7 @@ def sample(nvml: Any, handle: Any) -> dict[str, float]:
 
 
 def pci_bus_id(device_id: int) -> str:
-    import cupy
+    import cupy  # optional: cupy
 
     return cupy.cuda.Device(device_id).pci_bus_id
 

@@ -46,7 +46,7 @@ def probe(backend: Any) -> None:
     if not backend.is_cuda:
         return
     try:
-        from cupy.cuda import runtime
+        from cupy.cuda import runtime  # optional: cupy
 
         backend.activate()
         runtime.memGetInfo()

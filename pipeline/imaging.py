@@ -8,12 +8,16 @@ before a single pixel is decoded. All of it releases the GIL in C, so worker thr
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import io
 import struct
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
+import simplejpeg
+from PIL import Image, UnidentifiedImageError
 
 from .errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
 from .resize_plan import (  # noqa: F401  (re-exported: the registry and the GPU stage)
@@ -260,7 +264,6 @@ def checked_header(data: bytes, content_type: str | None, max_pixels: int) -> tu
 
 
 def _decode_jpeg(data: bytes, channels: int, min_h: int, min_w: int) -> np.ndarray | None:
-    import simplejpeg
 
     try:
         # min_height/min_width: decode at the smallest DCT scale still >= the size we need
@@ -282,7 +285,6 @@ def _decode_jpeg(data: bytes, channels: int, min_h: int, min_w: int) -> np.ndarr
 
 def _open_pillow(data: bytes, channels: int) -> Any:
     """The decoded Pillow image in mode L or RGB."""
-    from PIL import Image, UnidentifiedImageError
 
     try:
         with Image.open(io.BytesIO(data)) as im:
@@ -299,13 +301,11 @@ def _decode_pillow(data: bytes, channels: int) -> np.ndarray:
 def fit(img: np.ndarray, t: Target) -> np.ndarray:
     """Resize (bilinear, Pillow) and, for ``center_crop``, cut the centre out: only the
     output window is computed (``ResizePlan.box``), never the whole resized image."""
-    from PIL import Image
 
     return _fit_pil(Image.fromarray(img[..., 0] if img.shape[2] == 1 else img), t)
 
 
 def _fit_pil(pil: Any, t: Target) -> np.ndarray:
-    from PIL import Image
 
     p = plan_resize(pil.height, pil.width, t)
     if not p.identity():
@@ -329,7 +329,6 @@ def _fit_pil(pil: Any, t: Target) -> np.ndarray:
 
 
 def encode_png(img: np.ndarray) -> bytes:
-    from PIL import Image
 
     buf = io.BytesIO()
     Image.fromarray(img[..., 0] if img.ndim == 3 and img.shape[2] == 1 else img).save(
@@ -339,7 +338,6 @@ def encode_png(img: np.ndarray) -> bytes:
 
 
 def encode_jpeg(img: np.ndarray, quality: int = 90) -> bytes:
-    import simplejpeg
 
     if img.ndim == 2:
         img = img[..., None]
@@ -361,8 +359,6 @@ def bound_decoder_scratch(mmap_threshold: int = 1 << 20) -> bool:
     global _scratch_bounded
     if _scratch_bounded:
         return True
-    import ctypes
-    import ctypes.util
 
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")

@@ -33,6 +33,8 @@ import threading
 import time
 from typing import Any
 
+import ray
+
 from .threads import name_os_thread
 
 logger = logging.getLogger(__name__)
@@ -61,11 +63,9 @@ def _get() -> dict[str, Any] | None:
     if _metrics is not None:
         return _metrics
     try:
-        import ray
 
         if not ray.is_initialized():
             return None
-        from ray.util import metrics as m
     except Exception:  # pragma: no cover - ray missing
         return None
     if _classes is not None:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
 
 from ..device import Backend, Stream
+from ..errors import InvalidInput
 from ..ops.base import TensorSpec
 
 Feed = Literal["image", "tensors"]
@@ -132,7 +133,6 @@ class Engine(ABC):
         """The feed that plans ``feed`` (an engine whose own input is the uint8 image
         answers ``image`` for both, so both share plans and CUDA graphs)."""
         if feed not in self.feeds:
-            from ..errors import InvalidInput
 
             raise InvalidInput("this model has no such feed", model=self.model, feed=feed)
         return feed

@@ -37,7 +37,7 @@ class GraphEngine(Engine):
             for k, v in g.constant_arrays(ctx.dtype).items():
                 host.setdefault(k, v)
         if ctx.backend.is_cuda:
-            import cupy
+            import cupy  # optional: cupy
 
             with cupy.cuda.Device(ctx.backend.device_id):
                 self.constants = {k: cupy.asarray(v) for k, v in host.items()}

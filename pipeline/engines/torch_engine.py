@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidInput, ResourceExhausted
+from ..models.registry import LoadedModel
 from ..ops.base import TensorSpec, align, workspace_view
 from .base import Engine, EngineContext, EnginePlan, Feed, ImageInput, TensorInfo
 from .torch_sources import _torch, declared_input, load_module
@@ -36,7 +37,6 @@ logger = logging.getLogger(__name__)
 
 def build(entry: Any, image: ImageInput) -> Any:
     """The engine's builder (``engines.ENGINES``): a ``LoadedModel`` with a ``TorchEngine``."""
-    from ..models.registry import LoadedModel
 
     module, random, scripted = load_module(entry)
     dtype = entry.input.dtype or "float32"
@@ -116,7 +116,7 @@ class TorchEngine(Engine):
         try:
             with torch.inference_mode():
                 try:
-                    from torch.utils.flop_counter import FlopCounterMode
+                    from torch.utils.flop_counter import FlopCounterMode  # optional: torch
 
                     counter = FlopCounterMode(display=False)
                     with counter:
@@ -175,8 +175,8 @@ class TorchEngine(Engine):
             m = m.to(torch.float32)
         if not self.scripted and len(self._input.shape) == 4:
             m = m.to(memory_format=torch.channels_last)
-            import torch._dynamo.config as dc
-            import torch._inductor.config as ic
+            import torch._dynamo.config as dc  # optional: torch
+            import torch._inductor.config as ic  # optional: torch
 
             ic.freezing = True
             dc.cache_size_limit = max(dc.cache_size_limit, 1024)

@@ -11,6 +11,7 @@ import logging
 from typing import Any
 
 from ..errors import InvalidInput
+from ..models.weights import load_weights
 
 logger = logging.getLogger(__name__)
 SCRIPT_SUFFIXES = (".pt", ".ts", ".jit")
@@ -18,7 +19,7 @@ SCRIPT_SUFFIXES = (".pt", ".ts", ".jit")
 
 def _torch() -> Any:
     try:
-        import torch
+        import torch  # optional: torch
     except ModuleNotFoundError:
         raise InvalidInput(
             "the torch engine needs torch, which is not installed",
@@ -70,7 +71,7 @@ def load_module(entry: Any) -> tuple[Any, bool, bool]:
 def _torchvision(entry: Any) -> tuple[Any, bool, bool]:
     torch = _torch()
     try:
-        import torchvision
+        import torchvision  # optional: torchvision
     except ModuleNotFoundError:
         raise InvalidInput(
             "a torchvision architecture name needs torchvision", source=entry.source
@@ -89,7 +90,6 @@ def _torchvision(entry: Any) -> tuple[Any, bool, bool]:
         )
         return m.eval(), True, False
     if entry.weights.endswith((".npz", ".safetensors")):
-        from ..models.weights import load_weights
 
         sd = {k: torch.from_numpy(v) for k, v in load_weights(entry.weights).items()}
     else:

@@ -57,7 +57,7 @@ class PinnedRing:
     def _alloc(self, n: int) -> np.ndarray:
         if not self.backend.is_cuda:
             return np.zeros(n, dtype=np.uint8)
-        import cupy
+        import cupy  # optional: cupy
 
         with cupy.cuda.Device(self.backend.device_id):
             mem = cupy.cuda.alloc_pinned_memory(n)

@@ -248,7 +248,7 @@ class CupyPool(_PoolBase):
 
     def __init__(self, backend: Backend, limit_bytes: int) -> None:
         super().__init__(backend, limit_bytes)
-        import cupy
+        import cupy  # optional: cupy
 
         self._cupy = cupy
         self._tls = threading.local()

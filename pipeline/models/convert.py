@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 def read_state_dict(path: str) -> dict[str, np.ndarray]:
     if path.endswith((".pth", ".pt")):
-        import torch
+        import torch  # optional: torch
 
         sd = torch.load(path, map_location="cpu", weights_only=True)
         if isinstance(sd, dict) and "state_dict" in sd:

@@ -25,8 +25,8 @@ def load_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
 
     The held-out split every test and the training script use (stratified, seed 0).
     """
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+    from sklearn.datasets import load_digits  # optional: scikit-learn
+    from sklearn.model_selection import train_test_split  # optional: scikit-learn
 
     d = load_digits()
     images = to_uint8(d.images)

@@ -148,7 +148,7 @@ class GpuFitter:
         if not self.backend.is_cuda:
             flat = np.asarray(lease)  # base is the lease
             return flat[: spec.nbytes].reshape(spec.shape), lease
-        import cupy
+        import cupy  # optional: cupy
 
         mem = cupy.cuda.UnownedMemory(lease.res.ptr, lease.res.nbytes, lease)
         return cupy.ndarray(spec.shape, cupy.uint8, cupy.cuda.MemoryPointer(mem, 0)), lease
@@ -278,7 +278,7 @@ def device_view(img: Any) -> Any:
     """A cupy view [h, w, c] of a device image that exposes ``__cuda_array_interface__``,
     without the stream synchronization cupy would do on import (the image is in stream
     order on the stage's stream already); the view keeps the image alive."""
-    import cupy
+    import cupy  # optional: cupy
 
     if isinstance(img, cupy.ndarray):
         return img[..., None] if img.ndim == 2 else img

@@ -28,15 +28,19 @@ from typing import Any
 
 import numpy as np
 
-from .. import metrics
+from .. import gpu_decode, metrics
 from ..async_result import AsyncResult, CompletionWatcher
 from ..batching import Batch, BatchScheduler
 from ..config import PipelineConfig
 from ..device import Backend, Event, Stream, select_backend
 from ..errors import FerryError, InvalidInput, ModelNotFound, QueueFull, TransportError
+from ..imaging import encode_jpeg
 from ..memory import DevicePool, PinnedRing, make_pool
 from ..stages.messages import DeviceRows, Encoded, SendTo
 from ..threads import thread_pool
+from ..transport.base import nccl_available
+from ..transport.nccl import NcclEndpoint
+from ..transport.object_store import ObjectStoreSender
 from .fitter import GpuFitter
 
 logger = logging.getLogger(__name__)
@@ -100,7 +104,6 @@ class PreprocessGpuCore:
         """Fit one image per model (and decode one JPEG when nvImageCodec decodes), so the
         kernel is compiled and the decoder started before the first request: the time a
         cold first batch takes counts against the queue budget of every request behind it."""
-        from ..imaging import encode_jpeg
 
         for model, t in self.targets.items():
             host = np.zeros((t.height + 3, t.width + 5, t.channels), np.uint8)
@@ -111,11 +114,8 @@ class PreprocessGpuCore:
             self.stream.synchronize()
 
     def _init_senders(self) -> None:
-        from ..transport.base import nccl_available
-        from ..transport.object_store import ObjectStoreSender
 
         if nccl_available():
-            from ..transport.nccl import NcclEndpoint
 
             self.endpoint = NcclEndpoint(
                 self.backend.device_id, timeout_s=self.config.transport.timeout_s
@@ -127,7 +127,6 @@ class PreprocessGpuCore:
         want = config.preprocess.decoder
         if want == "cpu":
             return None
-        from .. import gpu_decode
 
         if not gpu_decode.available():
             if want == "nvimgcodec":

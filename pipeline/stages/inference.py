@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from pipeline import metrics
+from pipeline import gpu_metrics, metrics
 from pipeline.batching import Batch, BatchScheduler
 from pipeline.config import PipelineConfig
 from pipeline.errors import FerryError, ModelNotFound, QueueFull
@@ -159,7 +159,6 @@ class InferenceStage:
             metrics.set_queue_depth(m.name, 0)
         metrics.set_pool(self.executor.pool.stats().as_dict())
         if self.executor.backend.is_cuda:
-            from pipeline import gpu_metrics
 
             gpu_metrics.start(self.executor.backend.device_id)
 

@@ -9,6 +9,9 @@ import logging
 from typing import Any
 
 from pipeline.threads import thread_pool
+from pipeline.transport.base import choose_transport
+from pipeline.transport.nccl import NcclEndpoint
+from pipeline.transport.object_store import ObjectStoreReceiver
 
 from .messages import SendTo
 
@@ -19,8 +22,6 @@ class BatchReceiver:
     """``to``: what the stage tells PreprocessGPU (how to send); ``recv``: a batch."""
 
     def __init__(self, backend: Any, timeout_s: float) -> None:
-        from pipeline.transport.base import choose_transport
-        from pipeline.transport.object_store import ObjectStoreReceiver
 
         cuda = backend.is_cuda
         kind = choose_transport("auto", True, cuda)
@@ -31,7 +32,6 @@ class BatchReceiver:
         }
         self.to = SendTo(kind)
         if kind == "nccl":
-            from pipeline.transport.nccl import NcclEndpoint
 
             self.endpoint = NcclEndpoint(backend.device_id, timeout_s=timeout_s)
             self.receivers["nccl"] = self.endpoint.receiver("preprocess->inference")

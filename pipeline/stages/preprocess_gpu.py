@@ -11,6 +11,7 @@ batch is sent where ``to`` says, the rows carry its envelope).
 from __future__ import annotations
 
 from pipeline.config import PipelineConfig
+from pipeline.health import probe
 from pipeline.memory import DevicePool
 from pipeline.preprocess_gpu.stage import PreprocessGpuCore
 
@@ -35,7 +36,6 @@ class PreprocessGpuStage:
         return await self.core.process(model, items, to)
 
     def check_health(self) -> None:
-        from pipeline.health import probe
 
         probe(self.core.backend)  # a lost CUDA context: Serve replaces the replica
 

@@ -108,7 +108,7 @@ class Receiver(ABC):
 
 def nccl_available() -> bool:
     try:
-        from cupy.cuda import nccl
+        from cupy.cuda import nccl  # optional: cupy
 
         return bool(getattr(nccl, "available", True)) and nccl.get_version() > 0
     except Exception:

@@ -25,6 +25,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import ray
+
 from ..device import is_device_array
 from ..errors import InvalidInput, TransportError
 from ..threads import name_os_thread
@@ -36,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 def device_uuid(device: int) -> str:
     """The physical GPU behind a device ordinal (ordinals differ between processes)."""
-    import cupy
+    import cupy  # optional: cupy
 
     props = cupy.cuda.runtime.getDeviceProperties(device)
     uuid_ = props.get("uuid", b"")
@@ -67,7 +69,7 @@ class NcclEndpoint:
         name: str | None = None,
         watchdog_interval_s: float = 0.05,
     ) -> None:
-        import cupy
+        import cupy  # optional: cupy
 
         self.device = cupy.cuda.Device().id if device is None else int(device)
         self.timeout_s = float(timeout_s)
@@ -100,7 +102,7 @@ class NcclEndpoint:
 
     def link_to(self, dst: str) -> Link:
         """The open link to ``dst``, or a new one (new generation) if there is none or it failed."""
-        from cupy.cuda import nccl
+        from cupy.cuda import nccl  # optional: cupy
 
         with self._lock:
             link = self._out.get(dst)
@@ -129,7 +131,6 @@ class NcclEndpoint:
             opening.release()
 
     def _link_from(self, src: str, generation: int, deadline: float) -> Link:
-        import ray
 
         with self._lock:
             link = self._in.get(src)
@@ -208,7 +209,7 @@ class NcclSender(Sender):
 
         The send starts when the caller's current stream reaches this point (an event, not
         a host wait). ``wait(envelope)`` blocks until it completed, or raises."""
-        import cupy
+        import cupy  # optional: cupy
 
         shape, dtype = check_array(array)
         ntype = nccl_type(dtype)
@@ -276,7 +277,7 @@ class NcclReceiver(Receiver):
         Receives wait for earlier sequence numbers on their own, without holding a thread,
         so callers that take envelopes out of order on a bounded pool cannot deadlock:
         post from the pool, then poll ``Posted.done()`` from an event loop."""
-        import cupy
+        import cupy  # optional: cupy
 
         deadline = time.monotonic() + (self.endpoint.timeout_s if timeout is None else timeout)
         posted = []
@@ -324,7 +325,7 @@ class Posted:
         return True
 
     def wait(self) -> list[tuple[Any, dict[str, Any]]]:
-        import cupy
+        import cupy  # optional: cupy
 
         results = []
         with cupy.cuda.Device(self.device):

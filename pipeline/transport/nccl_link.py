@@ -26,6 +26,7 @@ and the next use opens a fresh link, but that one thread stays parked.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import logging
@@ -34,6 +35,7 @@ import time
 from typing import Any, Protocol
 
 import numpy as np
+import ray
 
 from ..errors import InvalidInput, TransportError
 from ..threads import thread_pool
@@ -73,7 +75,7 @@ def nccl_type(dtype: Any) -> int:
         raise InvalidInput(
             "the nccl transport cannot carry this dtype", dtype=name, supported=sorted(NCCL_TYPES)
         )
-    from cupy.cuda import nccl
+    from cupy.cuda import nccl  # optional: cupy
 
     return int(getattr(nccl, NCCL_TYPES[name]))
 
@@ -85,7 +87,6 @@ class Rendezvous:
     """A named Ray actor that hands unique ids from the sending end to the receiving end."""
 
     def __init__(self) -> None:
-        import asyncio
 
         self._asyncio = asyncio
         self._ids: dict[str, tuple] = {}
@@ -117,7 +118,6 @@ class Rendezvous:
 
 def rendezvous() -> Any:
     """The rendezvous actor, created by whoever asks first (detached: it outlives them)."""
-    import ray
 
     actor = ray.remote(num_cpus=0)(Rendezvous)
     return actor.options(
@@ -177,7 +177,7 @@ class Link:
         unique_id: tuple,
         timeout_s: float,
     ) -> None:
-        import cupy
+        import cupy  # optional: cupy
 
         self.endpoint = endpoint
         self.peer = peer
@@ -199,8 +199,8 @@ class Link:
 
     # ------------------------------------------------------------------ worker side
     def _open(self, unique_id: tuple) -> None:
-        import cupy
-        from cupy.cuda import nccl
+        import cupy  # optional: cupy
+        from cupy.cuda import nccl  # optional: cupy
 
         t = self.opened
         try:
@@ -226,7 +226,7 @@ class Link:
         t.enqueued.set()
 
     def _enqueue(self, t: Transfer, op: str, count: int, ntype: int, after: Any) -> None:
-        import cupy
+        import cupy  # optional: cupy
 
         try:
             with self.lock:

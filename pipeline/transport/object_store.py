@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import ray
+from ray.exceptions import GetTimeoutError, RayError
 
 from ..device import is_device_array
 from ..errors import TransportError
@@ -21,7 +23,6 @@ class ObjectStoreSender(Sender):
     transport = "object_store"
 
     def send(self, array: Any, meta: dict[str, Any] | None = None) -> Envelope:
-        import ray
 
         shape, dtype = check_array(array)
         host = array.get() if is_device_array(array) else np.asarray(array)
@@ -46,8 +47,6 @@ class ObjectStoreReceiver(Receiver):
         self.to_device = to_device
 
     def recv(self, envelope: Envelope, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
-        import ray
-        from ray.exceptions import GetTimeoutError, RayError
 
         self.check(envelope)
         try:
@@ -74,7 +73,7 @@ class ObjectStoreReceiver(Receiver):
                 dtype=host.dtype.name,
             )
         if self.to_device:
-            import cupy
+            import cupy  # optional: cupy
 
             return cupy.asarray(host), envelope.meta
         return host, envelope.meta
