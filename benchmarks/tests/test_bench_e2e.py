@@ -4,6 +4,7 @@ and write, checked without running them (no Ray cluster, no GPU)."""
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import yaml
@@ -102,6 +103,21 @@ def test_peer_configs_name_their_module_and_replicas():
 def test_report_regenerates_results_md_byte_for_byte():
     with open(os.path.join(report.HERE, "RESULTS.md")) as f:
         assert f.read() == report.render()
+
+
+def test_results_md_opens_with_a_headline_each_figure_with_its_commit_and_date():
+    text = report.render()
+    heads = [ln for ln in text.splitlines() if ln.startswith("## ")]
+    assert heads[0] == "## Headline"  # before every benchmark's section
+    start = text.index("| figure | value | measured | machine | current? |")
+    rows = text[start:].split("\n\n", 1)[0].splitlines()[2:]
+    assert len(rows) >= 8
+    for row in rows:
+        figure, value, measured, machine, current = (c.strip() for c in row.strip("|").split("|"))
+        assert re.fullmatch(r"[0-9a-f]{7}( \(added in\))?, 2\d{3}-\d\d-\d\d", measured), row
+        assert figure and value and machine and current, row
+    peak = max(r["img_s"] for r in report.load("e2e.json")["rows"] if r["system"] == "ferry")
+    assert f"| {peak:,.0f} | 4791612, " in text  # the figure is the JSON's, not a copy
 
 
 def test_report_has_one_section_per_benchmark_and_rows_carry_their_corpus():
