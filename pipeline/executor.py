@@ -229,12 +229,14 @@ class GpuExecutor:
         warm-up fails is handed to it (``failed(name, exc)``) and the others warm on."""
         self.faults.warmup_delay()
         times: dict[str, float] = {}
-        depth, rounds = self.mode.warm_depth, self.mode.warm_rounds
+        depth, rounds, runs_all = self.mode.warm_depth, self.mode.warm_rounds, self.mode.warm_runs_all
         for name in list(models or self.models):
             if starting is not None:
                 starting(name)
             try:
-                times.update(warmup(self._models, self.prepare, self.commit, [name], depth, rounds))
+                times.update(
+                    warmup(self._models, self.prepare, self.commit, [name], depth, rounds, runs_all)
+                )
             except Exception as exc:
                 if failed is None:
                     raise

@@ -132,6 +132,9 @@ class StagedMode:
         self.capture = self.capture and backend.is_cuda
         self.warm_depth = config.max_in_flight if backend.is_cuda else 1
         self.warm_rounds = 2 if backend.is_cuda else 1
+        # on the CPU no graph is captured: running the smallest bucket proves the model runs,
+        # and the others are planned and reserved (their pool blocks made) without compute
+        self.warm_runs_all = backend.is_cuda
         self._faults_on = faults.enabled  # the injector's config is fixed at start-up
         self._slot_parts: dict[tuple, Any] = {}  # (slot, bound-graph key) -> views, copies
         self._events: dict[int, SlotEvents] = {}

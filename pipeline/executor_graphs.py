@@ -103,18 +103,24 @@ def warmup(
     names: list[str],
     depth: int,
     rounds: int,
+    runs_all: bool = True,
 ) -> dict[str, float]:
     """Plan every bucket of ``names`` and run it ``rounds`` times with ``depth`` batches in
     flight (on the GPU: twice, one arena per in-flight batch, so each arena's CUDA graph is
     captured and then replayed once). Small buckets first, so the pool's blocks for each
-    bucket are exact fits that later batches get back."""
+    bucket are exact fits that later batches get back. Without ``runs_all`` (the CPU: no
+    graph to capture) only the smallest bucket runs; the others are prepared -- planned,
+    their arena reserved -- and released."""
     times: dict[str, float] = {}
     for name in names:
         t0 = time.perf_counter()
         buckets = models.buckets_of(name)
         for feed in models.get(name).engine.feeds:
             item = models.plan(name, 1, feed).input_spec
-            for bucket in buckets:
+            for k, bucket in enumerate(buckets):
+                if k and not runs_all:
+                    prepare(name, bucket, feed=feed).release()
+                    continue
                 for _round in range(rounds):
                     prepared = [prepare(name, bucket, feed=feed) for _ in range(depth)]
                     zeros = np.zeros((bucket, *item.shape[1:]), dtype=item.np_dtype)

@@ -40,6 +40,7 @@ class Mode(Protocol):
     bound_graphs: BoundGraphs
     warm_depth: int
     warm_rounds: int
+    warm_runs_all: bool
 
     def fit(self, slot_bytes: int) -> None: ...
 

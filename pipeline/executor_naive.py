@@ -25,6 +25,7 @@ class NaiveMode:
     ring = None
     warm_depth = 1
     warm_rounds = 1
+    warm_runs_all = True  # (naive is for measuring: every bucket as the real modes run it)
 
     def __init__(self, backend: Backend, models: ModelTable, counters: Counters) -> None:
         self.backend, self.models, self.counters = backend, models, counters
