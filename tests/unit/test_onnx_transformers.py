@@ -8,6 +8,7 @@ the GPU, so a bucket's CUDA graph has no host step. Skips without torch or onnx.
 from __future__ import annotations
 
 import importlib.util
+import os
 import warnings
 
 import numpy as np
@@ -104,3 +105,29 @@ def test_torch_mha_moves_the_batch_and_the_importer_follows(tmp_path):
     assert (17, 5, 32) in {s.shape for s in g.prepare(5, "float32", "host").specs.values()}
     kinds = m.op_kinds()
     assert kinds.count("matmul") == 4 and "softmax_axis" in kinds and "expand" in kinds
+
+
+FULL = os.environ.get("FERRY_FULL_TRANSFORMERS") == "1"
+
+
+@pytest.mark.skipif(not FULL, reason="full-size models: set FERRY_FULL_TRANSFORMERS=1 (minutes)")
+@pytest.mark.parametrize("exporter", EXPORTERS)
+@pytest.mark.parametrize("arch", ["vit_b_16", "deit_b_16", "swin_t", "convnext_tiny"])
+def test_full_size_torchvision_transformer_on_numpy(tmp_path, arch, exporter):
+    """torchvision's vit_b_16, swin_t, convnext_tiny and a DeiT-B/16-style ViT at 224, on
+    numpy against torch fp32 (<= 1e-5); needs torchvision built for the installed torch."""
+    try:
+        import torchvision  # noqa: F401  (optional: the full-size models)
+
+        from tests.gpu.test_onnx_transformers_gpu import export as export_full
+        from tests.gpu.test_onnx_transformers_gpu import model_of
+    except Exception as exc:  # torchvision missing, or built for another torch
+        pytest.skip(f"torchvision does not import: {type(exc).__name__}: {exc}")
+    model = model_of(arch)
+    path = str(tmp_path / f"{arch}.onnx")
+    export_full(model, path, exporter)
+    x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ref = model(x).numpy()
+    (got,) = run_host(load_onnx(path).graph(), x.numpy())
+    assert rel_err(got, ref) <= RTOL, (arch, exporter, rel_err(got, ref))
