@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from loadtest import procs
-from loadtest.run import start_app, stop_app, subprocess_env, wait_ready
+from loadtest.run import subprocess_env, wait_ready
 from pipeline.imaging import encode_png
 from pipeline.models import digits
 from tests.integration.helpers import ROOT, run_ok
@@ -44,48 +44,39 @@ def _assert_classifies_the_first_held_out_digit() -> None:
     assert r.json()["top_k"][0]["label"] == "2"
 
 
-def test_serve_run_serve_config_yaml_answers_and_takes_grpcs_4_mb_in_throughput_mode(tmp_path):
-    """README's `serve run serve_config.yaml`, with RAY_SERVE_THROUGHPUT_OPTIMIZED=1 (the
-    GPU configs' mode; the plain mode runs the same file below, under `serve deploy`): it
-    answers, lists its models, and -- the deployments then call each other over gRPC, whose
-    replica server refuses messages over 4 MB unless told otherwise -- one large photo, or a
-    coalesced group of smaller ones, still gets through every hop. (One `serve run` for both:
-    each costs ~40 s of the suite's 2 cores.)"""
-    log = tmp_path / "serve.log"  # a file, not a pipe nobody drains
-    proc = start_app("serve_config.yaml", str(log), {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"})
-    try:
-        if not wait_ready(URL, 240, proc):
-            stop_app(proc)
-            pytest.fail(
-                f"serve run serve_config.yaml did not become ready:\n{log.read_text(errors='replace')[-3000:]}"
-            )
-        _assert_classifies_the_first_held_out_digit()
-        models = {m["name"] for m in httpx.get(URL + "/v1/models", timeout=10).json()["models"]}
-        assert models == {"digits", "resnet50"}
-        noise = np.random.default_rng(0).integers(0, 256, (1300, 1300, 3), dtype=np.uint8)
-        big = encode_png(noise)  # incompressible: ~5 MB, under the 8 MB body limit
-        assert 4.5e6 < len(big) < 8 << 20
-        r = httpx.post(
-            URL + "/v1/models/digits/classify",
-            content=big,
-            headers={"content-type": "image/png"},
-            timeout=120,
-        )
-        assert r.status_code == 200, r.text[-2000:]
-        assert len(r.json()["top_k"]) == 5
-    finally:
-        stop_app(proc)
+def _assert_lists_its_models_and_takes_a_5_mb_image() -> None:
+    """It lists its models, and -- in throughput mode the deployments call each other over
+    gRPC, whose replica server refuses messages over 4 MB unless told otherwise -- one large
+    photo, or a coalesced group of smaller ones, still gets through every hop."""
+    models = {m["name"] for m in httpx.get(URL + "/v1/models", timeout=10).json()["models"]}
+    assert models == {"digits", "resnet50"}
+    noise = np.random.default_rng(0).integers(0, 256, (1300, 1300, 3), dtype=np.uint8)
+    big = encode_png(noise)  # incompressible: ~5 MB, under the 8 MB body limit
+    assert 4.5e6 < len(big) < 8 << 20
+    r = httpx.post(
+        URL + "/v1/models/digits/classify",
+        content=big,
+        headers={"content-type": "image/png"},
+        timeout=120,
+    )
+    assert r.status_code == 200, r.text[-2000:]
+    assert len(r.json()["top_k"]) == 5
 
 
 def test_serve_deploy_to_a_running_ray_start_head(tmp_path):
-    """The same file with `serve deploy` against `ray start --head`, as on a cluster."""
+    """The same file with `serve deploy` against `ray start --head`, as on a cluster, in
+    Serve's throughput mode (RAY_SERVE_THROUGHPUT_OPTIMIZED=1, the GPU configs' mode; README's
+    `serve run serve_config.yaml` itself, in the plain mode, is run as written by
+    test_01_readme: one service start each, ~40 s apiece of the suite's 2 cores)."""
     bindir = os.path.dirname(sys.executable)
     ray_bin = shutil.which("ray", path=bindir) or "ray"
     serve_bin = shutil.which("serve", path=bindir) or "serve"
     # Ray 2.60's `ray start` turns token auth on; the CLI must send it. The run id marks what
     # `ray start` leaves running, so the test stops its own cluster by PID, no other
     run_id = procs.new_run_id("ray-start")
-    env = subprocess_env({"RAY_AUTH_MODE": "token", procs.MARK: run_id})
+    env = subprocess_env(
+        {"RAY_AUTH_MODE": "token", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", procs.MARK: run_id}
+    )
     # its own temp dir: `ray start` writes its address there (ray_current_cluster), where a
     # later ray.init() on this machine would find it -- under /tmp/ray, stale once the
     # cluster is stopped by PID, it would send the next ray.init() to a dead cluster
@@ -102,6 +93,7 @@ def test_serve_deploy_to_a_running_ray_start_head(tmp_path):
         run_ok([serve_bin, "deploy", "serve_config.yaml"], env, 180)
         assert wait_ready(URL, 240), "serve deploy serve_config.yaml did not become ready"
         _assert_classifies_the_first_held_out_digit()
+        _assert_lists_its_models_and_takes_a_5_mb_image()
     finally:
         procs.stop(run_id, grace_s=30)
         shutil.rmtree(temp, ignore_errors=True)
