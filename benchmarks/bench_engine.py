@@ -104,7 +104,7 @@ def op_profile(ex, batch: int) -> dict:
 
     plan = ex.plan("resnet50", batch)
     res = ex.pool.reserve(plan.arena_bytes)
-    bound = plan.bind(res.buffer, ex._model("resnet50").constants)
+    bound = plan.bind(res.buffer, ex.engine_of("resnet50").constants)
     stream = ex.streams.compute[0]
     bound.run(stream)
     events = [cupy.cuda.Event() for _ in range(len(bound.steps) + 1)]

@@ -38,8 +38,6 @@ from .cli_metrics import main as metrics_url_main
 from .cli_models import main as models_main
 from .config_file import FERRY_APP, app_args, base_dir_of, read
 
-_load = read  # the name deployments/cli_models.py takes from here (config_file's read)
-
 
 def _errors(exc: Exception) -> str:
     """A pydantic error as 'loc: message' lines; anything else as its text."""
