@@ -53,7 +53,9 @@ def _pads(em: Emitter, n: INode, rank: int) -> list[tuple[int, int]]:
     raw = [int(p) for p in raw]
     axes = list(range(rank))
     if len(n.inputs) > 3 and n.inputs[3]:
-        axes = [int(a) + rank if int(a) < 0 else int(a) for a in em.const(n, n.inputs[3]).reshape(-1)]
+        axes = [
+            int(a) + rank if int(a) < 0 else int(a) for a in em.const(n, n.inputs[3]).reshape(-1)
+        ]
     if len(raw) != 2 * len(axes):
         raise refuse(n, "Pad needs a begin and an end per axis", pads=raw, rank=rank)
     pairs = [(0, 0)] * rank
@@ -81,5 +83,7 @@ def _pad(em: Emitter, n: INode) -> None:
     if len(n.inputs) > 2 and n.inputs[2]:
         value = float(np.asarray(em.const(n, n.inputs[2])).reshape(-1)[0])
     t = em.add(PAD, [em.full(v)], "pad", pads=tuple(pairs), mode=mode, value=value)
-    shape = tuple(d if is_batch(d) else int(d) + p + q for d, (p, q) in zip(v.shape, pairs, strict=True))
+    shape = tuple(
+        d if is_batch(d) else int(d) + p + q for d, (p, q) in zip(v.shape, pairs, strict=True)
+    )
     em.put(n.outputs[0], t, shape, False, shape[1:])

@@ -224,7 +224,13 @@ def _gather(em: Emitter, n: INode) -> None:
     size = int(v.shape[axis])
     idx = np.where(idx < 0, idx + size, idx)
     flat = idx.reshape(-1)
-    if idx.ndim > 1 or not len(flat) or np.any(np.diff(flat) != 1) or flat[0] < 0 or flat[-1] >= size:
+    if (
+        idx.ndim > 1
+        or not len(flat)
+        or np.any(np.diff(flat) != 1)
+        or flat[0] < 0
+        or flat[-1] >= size
+    ):
         raise refuse(
             n, "Gather of a computed tensor needs a scalar or a run of indices", indices=str(flat[:8])
         )  # fmt: skip

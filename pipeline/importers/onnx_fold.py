@@ -329,7 +329,9 @@ def _fold_symbolic(node: INode, ins: list[Any]) -> np.ndarray:
             return np.array(x.shape[int(at.get("start", 0)) : at.get("end")], dtype=np.int64)
         if op == "Reshape":
             dims = [int(d) for d in _ints(ins[1])]
-            dims = [x.shape[k] if d == 0 and not at.get("allowzero") else d for k, d in enumerate(dims)]
+            dims = [
+                x.shape[k] if d == 0 and not at.get("allowzero") else d for k, d in enumerate(dims)
+            ]
             return x.reshape(dims)
         if op == "Expand":
             shape = tuple(int(d) for d in _ints(ins[1]))
@@ -338,7 +340,9 @@ def _fold_symbolic(node: INode, ins: list[Any]) -> np.ndarray:
             return out
         if op == "Where":
             cond = np.asarray(ins[0]).astype(bool)
-            return np.where(cond, np.asarray(ins[1], dtype=object), np.asarray(ins[2], dtype=object))
+            return np.where(
+                cond, np.asarray(ins[1], dtype=object), np.asarray(ins[2], dtype=object)
+            )
         if op == "Not":
             return np.logical_not(np.asarray(x).astype(bool))
         fn2 = _SYM_BINARY.get(op)

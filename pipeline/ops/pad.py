@@ -116,7 +116,9 @@ class Pad(Op):
         total = int(y.size)
         mode = np.int32(MODES[plan.attr("mode")])
         value = np.float32(plan.attr("value"))
-        _cuda.launch(kern, total, (x, y, np.int64(total), np.int32(len(plan.detail)), mode, value, *args))
+        _cuda.launch(
+            kern, total, (x, y, np.int64(total), np.int32(len(plan.detail)), mode, value, *args)
+        )
 
 
 PAD = Pad()

@@ -141,7 +141,9 @@ class _SwinBlock(nn.Module):
         self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
         self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
         self.table = nn.Parameter(torch.randn((2 * window - 1) ** 2, heads) * 0.2)
-        coords = torch.stack(torch.meshgrid(torch.arange(window), torch.arange(window), indexing="ij"))
+        coords = torch.stack(
+            torch.meshgrid(torch.arange(window), torch.arange(window), indexing="ij")
+        )
         rel = (coords.flatten(1)[:, :, None] - coords.flatten(1)[:, None, :]).permute(1, 2, 0)
         rel = rel + (window - 1)
         self.register_buffer("index", (rel[:, :, 0] * (2 * window - 1) + rel[:, :, 1]).flatten())

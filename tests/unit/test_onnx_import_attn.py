@@ -51,8 +51,13 @@ def test_strided_slice_gather_and_concat_as_swin_and_vit_write_them(tmp_path):
             parts.append(
                 b.node(
                     "Slice",
-                    [x, b.const(_i64(h0, w0)), b.const(_i64(6, 6)), b.const(_i64(1, 2)),
-                     b.const(_i64(2, 2))],
+                    [
+                        x,
+                        b.const(_i64(h0, w0)),
+                        b.const(_i64(6, 6)),
+                        b.const(_i64(1, 2)),
+                        b.const(_i64(2, 2)),
+                    ],
                 )  # fmt: skip
             )
         merged = b.node("Concat", parts, axis=-1)  # [N, 3, 3, 16]

@@ -325,7 +325,9 @@ def test_softmax_over_any_axis_keeps_the_dtype(axis):
     x = (rng.standard_normal((3, 4, 5)) * 4).astype(np.float32)
     (y,) = eager(SOFTMAX_AXIS, x, axis=axis)
     moved = np.moveaxis(x, axis, -1)
-    ref = np.moveaxis(softmax_ref(moved.reshape(-1, moved.shape[-1])).reshape(moved.shape), -1, axis)
+    ref = np.moveaxis(
+        softmax_ref(moved.reshape(-1, moved.shape[-1])).reshape(moved.shape), -1, axis
+    )
     assert y.dtype == np.float32 and y.shape == x.shape
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-7)
     (h,) = eager(SOFTMAX_AXIS, x.astype(np.float16), axis=axis)
