@@ -42,7 +42,7 @@ CPU_ROWS = 2
 @pytest.mark.parametrize("replay", [False, True], ids=["eager", "cuda-graph"])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
-@pytest.mark.parametrize("tiny", ["vit", "deit", "swin", "convnext"])
+@pytest.mark.parametrize("tiny", ["vit", "deit", "dinov2", "swin", "convnext"])
 def test_tiny_transformer_on_cupy(tiny, exporter, dtype, replay, tmp_path):
     torch = pytest.importorskip("torch")
     if exporter == "dynamo":

@@ -6,13 +6,14 @@ tests, written the way torchvision and timm write theirs:
   inside) and one with hand-written attention (timm's: q @ k^T, softmax, @ v);
   ``distilled=True`` adds DeiT's distillation token and averages its head with the class
   head's.
+- ``tiny_dinov2``: DINOv2's interpolated position embedding, register tokens, layer scale.
 - ``tiny_swin``: torchvision's shifted-window attention at a tiny size: Pad to whole
   windows, roll (Slice + Concat), the shifted windows' mask, the relative position bias,
   patch merging (strided slices).
 - ``tiny_convnext``: depthwise 7x7, channels-last LayerNorm and MLP, layer scale,
   LayerNorm2d, downsampling.
 
-Every module takes [N, 3, 16, 16] or [N, 3, 14, 14] float32 and answers [N, classes].
+Every module takes [N, 3, 16, 16] (Swin [N, 3, 14, 14], DINOv2 [N, 3, 24, 24]) float32 and answers [N, classes].
 Its import needs torch (tests import it after ``pytest.importorskip("torch")``).
 """
 
@@ -96,6 +97,40 @@ class TinyViT(nn.Module):
 def tiny_vit(distilled: bool = False, seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     return TinyViT(distilled).eval()
+
+
+class TinyDinoV2(nn.Module):
+    """DINOv2's shape: a position embedding learnt for a 4x4 grid, interpolated (bicubic)
+    to the input's 6x6, register tokens after the class token, layer scale, and a head on
+    the class token and the patch tokens' mean."""
+
+    def __init__(self, dim: int = 32, heads: int = 4) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, dim, 4, 4)
+        self.cls_token = nn.Parameter(torch.randn(1, 1, dim) * 0.5)
+        self.registers = nn.Parameter(torch.randn(1, 2, dim) * 0.5)
+        self.pos = nn.Parameter(torch.randn(1, 1 + 16, dim) * 0.1)
+        self.blocks = nn.Sequential(_Block(dim, heads, False), _Block(dim, heads, False))
+        self.scale = nn.Parameter(torch.rand(dim) + 0.5)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.head = nn.Linear(2 * dim, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, _, h, w = x.shape
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        grid = self.pos[:, 1:].reshape(1, 4, 4, -1).permute(0, 3, 1, 2)
+        grid = F.interpolate(grid, size=(h // 4, w // 4), mode="bicubic", align_corners=False)
+        pos = torch.cat([self.pos[:, :1], grid.permute(0, 2, 3, 1).flatten(1, 2)], 1)
+        x = torch.cat([self.cls_token.expand(n, -1, -1), x], 1) + pos
+        x = torch.cat([x[:, :1], self.registers.expand(n, -1, -1), x[:, 1:]], 1)
+        x = self.norm(self.blocks(x) * self.scale)
+        return self.head(torch.cat([x[:, 0], x[:, 3:].mean(1)], -1))
+
+
+def tiny_dinov2(seed: int = 0) -> nn.Module:
+    """On [N, 3, 24, 24]."""
+    torch.manual_seed(seed)
+    return TinyDinoV2().eval()
 
 
 # ---------------------------------------------------------------------- Swin
@@ -237,6 +272,7 @@ def tiny_convnext(seed: int = 0) -> nn.Module:
 MODELS = {  # name: (builder, input shape of one item)
     "vit": (lambda: tiny_vit(False), (3, 16, 16)),
     "deit": (lambda: tiny_vit(True), (3, 16, 16)),
+    "dinov2": (tiny_dinov2, (3, 24, 24)),
     "swin": (tiny_swin, (3, 14, 14)),
     "convnext": (tiny_convnext, (3, 16, 16)),
 }

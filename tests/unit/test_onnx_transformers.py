@@ -1,5 +1,5 @@
 """Vision transformers through the ONNX importer on the CPU: tiny ViT, DeiT (a distillation
-token), Swin and ConvNeXt (tests/models/transformers_torch.py), exported in the test by both
+token), DINOv2 (an interpolated position embedding), Swin and ConvNeXt (tests/models/transformers_torch.py), exported in the test by both
 torch exporters (TorchScript, opset 17, dynamic batch; dynamo where onnxscript is
 installed), imported and run on numpy against torch fp32 (relative error <= 1e-5), at
 more than one batch size from one import; and the import plans every graph for float16 on
@@ -30,7 +30,13 @@ EXPORTERS = [
         marks=pytest.mark.skipif(not HAS_ONNXSCRIPT, reason="the dynamo exporter needs onnxscript"),
     ),
 ]
-ATTENTION_OPS = {"vit": "matmul", "deit": "matmul", "swin": "pad", "convnext": "layer_norm"}
+ATTENTION_OPS = {
+    "vit": "matmul",
+    "deit": "matmul",
+    "dinov2": "matmul",
+    "swin": "pad",
+    "convnext": "layer_norm",
+}
 
 
 def export(model, item: tuple[int, ...], path: str, exporter: str) -> None:
@@ -131,3 +137,20 @@ def test_full_size_torchvision_transformer_on_numpy(tmp_path, arch, exporter):
         ref = model(x).numpy()
     (got,) = run_host(load_onnx(path).graph(), x.numpy())
     assert rel_err(got, ref) <= RTOL, (arch, exporter, rel_err(got, ref))
+
+
+def test_the_image_feed_serves_a_transformer_as_the_tensor_feed(tmp_path):
+    """The image feed (uint8 NHWC, normalised inside) is the graph the engine serves: the
+    class token's Expand takes its batch from the image input there."""
+    from pipeline.importers.onnx_graph import ImageFeed
+
+    build, item = MODELS["deit"]
+    path = str(tmp_path / "deit.onnx")
+    export(build(), item, path, "torchscript")
+    m = load_onnx(path)
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    img = np.random.default_rng(4).integers(0, 256, (3, 16, 16, 3), dtype=np.uint8)
+    x = ((img / 255.0 - np.array(mean)) / np.array(std)).transpose(0, 3, 1, 2)
+    (want,) = run_host(m.graph(), x.astype(np.float32))
+    (got,) = run_host(m.graph(ImageFeed(mean, std)), img)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
