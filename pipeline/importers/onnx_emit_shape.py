@@ -177,23 +177,39 @@ def _shuffle(em: Emitter, n: INode) -> None:
     em.put(n.outputs[0], t, v.shape, True, (h, w, c // g, g))
 
 
+@handles("ConstantOfShape")
+def _constant_of_shape(em: Emitter, n: INode) -> None:
+    """A float filled to a shape that holds the batch: an Expand of the value."""
+    value = np.asarray(n.attrs.get("value", np.zeros(1, np.float32)))
+    if value.dtype.kind != "f":
+        raise refuse(n, "ConstantOfShape of the batch's shape needs a float value")
+    _expand_const(em, n, value.reshape(()), _dims_of(em, n))
+
+
+def _dims_of(em: Emitter, n: INode) -> list[Any]:
+    name = n.inputs[-1]
+    if name not in em.consts:
+        raise refuse(n, "the shape must be known at import time", tensor=name)
+    return [d if is_batch(d) else int(d) for d in em.consts[name].reshape(-1)]
+
+
+def _expand_const(em: Emitter, n: INode, x: np.ndarray, dims: list[Any]) -> None:
+    x = np.asarray(x, np.float32)
+    out = sym_broadcast(n, [x.shape, tuple(dims)])
+    b = batch_axis(out)
+    if b is None:
+        raise refuse(n, "Expand of a constant needs the batch in its shape", shape=str(dims))
+    c = em.graph_const(n.name or "expand", x.reshape((1,) * (len(out) - x.ndim) + x.shape))
+    shape = tuple(-1 if is_batch(d) else int(d) for d in out)
+    t = em.add(EXPAND, [c, em.g.input_name], "expand", shape=shape, batch_k=out[b].k)
+    em.put(n.outputs[0], t, out, False, out[1:])
+
+
 @handles("Expand")
 def _expand(em: Emitter, n: INode) -> None:
-    dims = list(em.consts[n.inputs[1]].reshape(-1)) if n.inputs[1] in em.consts else None
-    if dims is None:
-        raise refuse(n, "the shape of Expand must be known at import time")
-    dims = [d if is_batch(d) else int(d) for d in dims]
+    dims = _dims_of(em, n)
     if em.has_const(n.inputs[0]):
-        x = np.asarray(em.const(n, n.inputs[0]), np.float32)
-        out = sym_broadcast(n, [x.shape, tuple(dims)])
-        b = batch_axis(out)
-        if b is None:
-            raise refuse(n, "Expand of a constant needs the batch in its shape", shape=str(dims))
-        rank = len(out)
-        c = em.graph_const(n.name or "expand", x.reshape((1,) * (rank - x.ndim) + x.shape))
-        shape = tuple(-1 if is_batch(d) else int(d) for d in out)
-        t = em.add(EXPAND, [c, em.g.input_name], "expand", shape=shape, batch_k=out[b].k)
-        em.put(n.outputs[0], t, out, False, out[1:])
+        _expand_const(em, n, em.const(n, n.inputs[0]), dims)
         return
     v = em.plain(em.val(n, n.inputs[0]))
     lead = len(dims) - v.rank

@@ -185,9 +185,11 @@ def _makes_batch(node: INode, consts: dict[str, np.ndarray]) -> bool:
 
 
 def _demote(a: np.ndarray) -> np.ndarray:
-    """A symbolic array without the batch in it is plain int64 again."""
-    if a.dtype == object and not any(isinstance(v, Batch | BatchIota) for v in a.reshape(-1)):
-        return a.astype(np.int64)
+    """A symbolic array without the batch in it is plain int64 (or bool) again."""
+    flat = a.reshape(-1)
+    if a.dtype == object and not any(isinstance(v, Batch | BatchIota) for v in flat):
+        is_bool = flat.size and all(isinstance(v, bool | np.bool_) for v in flat)
+        return a.astype(bool if is_bool else np.int64)
     return a
 
 

@@ -122,3 +122,12 @@ def test_refused_at_load_naming_the_node(tmp_path, body, out, op, message):
         assert err.fields["output"] == "y"
     else:
         assert err.fields["op"] == op and err.fields["node"].startswith(op)
+
+
+def test_constant_of_the_batch_shape(tmp_path):
+    def body(b, x):  # x + ConstantOfShape(Shape(x), 2.5): a filled tensor of the batch's shape
+        value = onnx.numpy_helper.from_array(np.array([2.5], np.float32))
+        return b.node("Add", [x, b.node("ConstantOfShape", [b.node("Shape", [x])], value=value)])
+
+    m = check(tmp_path, single(body, (3, 4), ["batch", 3, 4]), x_of(3, 4), batch_sizes=(1, 3))
+    assert "expand" in m.op_kinds()
