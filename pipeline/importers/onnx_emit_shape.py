@@ -216,6 +216,8 @@ def _expand(em: Emitter, n: INode) -> None:
     vb = batch_axis(v.shape)
     dims = [1 if is_batch(d) and k - lead == vb else d for k, d in enumerate(dims)]
     out = sym_broadcast(n, [v.shape, tuple(dims)])
+    if batch_axis(out) is None:
+        raise refuse(n, "Expand must keep the batch in one dimension", shape=str(dims))
     if out == v.shape:
         em.vals[n.outputs[0]] = v
         return
