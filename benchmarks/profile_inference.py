@@ -116,7 +116,7 @@ def main() -> int:
         raw = yaml.safe_load(f)["applications"][0]["args"]["config"]
     if args.cpu:
         raw["executor"] = {**raw["executor"], "backend": "numpy", "buckets": [1, 8, 32]}
-        raw["batching"] = {**raw["batching"], "max_batch_size": 32}
+
         raw["preprocess"] = {"threads": 2}
         raw["inference_deployment"] = {**raw.get("inference_deployment", {}), "num_gpus": 0}
     cfg = PipelineConfig.model_validate(raw)

@@ -72,9 +72,7 @@ def describe(config: PipelineConfig, entry: Any) -> dict[str, Any]:
     """One entry of the repository, as the config gives it (nothing loaded)."""
     card = model_card(entry)
     i = card.image
-    buckets = [
-        b for b in config.executor.buckets if entry.max_batch is None or b <= entry.max_batch
-    ]
+    buckets = list(config.batch_of(entry.name).buckets)
     return {
         "name": entry.name,
         "engine": entry.engine,
@@ -97,7 +95,7 @@ def describe(config: PipelineConfig, entry: Any) -> dict[str, Any]:
             "batch": max(buckets) if buckets else None,
             "backend": backend_of(config),
             "buckets": buckets,
-            "v2_request_rows": config.batching.max_queue,
+            "v2_request_rows": config.request_rows,
         },
         "v2_names": [entry.name]  # and its encoded view, unless a model has that name
         + [v for v, m in views(e.name for e in config.models).items() if m == entry.name],

@@ -349,7 +349,7 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
         coalescer.check(rid)  # refused before its body is read
         body = await self.uploads.read(request, self.cfg.ingress.max_body_bytes)
         hl = header_int(request.headers.get(v2.HEADER_LEN), "Inference-Header-Content-Length")
-        rows = self.cfg.batching.max_queue  # rows form GPU batches of up to the largest bucket
+        rows = self.cfg.request_rows  # they form GPU batches of up to the model's max_batch
         if encoded:  # JPEG/PNG files, each checked from its header before any decoding
             req: Any = triton_encoded.parse(body, hl, sig.output_names, rows)
             ic = self.cfg.ingress

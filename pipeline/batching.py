@@ -1,7 +1,7 @@
 """BatchScheduler: a ferry leaves when it is full or when its timetable says so.
 
-* A batch leaves when it holds ``max_batch_size`` items, or when its oldest item has
-  waited ``max_wait_ms``; its size is padded up to a bucket by the executor.
+* A batch leaves when it holds its key's size (``sizes``: its model's ``max_batch``; else
+  ``max_batch_size``) or its oldest item waited ``max_wait_ms``; the executor pads it.
 * A high-priority lane skips the wait: a priority item leaves with the next batch at once
   (filled up with waiting normal items).
 * The queue is bounded: past ``max_queue`` items, ``submit`` answers ``QueueFull`` at once.
@@ -14,8 +14,7 @@
 * A batch is only formed when the runner has room (``max_in_flight``), so under load the
   queue grows while the GPU is busy and the next batch leaves full.
 
-``BatchQueue`` is the pure core (a clock is passed in; tests use a fake one, no sleeps);
-``BatchScheduler`` drives it from asyncio.
+``BatchQueue``, the pure core, takes a clock (tests: a fake one); ``BatchScheduler`` drives it.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,10 +73,12 @@ class BatchQueue:
         max_queue: int,
         buckets: Sequence[int] = (),
         retry_after_s: float = 1.0,
+        sizes: Mapping[str, int] | None = None,
     ) -> None:
         if max_batch_size < 1 or max_wait_s < 0 or max_queue < 1:
             raise ValueError(f"bad batching limits: {max_batch_size=}, {max_wait_s=}, {max_queue=}")
         self.max_batch_size = max_batch_size
+        self.sizes = dict(sizes or {})
         self.max_wait_s = max_wait_s
         self.max_queue = max_queue
         self.retry_after_s = retry_after_s
@@ -207,7 +208,7 @@ class BatchQueue:
             return self._take(key, now, "priority")
         if not nq:
             return None
-        if len(nq) >= self.max_batch_size:
+        if len(nq) >= self.sizes.get(key, self.max_batch_size):
             return self._take(key, now, "full")
         if now - nq[0].enqueued >= self.max_wait_s - 1e-9:  # clocks are floats
             return self._take(key, now, "timeout")
@@ -215,8 +216,9 @@ class BatchQueue:
 
     def _take(self, key: str, now: float, reason: str) -> Batch:
         items: list[Pending] = []
+        size = self.sizes.get(key, self.max_batch_size)
         for q in (self._priority.get(key), self._normal.get(key)):
-            while q and len(items) < self.max_batch_size:
+            while q and len(items) < size:
                 items.append(q.popleft())
         self._size -= len(items)
         return Batch(key, items, self.bucket_for(len(items)), reason, now)
@@ -246,6 +248,7 @@ class BatchScheduler:
         max_wait_ms: float,
         max_queue: int,
         buckets: Sequence[int] = (),
+        sizes: Mapping[str, int] | None = None,
         max_in_flight: int = 2,
         retry_after_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
@@ -254,7 +257,7 @@ class BatchScheduler:
         dispatch_when_idle: bool = False,
     ) -> None:
         self.queue = BatchQueue(
-            max_batch_size, max_wait_ms / 1e3, max_queue, buckets, retry_after_s
+            max_batch_size, max_wait_ms / 1e3, max_queue, buckets, retry_after_s, sizes
         )
         self.dispatch_when_idle = dispatch_when_idle
         self.run_batch = run_batch
@@ -337,8 +340,7 @@ class BatchScheduler:
         self.in_flight += 1
         if self.on_batch:
             self.on_batch(batch)
-        task = asyncio.ensure_future(self._run(batch))
-        self._tasks.add(task)
+        self._tasks.add(task := asyncio.ensure_future(self._run(batch)))
         task.add_done_callback(self._tasks.discard)
 
     async def _run(self, batch: Batch) -> None:
@@ -353,10 +355,8 @@ class BatchScheduler:
                 )
             for p, r in zip(batch.items, results, strict=True):
                 if p.future is not None and not p.future.done():
-                    if isinstance(r, BaseException):
-                        p.future.set_exception(r)
-                    else:
-                        p.future.set_result(r)
+                    f = p.future
+                    (f.set_exception if isinstance(r, BaseException) else f.set_result)(r)
         except BaseException as exc:  # the whole batch failed: every item hears of it
             if not isinstance(exc, asyncio.CancelledError):
                 if not isinstance(exc, FerryError):  # a bug: its traceback goes to the log

@@ -104,10 +104,15 @@ class GpuExecutor:
         )
 
     # ------------------------------------------------------------------ models
-    def load(self, loaded: LoadedModel, max_batch: int | None = None) -> None:
+    def load(
+        self,
+        loaded: LoadedModel,
+        max_batch: int | None = None,
+        buckets: tuple[int, ...] | None = None,
+    ) -> None:
         """Put a model's weights on the device and size the staging ring for it; it is run
-        at the executor's buckets up to ``max_batch``."""
-        m = self._models.build(loaded, max_batch)
+        at ``buckets`` (the executor's by default) up to ``max_batch``."""
+        m = self._models.build(loaded, max_batch, buckets)
         with self.enqueue_lock:
             self._models.add(m)
             self.mode.fit(self._models.slot_bytes())
@@ -122,7 +127,7 @@ class GpuExecutor:
     def load_entry(self, entry: Any) -> LoadedModel:
         """Load a repository entry (``ModelConfig``) with its engine, checked at startup."""
         loaded = repository.load_entry(entry)
-        self.load(loaded, entry.max_batch)
+        self.load(loaded, entry.max_batch, entry.buckets)  # (ModelConfig.batch's rule)
         return loaded
 
     def unload(self, name: str) -> None:

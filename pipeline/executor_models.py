@@ -30,7 +30,9 @@ class ModelTable:
         self.buckets = buckets
         self._models: dict[str, ServedModel] = {}
 
-    def build(self, loaded: LoadedModel, max_batch: int | None) -> ServedModel:
+    def build(
+        self, loaded: LoadedModel, max_batch: int | None, buckets: tuple[int, ...] | None = None
+    ) -> ServedModel:
         """Put ``loaded``'s engine on the device, checked; not yet served (``add``)."""
         engine = loaded.engine
         engine.load(self.ctx)
@@ -41,15 +43,16 @@ class ModelTable:
                 model=loaded.name,
                 inputs=[t.name for t in inputs],
             )
-        buckets = tuple(b for b in self.buckets if max_batch is None or b <= max_batch)
-        if not buckets:
+        base = buckets or self.buckets
+        run_at = tuple(b for b in base if max_batch is None or b <= max_batch)
+        if not run_at:
             raise InvalidInput(
                 "max_batch is below the smallest bucket",
                 model=loaded.name,
                 max_batch=max_batch,
-                buckets=self.buckets,
+                buckets=base,
             )
-        m = ServedModel(loaded, engine, engine.weights_bytes, buckets)
+        m = ServedModel(loaded, engine, engine.weights_bytes, run_at)
         logger.info(
             "loaded %s (%s engine, %s): %.1f MB of weights",
             loaded.name,

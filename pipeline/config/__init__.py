@@ -25,7 +25,7 @@ from .base import Strict
 from .deployment import GRPC_LIMIT_ENV, DeploymentOptions, replicas_sharing_a_gpu
 from .faults import Fault, FaultConfig
 from .health import HealthConfig
-from .models import BUILTIN_ARCHS, MODEL_FILE_SUFFIXES, ModelConfig, ModelInputConfig
+from .models import BUILTIN_ARCHS, MODEL_FILE_SUFFIXES, ModelBatch, ModelConfig, ModelInputConfig
 from .pipeline import POOL_SHARE_LIMIT, PipelineConfig, Settings
 from .placements import PLACEMENTS, Placement, PlacementName
 from .runtime import DEFAULT_BUCKETS, BatchingConfig, ExecutorConfig
@@ -47,6 +47,7 @@ __all__ = [
     "Placement",
     "PlacementName",
     "IngressConfig",
+    "ModelBatch",
     "ModelConfig",
     "ModelInputConfig",
     "PipelineConfig",

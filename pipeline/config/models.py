@@ -6,11 +6,13 @@ exist and can be read is checked by ``pipeline.check`` (``ferry config check``, 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from .base import Strict
+from .runtime import checked_buckets
 
 
 class ModelInputConfig(Strict):
@@ -51,6 +53,20 @@ BUILTIN_ARCHS = ("resnet50", "digits")
 MODEL_FILE_SUFFIXES = (".pt", ".pt2", ".ts", ".jit", ".onnx", ".pth")
 
 
+@dataclass(frozen=True)
+class ModelBatch:
+    """A model's batch sizes -- the one owner of them: its buckets (the entry's, else the
+    executor's, cut at the entry's ``max_batch``) and the largest, the rows its GPU batches
+    hold at most. The executor runs its buckets, the scheduler fills its batches to
+    ``max_batch``, and ``/v2/models/{m}/config`` and ``ferry models`` tell both."""
+
+    buckets: tuple[int, ...]
+
+    @property
+    def max_batch(self) -> int:
+        return self.buckets[-1]
+
+
 class ModelConfig(Strict):
     """One entry of the model repository: a name, an engine and a source."""
 
@@ -75,8 +91,13 @@ class ModelConfig(Strict):
     """How images are prepared for the model (see ``ModelInputConfig``)."""
     labels: str | None = None
     """A text file, one class label a line; its line count must equal the model's classes."""
+    buckets: tuple[int, ...] | None = None
+    """The padded batch sizes this model runs at (one CUDA graph each); ``None``: the
+    executor's (``executor.buckets``)."""
     max_batch: int | None = Field(None, ge=1, le=4096)
-    """Largest batch this model is run at (its buckets stop there); ``None``: the executor's."""
+    """Largest batch this model is run at: its buckets stop there, and its GPU batches leave
+    when they hold this many rows; ``None``: its largest bucket. ``ModelBatch`` is the one
+    place this is resolved."""
     required: bool = False
     """Whether the application cannot serve without this model: refused at load (a file
     Ferry cannot run), it fails the inference replica's start -- Serve's ``DEPLOY_FAILED``
@@ -97,6 +118,16 @@ class ModelConfig(Strict):
         whether they exist and can be read is ``pipeline.check``'s to say."""
         named = {"source": self.source_file, "weights": self.weights, "labels": self.labels}
         return {what: path for what, path in named.items() if path is not None}
+
+    @field_validator("buckets")
+    @classmethod
+    def _buckets_sorted(cls, v: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        return None if v is None else checked_buckets(v)
+
+    def batch(self, executor_buckets: tuple[int, ...]) -> ModelBatch:
+        """This model's batch sizes, given the executor's default buckets."""
+        base = self.buckets or executor_buckets
+        return ModelBatch(tuple(b for b in base if self.max_batch is None or b <= self.max_batch))
 
     @model_validator(mode="after")
     def _resolve(self) -> ModelConfig:

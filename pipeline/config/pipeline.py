@@ -13,7 +13,7 @@ from pydantic import Field, model_validator
 from .base import Strict
 from .deployment import DeploymentOptions
 from .health import HealthConfig
-from .models import ModelConfig
+from .models import ModelBatch, ModelConfig
 from .placements import PLACEMENTS, Placement, PlacementName
 from .runtime import BatchingConfig, ExecutorConfig
 from .stages import IngressConfig, PreprocessConfig, TransportConfig
@@ -97,6 +97,25 @@ class PipelineConfig(Strict):
         owner = getattr(self, f"{row.executor_in}_deployment")
         return row.decode_in == "executor" and owner.holds_gpu
 
+    def batch_of(self, model: str) -> ModelBatch:
+        """``model``'s batch sizes (``ModelBatch``): what the executor, the scheduler,
+        ``/v2/models/{m}/config`` and ``ferry models`` all read."""
+        for m in self.models:
+            if m.name == model:
+                return m.batch(self.executor.buckets)
+        raise KeyError(model)
+
+    @property
+    def request_rows(self) -> int:
+        """Most rows one v2 request may carry (``ingress.max_request_rows``)."""
+        rows = self.ingress.max_request_rows
+        return self.batching.max_queue if rows is None else rows
+
+    @property
+    def largest_batch(self) -> int:
+        """The largest ``max_batch`` of the models: the most rows one batch of any holds."""
+        return max(m.batch(self.executor.buckets).max_batch for m in self.models)
+
     def deployed_stages(self) -> list[str]:
         """The stages that run as deployments of their own in this config's placement."""
         return list(self.placement_row.deployments)
@@ -138,15 +157,17 @@ class PipelineConfig(Strict):
         if unknown := sorted(set(self.batching.model_queue_policy) - set(names)):
             raise ValueError(f"batching.model_queue_policy names unknown models {unknown}")
         for m in self.models:
-            if m.max_batch is not None and m.max_batch < self.executor.buckets[0]:
+            base = m.buckets or self.executor.buckets
+            if m.max_batch is not None and m.max_batch < base[0]:
                 raise ValueError(
                     f"model {m.name!r}: max_batch {m.max_batch} is below the smallest bucket "
-                    f"{self.executor.buckets[0]}"
+                    f"{base[0]}"
                 )
-        mb = self.batching.max_batch_size
-        if mb > self.executor.buckets[-1]:
+        if self.request_rows > self.batching.max_queue:
             raise ValueError(
-                f"batching.max_batch_size ({mb}) exceeds the largest bucket ({self.executor.buckets[-1]})"
+                f"ingress.max_request_rows ({self.request_rows}) exceeds "
+                f"batching.max_queue ({self.batching.max_queue}): such a request could never "
+                "be queued whole"
             )
 
     def _budgets_cover_the_queues(self) -> None:
@@ -178,7 +199,7 @@ class PipelineConfig(Strict):
             )
         if row.executor_in == "ingress":
             return  # no call leaves the ingress replica: nothing more to size
-        ongoing, mb = self.inference_deployment.max_ongoing_requests, self.batching.max_batch_size
+        ongoing, mb = self.inference_deployment.max_ongoing_requests, self.largest_batch
         if ongoing < mb // max(1, self.ingress.max_coalesce):
             raise ValueError(
                 f"inference_deployment.max_ongoing_requests ({ongoing}) is too small to fill a batch of "

@@ -56,13 +56,18 @@ class ExecutorConfig(Strict):
     @field_validator("buckets")
     @classmethod
     def _buckets_sorted(cls, v: tuple[int, ...]) -> tuple[int, ...]:
-        if not v:
-            raise ValueError("buckets must not be empty")
-        if any(b < 1 or b > 4096 for b in v):
-            raise ValueError(f"buckets must lie in [1, 4096], got {v}")
-        if list(v) != sorted(set(v)):
-            raise ValueError(f"buckets must be strictly increasing, got {v}")
-        return tuple(v)
+        return checked_buckets(v)
+
+
+def checked_buckets(v: tuple[int, ...]) -> tuple[int, ...]:
+    """Padded batch sizes: not empty, in [1, 4096], strictly increasing."""
+    if not v:
+        raise ValueError("buckets must not be empty")
+    if any(b < 1 or b > 4096 for b in v):
+        raise ValueError(f"buckets must lie in [1, 4096], got {v}")
+    if list(v) != sorted(set(v)):
+        raise ValueError(f"buckets must be strictly increasing, got {v}")
+    return tuple(v)
 
 
 class QueuePolicy(Strict):
@@ -90,13 +95,14 @@ class BatchingConfig(Strict):
 
     removed: ClassVar[dict[str, str]] = {
         "dispatch_when_idle": "the GPU stage's queue always leaves at once when no batch "
-        "is running (benchmarks/RESULTS.md: 3x img/s at one client, no less at 48); delete it"
+        "is running (benchmarks/RESULTS.md: 3x img/s at one client, no less at 48); delete it",
+        "max_batch_size": "a batch's size is its model's: models[].max_batch, else the "
+        "largest of its buckets (models[].buckets, else executor.buckets); delete it",
     }
 
-    max_batch_size: int = Field(64, ge=1, le=4096)
-    """A batch leaves as soon as it holds this many items."""
     max_wait_ms: float = Field(2.0, ge=0.0, le=10_000.0)
-    """...or when its oldest item has waited this long."""
+    """A batch leaves when it holds its model's ``max_batch`` items, or when its oldest item
+    has waited this long."""
     max_queue: int = Field(2048, ge=1, le=1_000_000)
     """Items waiting beyond this are refused at once with ``QueueFull`` (HTTP 503)."""
     retry_after_s: float = Field(1.0, ge=0.0, le=600.0)

@@ -25,6 +25,10 @@ class IngressConfig(Strict):
     max_groups_in_flight: int = Field(4, ge=1, le=1024)
     """Downstream calls one ingress replica keeps open per model; while they are all out, the
     next group keeps growing (calls follow the pipeline's pace, not the arrival rate)."""
+    max_request_rows: int | None = Field(None, ge=1, le=1_000_000)
+    """Most rows (images, or tensor rows) one v2 request may carry -- Triton's
+    ``max_batch_size`` in ``/v2/models/{m}/config``; at most ``batching.max_queue``, which is
+    what ``None`` takes. The rows form GPU batches of up to their model's ``max_batch``."""
     max_body_bytes: int = Field(8 << 20, ge=1024, le=1 << 30)
     """Bodies over this get 413."""
     max_pixels: int = Field(40_000_000, ge=1, le=1 << 31)

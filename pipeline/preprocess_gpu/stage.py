@@ -91,7 +91,7 @@ class PreprocessGpuCore:
         if local:
             b = config.batching
             self.scheduler = BatchScheduler(
-                self._run_round, b.max_batch_size, 0.0, b.max_queue, max_in_flight=1,
+                self._run_round, config.largest_batch, 0.0, b.max_queue, max_in_flight=1,
                 retry_after_s=b.retry_after_s, dispatch_when_idle=True,
             )  # fmt: skip
         else:

@@ -129,11 +129,15 @@ class InferenceStage:
         self.fetch, self.receiver = fetch, receiver
         self.to: SendTo | None = receiver.to if receiver is not None else None
         b = config.batching
+        # each model's batches fill to its own max_batch (its ModelBatch, as the executor
+        # runs it); its v2 tensors are batched apart, to the same size
+        sizes = {m.name: config.batch_of(m.name).max_batch for m in config.models}
         self.scheduler = BatchScheduler(
             self._run_batch,
-            b.max_batch_size,
+            config.largest_batch,
             b.max_wait_ms,
             b.max_queue,
+            sizes={**sizes, **{k + TENSORS: v for k, v in sizes.items()}},
             buckets=config.executor.buckets,
             max_in_flight=config.executor.max_in_flight,
             retry_after_s=b.retry_after_s,

@@ -27,7 +27,7 @@ def _gpu_form(faults: list[dict]):
                 "pool_limit_fraction": 0.05,
                 "faults": {"faults": faults},
             },
-            "batching": {"max_batch_size": 8, "max_wait_ms": 2},
+            "batching": {"max_wait_ms": 2},
             "preprocess": {"threads": 2},
             "placement": "one_process",
             "ingress_deployment": {

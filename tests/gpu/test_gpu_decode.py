@@ -174,7 +174,7 @@ def test_serve_app_on_one_gpu_decodes_in_the_inference_replica():
     config = _config(
         models=[{"name": "digits", "arch": "digits"}],
         executor={"backend": "cupy", "buckets": [1, 8, 32, 64], "pool_limit_fraction": 0.1},
-        batching={"max_batch_size": 64, "max_wait_ms": 5},
+        batching={"max_wait_ms": 5},
         ingress_deployment={"num_cpus": 1},
         inference_deployment={"num_cpus": 1, "num_gpus": 1},
     )

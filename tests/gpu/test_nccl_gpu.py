@@ -208,7 +208,7 @@ def test_gpu_preprocessing_on_one_gpu_feeds_inference_on_the_other(ray2):
         {
             "models": [{"name": "digits", "arch": "digits"}],
             "executor": {"backend": "cupy", "buckets": [1, 8, 32, 64], "pool_limit_fraction": 0.1},
-            "batching": {"max_batch_size": 64, "max_wait_ms": 5},
+            "batching": {"max_wait_ms": 5},
             "placement": "gpu_preprocess",
             "preprocess": {"threads": 4},
             "transport": {"timeout_s": 20},

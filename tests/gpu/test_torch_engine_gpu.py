@@ -162,7 +162,7 @@ def zoo_app(tmp_path_factory):
                     "max_in_flight": 2,
                     "pool_limit_fraction": 0.2,
                 },
-                "batching": {"max_batch_size": 8, "max_wait_ms": 5},
+                "batching": {"max_wait_ms": 5},
                 "ingress": {"max_body_bytes": 64 << 20},
                 # The reference's pixels come from Ferry's CPU image path (photo_pixels), and
                 # the seeded random weights leave top-1 margins small enough that nvJPEG's

@@ -40,7 +40,7 @@ def cpu_config(**overrides):
             "max_in_flight": 2,
             "pool_limit_fraction": 0.2,
         },
-        "batching": {"max_batch_size": 8, "max_wait_ms": 10},
+        "batching": {"max_wait_ms": 10},
         "ingress": {"coalesce_window_ms": 2.0, "max_coalesce": 32},
         "preprocess": {"threads": 2},
         "ingress_deployment": {"num_cpus": 0.25, "max_ongoing_requests": 512, **QUICK_STOP},

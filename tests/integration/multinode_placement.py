@@ -30,7 +30,7 @@ def config(inference_cpus: float) -> dict:
     return {
         "models": [{"name": "digits", "arch": "digits"}],
         "executor": {"backend": "numpy", "buckets": [1, 2, 4], "pool_limit_fraction": 0.05},
-        "batching": {"max_batch_size": 4, "max_wait_ms": 2},
+        "batching": {"max_wait_ms": 2},
         "gpus": "auto",
         "ingress_deployment": {"num_cpus": 0.25, "label_selector": {POOL: "cpu"}},
         "preprocess_deployment": {"num_cpus": 0.25, "label_selector": {POOL: "cpu"}},

@@ -21,6 +21,17 @@ def test_batch_leaves_when_full(clock):
     assert len(q) == 0
 
 
+def test_each_key_fills_to_its_own_size(clock):
+    """A model's batches leave full at its own max_batch (``sizes``), not the largest's."""
+    q = BatchQueue(max_batch_size=8, max_wait_s=1.0, max_queue=100, sizes={"small": 2})
+    for i in range(3):
+        q.push(i, "small", clock())
+        q.push(i, "big", clock())
+    (b,) = q.pop_ready(clock())
+    assert b.key == "small" and [p.item for p in b.items] == [0, 1] and b.reason == "full"
+    assert q.depth("big") == 3 and q.depth("small") == 1  # big waits for 8 (or the timeout)
+
+
 def test_batch_leaves_when_the_oldest_waited_long_enough(clock):
     q = BatchQueue(max_batch_size=8, max_wait_s=0.010, max_queue=100, buckets=(1, 2, 4, 8))
     q.push("a", "m", clock())

@@ -22,7 +22,7 @@ def test_models_lists_checks_and_fails_an_entry_that_does_not_load(tmp_path, cap
             {"name": "wrong", "arch": "digits", "labels": str(labels), "max_batch": 4},
         ],
         "executor": {"backend": "numpy", "buckets": [1, 2, 4, 8]},
-        "batching": {"max_batch_size": 8, "max_queue": 300},
+        "batching": {"max_queue": 300},
     }
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -66,7 +66,6 @@ def test_models_names_no_encoded_view_that_another_entry_already_is(tmp_path, ca
             {"name": "digits_encoded", "arch": "digits"},
         ],
         "executor": {"backend": "numpy", "buckets": [1, 2, 4, 8]},
-        "batching": {"max_batch_size": 8},
     }
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -114,7 +113,6 @@ def test_models_shows_an_onnx_refusal_whole_naming_an_unnamed_node_by_its_output
     cfg = {
         "models": [{"name": "t", "engine": "onnx", "source": str(src)}],
         "executor": {"backend": "numpy", "buckets": [1, 2]},
-        "batching": {"max_batch_size": 2},
     }
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -137,7 +135,6 @@ def test_models_verdict_is_the_shared_checks_a_missing_file_named_as_config_chec
             {"name": "gone", "engine": "onnx", "source": str(tmp_path / "gone.onnx")},
         ],
         "executor": {"backend": "numpy", "buckets": [1, 2]},
-        "batching": {"max_batch_size": 2},
     }
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(cfg))

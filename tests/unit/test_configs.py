@@ -69,8 +69,10 @@ def test_cluster_yaml_passes_rays_validation():
 
 
 def test_pipeline_config_cross_checks_name_the_values():
-    with pytest.raises(ValidationError, match="max_batch_size"):
+    with pytest.raises(ValidationError, match="'max_batch_size' is no longer a setting: a batch"):
         PipelineConfig.model_validate({"batching": {"max_batch_size": 512}})
+    with pytest.raises(ValidationError, match="max_request_rows .9. exceeds batching.max_queue"):
+        PipelineConfig.model_validate({"ingress": {"max_request_rows": 9}, "batching": {"max_queue": 8}})
     with pytest.raises(ValidationError, match="unique"):
         PipelineConfig.model_validate(
             {"models": [{"name": "a", "arch": "digits"}, {"name": "a", "arch": "digits"}]}
@@ -274,3 +276,27 @@ def test_a_removed_setting_is_refused_naming_what_replaced_it(raw, where, says):
     assert "Extra inputs" not in str(info.value)
     with pytest.raises(ValidationError, match="Extra inputs"):  # other unknown keys as before
         PipelineConfig.model_validate({where: {"no_such": 1}} if where else {"no_such": 1})
+
+
+def test_a_models_batch_sizes_have_one_owner_its_model_batch():
+    cfg = PipelineConfig.model_validate(
+        {
+            "models": [
+                {"name": "small", "arch": "digits", "max_batch": 6},  # cut at 4: no bucket of 6
+                {"name": "own", "arch": "digits", "buckets": [3, 12]},
+                {"name": "plain", "arch": "digits"},
+            ],
+            "executor": {"backend": "numpy", "buckets": [1, 2, 4, 8]},
+        }
+    )
+    assert cfg.batch_of("small").buckets == (1, 2, 4) and cfg.batch_of("small").max_batch == 4
+    assert cfg.batch_of("own").buckets == (3, 12)
+    assert cfg.batch_of("plain").max_batch == 8
+    assert cfg.largest_batch == 12
+    assert cfg.request_rows == cfg.batching.max_queue  # ingress.max_request_rows unset
+    with pytest.raises(ValidationError, match="strictly increasing"):
+        PipelineConfig.model_validate({"models": [{"name": "x", "arch": "digits", "buckets": [4, 2]}]})
+    with pytest.raises(ValidationError, match="max_batch 1 is below the smallest bucket 3"):
+        PipelineConfig.model_validate(
+            {"models": [{"name": "x", "arch": "digits", "buckets": [3], "max_batch": 1}]}
+        )

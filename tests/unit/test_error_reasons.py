@@ -70,7 +70,7 @@ def _stage(**batching) -> inference.InferenceStage:
                 "placement": "four_stage",
                 "models": [{"name": "digits", "arch": "digits"}],
                 "executor": {"backend": "numpy", "buckets": [1, 8], "max_in_flight": 2},
-                "batching": {"max_batch_size": 8, "max_wait_ms": 5, **batching},
+                "batching": {"max_wait_ms": 5, **batching},
             }
         )
     )

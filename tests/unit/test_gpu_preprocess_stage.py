@@ -20,9 +20,8 @@ from pipeline.stages.messages import DeviceRows, Encoded
 def _core(**transport):
     cfg = PipelineConfig.model_validate(
         {
-            "models": [{"name": "digits", "source": "digits"}],
+            "models": [{"name": "digits", "source": "digits", "max_batch": 64}],
             "transport": transport or {"staging_slots": 2, "staging_slot_bytes": 1 << 20},
-            "batching": {"max_batch_size": 64},
         }
     )
     cpu = PreprocessStage(cfg, fitted=False)

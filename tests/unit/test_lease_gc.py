@@ -99,7 +99,6 @@ def test_a_gpu_queue_refusal_frees_the_calls_batch_without_the_collector():
             "executor": {"backend": "numpy", "buckets": [1, 8], "max_in_flight": 2},
             "transport": {"staging_slots": 2, "staging_slot_bytes": 1 << 20},
             "batching": {
-                "max_batch_size": 8,
                 "max_wait_ms": 5,
                 "queue_policy": {"timeout_ms": 1000},
             },

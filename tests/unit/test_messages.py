@@ -47,7 +47,7 @@ def _config(placement: str = "one_process") -> PipelineConfig:
             "placement": placement,
             "models": [{"name": "digits", "arch": "digits"}],
             "executor": {"backend": "numpy", "buckets": [1, 8], "max_in_flight": 2},
-            "batching": {"max_batch_size": 8, "max_wait_ms": 2},
+            "batching": {"max_wait_ms": 2},
         }
     )
 

@@ -32,7 +32,6 @@ def config(models: list[dict], **more):
             "placement": "split",
             "models": models,
             "executor": {"backend": "numpy", "buckets": [1, 2]},
-            "batching": {"max_batch_size": 2},
             **more,
         }
     )

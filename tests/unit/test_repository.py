@@ -125,7 +125,6 @@ def test_max_batch_bounds_a_models_buckets_and_is_checked():
         PipelineConfig(
             models=[{"name": "d", "source": "digits", "max_batch": 1}],
             executor={"buckets": [2, 4]},
-            batching={"max_batch_size": 4},
         )
 
 

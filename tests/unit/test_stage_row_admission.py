@@ -23,7 +23,6 @@ def _stage(max_wait_ms: float = 5, timeout_ms: float | None = 1000) -> Inference
                 "models": [{"name": "digits", "arch": "digits"}],
                 "executor": {"backend": "numpy", "buckets": [1, 8], "max_in_flight": 2},
                 "batching": {
-                    "max_batch_size": 8,
                     "max_wait_ms": max_wait_ms,
                     "queue_policy": {"timeout_ms": timeout_ms},
                 },
