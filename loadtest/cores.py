@@ -44,9 +44,10 @@ def run_cpu_s(run_id: str) -> float:
 
 
 def _label(pid: int, cmd: str) -> str:
-    """A process's kind, the same for every replica of one deployment: Ray names its workers
-    ``ray::ServeReplica:app:Deployment`` (``ray::IDLE`` before they run anything); other
-    processes by their program's name (``raylet``, ``gcs_server``, ``haproxy``, ``python``)."""
+    """A process's kind, the same for every replica of one deployment and for its whole life:
+    Ray titles its workers ``ray::ServeReplica:app:Deployment.method`` after the task they
+    run (``ray::IDLE`` before any), so the method is cut off; other processes are named by
+    their program (``raylet``, ``gcs_server``, ``haproxy``, ``python``)."""
     try:
         with open(f"/proc/{pid}/comm") as f:
             comm = f.read().strip()
@@ -54,7 +55,7 @@ def _label(pid: int, cmd: str) -> str:
         comm = ""
     first = cmd.split(" ", 1)[0] if cmd else comm
     if first.startswith("ray::"):
-        return first
+        return first.split(".", 1)[0]
     return os.path.basename(first) or comm
 
 
@@ -79,7 +80,11 @@ def thread_cpu_s(run_id: str) -> dict[tuple[str, str], float]:
                     head, rest = f.read().rsplit(")", 1)
             except OSError:
                 continue
+            # a thread Python started without a name of its own carries the process title it
+            # was started under, as the main thread does: both are counted as "main+unnamed"
             name = head.split("(", 1)[1]
+            if name.startswith("ray::") or name == os.path.basename(cmd.split(" ", 1)[0]):
+                name = "main+unnamed"
             fields = rest.split()
             key = (label, name)
             out[key] = out.get(key, 0.0) + (int(fields[11]) + int(fields[12])) / tick

@@ -116,3 +116,35 @@ def test_a_child_that_ends_with_this_process_is_not_an_orphan(monkeypatch):
     finally:
         procs.stop(run_id, grace_s=5)
         child.wait(10)
+
+
+def test_a_runs_cpu_by_thread_names_the_thread_that_spent_it():
+    from loadtest.cores import busiest, thread_cpu_s
+
+    run = procs.new_run_id("threads")
+    # a named OS thread (as Ferry's pools name theirs) spins for half a second of CPU, then sleeps
+    spin = (
+        "import ctypes, threading, time\n"
+        "def work():\n"
+        "    ctypes.CDLL(None).prctl(15, b'spinner', 0, 0, 0)  # PR_SET_NAME\n"
+        "    t = time.thread_time()\n"
+        "    while time.thread_time() - t < 0.5: pass\n"
+        "    time.sleep(30)  # alive, so its CPU can still be read\n"
+        "threading.Thread(target=work, daemon=True).start()\n"
+        "time.sleep(30)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", spin], env={**os.environ, procs.MARK: run})
+    try:
+        before = thread_cpu_s(run)
+        for _ in range(600):  # until its half second is spent (however slow the box)
+            after = thread_cpu_s(run)
+            if sum(v for (_, t), v in after.items() if t == "spinner") >= 0.5:
+                break
+            time.sleep(0.05)
+        top = busiest(before, after, wall_s=1.0)
+        assert top[0]["thread"] == "spinner", top
+        assert top[0]["process"] == os.path.basename(sys.executable)
+        assert all(t["cores"] > 0 for t in top)
+    finally:
+        procs.stop(run, grace_s=5)
+        proc.wait(10)
