@@ -5,14 +5,28 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from pipeline import metrics
 from pipeline.config import PipelineConfig
-from pipeline.errors import FerryError
+from pipeline.errors import FerryError, NonFiniteOutput
 from pipeline.models.repository import model_card
 from pipeline.ops import SOFTMAX, TOPK
 from pipeline.ops.base import eager
 
 from .messages import Answer, Logits, PostSpec, Timings
+
+
+def _non_finite_rows(logits: Logits) -> set[int]:
+    """The rows any of whose outputs holds a NaN or an infinity."""
+    bad: set[int] = set()
+    for out in (logits.data, *logits.more):
+        if out is None or not np.issubdtype(out.dtype, np.floating):
+            continue
+        finite = np.isfinite(out.reshape(len(out), -1)).all(axis=1)
+        if not finite.all():
+            bad.update(int(i) for i in np.flatnonzero(~finite))
+    return bad
 
 
 class PostprocessStage:
@@ -21,10 +35,12 @@ class PostprocessStage:
 
     def __init__(self, config: PipelineConfig) -> None:
         self.cards = {m.name: model_card(m) for m in config.models}
+        self.dtype = config.executor.dtype  # (named in a non-finite output's error)
 
     def run(self, model: str, logits: Logits, specs: list[PostSpec]) -> list[Answer | FerryError]:
         t0 = time.perf_counter()
         card = self.cards[model]
+        bad = _non_finite_rows(logits)
         probs = vals = idx = None
         classes = 0 if logits.data is None else int(logits.data.shape[-1])
         if logits.data is not None:
@@ -43,6 +59,16 @@ class PostprocessStage:
                 out.append(logits.errors[r])
                 continue
             rows = rows_of.get(r, [])
+            if bad and any(row in bad for row in rows):  # no NaN ever reaches an answer
+                out.append(
+                    NonFiniteOutput(
+                        "the model's output is not finite (NaN or infinity)",
+                        model=model,
+                        dtype=self.dtype,
+                        fix="serve it in float32: executor.dtype: float32",
+                    )
+                )
+                continue
             a = self._answer(logits, rows)
             if spec.kind == "classify":
                 k = min(spec.top_k, classes)

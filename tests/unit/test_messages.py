@@ -178,6 +178,37 @@ def test_a_logit_rows_request_that_failed_answers_its_error():
     assert out[0] is err and isinstance(out[1], Answer) and out[1].timings.gpu == 2.0
 
 
+def test_a_request_whose_output_is_not_finite_gets_an_error_never_a_nan_score():
+    """fp16 overflow (or any NaN/inf the model computes) reaches no answer: that request gets
+    a NonFiniteOutput naming the model and the dtype; its neighbours are answered."""
+    import json
+
+    from deployments.http_errors import error_response
+    from pipeline.errors import NonFiniteOutput
+
+    data = np.zeros((3, 10), np.float32)
+    data[1, 4] = np.inf  # request 1's only row
+    data[2, 0] = np.nan  # request 2's only row
+    logits = Logits(
+        3, [0, 1, 2], {}, 1.0, data=data, row_times=RowTimes([1.0] * 3, [2.0] * 3, [3] * 3)
+    )
+    specs = [
+        PostSpec("classify"),
+        PostSpec("classify"),
+        PostSpec("v2", outputs=("logits",), names=("logits",)),
+    ]
+    ok, inf, nan = PostprocessStage(_config()).run("digits", logits, specs)
+    assert isinstance(ok, Answer) and len(ok.top_k) == 5
+    for err in (inf, nan):
+        assert isinstance(err, NonFiniteOutput) and err.fields["model"] == "digits"
+        assert err.retryable is False
+    r = error_response(inf, "rid-1")
+    body = json.loads(r.body)
+    assert r.status_code == 500 and body["type"] == "NonFiniteOutput"
+    assert body["detail"]["model"] == "digits" and "float32" in body["detail"]["fix"]
+    assert "retry-after" not in r.headers
+
+
 ms = st.floats(0.0, 1e4, allow_nan=False)
 
 
