@@ -38,6 +38,7 @@ from .device import Backend, StreamSet, select_backend
 from .engines.base import Engine, EngineContext, EnginePlan, Feed
 from .errors import DeviceError, FerryError, InvalidInput
 from .executor_batch import PreparedBatch, check_input
+from .executor_commit import ModeParts
 from .executor_completion import Completions
 from .executor_graphs import BoundGraphs, warmup
 from .executor_models import ModelTable
@@ -82,8 +83,7 @@ class GpuExecutor:
             self.backend, self.dtype, self.target, self.config.max_workspace_bytes, self.pool
         )
         self._models = ModelTable(ctx, self.config.buckets)
-        self.mode: Mode = make_mode(
-            self.config,
+        parts = ModeParts(
             self.backend,
             self.pool,
             self.streams,
@@ -93,6 +93,7 @@ class GpuExecutor:
             self.completions,
             self.enqueue_lock,
         )
+        self.mode: Mode = make_mode(self.config, parts)
         self.warmed_up = False
         self._closed = False
         logger.info(
@@ -234,7 +235,11 @@ class GpuExecutor:
         warm-up fails is handed to it (``failed(name, exc)``) and the others warm on."""
         self.faults.warmup_delay()
         times: dict[str, float] = {}
-        depth, rounds, runs_all = self.mode.warm_depth, self.mode.warm_rounds, self.mode.warm_runs_all
+        depth, rounds, runs_all = (
+            self.mode.warm_depth,
+            self.mode.warm_rounds,
+            self.mode.warm_runs_all,
+        )
         for name in list(models or self.models):
             if starting is not None:
                 starting(name)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -105,27 +106,37 @@ def copies_of(
     return h2d, d2h
 
 
+@dataclass(frozen=True)
+class ModeParts:
+    """What the executor hands its mode: its backend, pool, streams, model table, counters,
+    fault injector, completions and enqueue lock."""
+
+    backend: Backend
+    pool: DevicePool
+    streams: StreamSet
+    models: ModelTable
+    counters: Counters
+    faults: Injector
+    completions: Completions
+    lock: threading.Lock
+
+
 class StagedMode:
     """prepare/commit through the pinned ring, the pool and the fixed streams."""
 
     name = "staged"
     capture = False  # record each arena's first eager run as a CUDA graph (``GraphMode``)
 
-    def __init__(
-        self,
-        config: ExecutorConfig,
-        backend: Backend,
-        pool: DevicePool,
-        streams: StreamSet,
-        models: ModelTable,
-        counters: Counters,
-        faults: Injector,
-        completions: Completions,
-        lock: threading.Lock,
-    ) -> None:
-        self.config, self.backend, self.pool, self.streams = config, backend, pool, streams
-        self.models, self.counters, self.faults = models, counters, faults
-        self.completions, self.lock = completions, lock
+    def __init__(self, config: ExecutorConfig, parts: ModeParts) -> None:
+        backend, counters, faults = parts.backend, parts.counters, parts.faults
+        self.config, self.backend, self.pool, self.streams = (
+            config,
+            backend,
+            parts.pool,
+            parts.streams,
+        )
+        self.models, self.counters, self.faults = parts.models, counters, faults
+        self.completions, self.lock = parts.completions, parts.lock
         self.bound_graphs = BoundGraphs(counters.count)
         self.ring: PinnedRing | None = None
         self.one_stream = config.compute_streams >= config.max_in_flight

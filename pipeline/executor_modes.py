@@ -12,24 +12,18 @@ the models) / ``forget`` (a model unloaded) / ``close``, its ``ring`` (None for 
 
 from __future__ import annotations
 
-import threading
 from typing import Protocol
 
 import numpy as np
 
 from .async_result import AsyncResult
 from .config import ExecutorConfig
-from .device import Backend, StreamSet
 from .engines.base import EnginePlan
 from .executor_batch import PreparedBatch
-from .executor_commit import StagedMode
-from .executor_completion import Completions
+from .executor_commit import ModeParts, StagedMode
 from .executor_graphs import BoundGraphs
-from .executor_models import ModelTable
 from .executor_naive import NaiveMode
-from .executor_stats import Counters
-from .faults import Injector
-from .memory import DevicePool, PinnedRing
+from .memory import PinnedRing
 
 __all__ = ["EagerMode", "GraphMode", "Mode", "NaiveMode", "make_mode"]
 
@@ -67,19 +61,9 @@ class EagerMode(StagedMode):
     capture = False
 
 
-def make_mode(
-    config: ExecutorConfig,
-    backend: Backend,
-    pool: DevicePool,
-    streams: StreamSet,
-    models: ModelTable,
-    counters: Counters,
-    faults: Injector,
-    completions: Completions,
-    lock: threading.Lock,
-) -> Mode:
+def make_mode(config: ExecutorConfig, parts: ModeParts) -> Mode:
     """The mode ``config.mode`` names, given what it uses."""
     if config.mode == "naive":
-        return NaiveMode(backend, models, counters)
+        return NaiveMode(parts.backend, parts.models, parts.counters)
     cls = GraphMode if config.mode == "real" else EagerMode
-    return cls(config, backend, pool, streams, models, counters, faults, completions, lock)
+    return cls(config, parts)
