@@ -288,6 +288,30 @@ _SYM_BINARY = {
 }
 
 
+def _sym_slice(x: np.ndarray, ins: list[Any]) -> np.ndarray:
+    starts, ends = _ints(ins[1]), _ints(ins[2])
+    axes = _ints(ins[3]) if len(ins) > 3 and ins[3] is not None else list(range(len(starts)))
+    steps = _ints(ins[4]) if len(ins) > 4 and ins[4] is not None else [1] * len(starts)
+    idx = [slice(None)] * x.ndim
+    for s, e, a, st in zip(starts, ends, axes, steps, strict=True):
+        idx[a] = slice(s, e, st)
+    return x[tuple(idx)]
+
+
+def _sym_squeeze(op: str, x: np.ndarray, at: dict[str, Any], ins: list[Any]) -> np.ndarray:
+    axes = (
+        at.get("axes")
+        if "axes" in at
+        else (_ints(ins[1]) if len(ins) > 1 and ins[1] is not None else None)
+    )
+    if op == "Unsqueeze":
+        out = x
+        for a in sorted(int(v) % (x.ndim + len(axes)) for v in axes):
+            out = np.expand_dims(out, a)
+        return out
+    return np.squeeze(x, axis=tuple(int(v) for v in axes) if axes is not None else None)
+
+
 def _fold_symbolic(node: INode, ins: list[Any]) -> np.ndarray:
     """Shape arithmetic on arrays that hold the symbolic batch (object dtype)."""
     op, at = node.op, node.attrs
@@ -297,15 +321,7 @@ def _fold_symbolic(node: INode, ins: list[Any]) -> np.ndarray:
             axis = int(at.get("axis", 0))
             return np.take(x, np.asarray(ins[1]).astype(np.int64), axis=axis)
         if op == "Slice":
-            starts, ends = _ints(ins[1]), _ints(ins[2])
-            axes = (
-                _ints(ins[3]) if len(ins) > 3 and ins[3] is not None else list(range(len(starts)))
-            )
-            steps = _ints(ins[4]) if len(ins) > 4 and ins[4] is not None else [1] * len(starts)
-            idx = [slice(None)] * x.ndim
-            for s, e, a, st in zip(starts, ends, axes, steps, strict=True):
-                idx[a] = slice(s, e, st)
-            return x[tuple(idx)]
+            return _sym_slice(x, ins)
         if op == "Concat":
             parts = [
                 np.asarray(a, dtype=object).reshape(np.asarray(a).shape)
@@ -314,17 +330,7 @@ def _fold_symbolic(node: INode, ins: list[Any]) -> np.ndarray:
             ]
             return np.concatenate(parts, axis=int(at.get("axis", 0)))
         if op in ("Unsqueeze", "Squeeze"):
-            axes = (
-                at.get("axes")
-                if "axes" in at
-                else (_ints(ins[1]) if len(ins) > 1 and ins[1] is not None else None)
-            )
-            if op == "Unsqueeze":
-                out = x
-                for a in sorted(int(v) % (x.ndim + len(axes)) for v in axes):
-                    out = np.expand_dims(out, a)
-                return out
-            return np.squeeze(x, axis=tuple(int(v) for v in axes) if axes is not None else None)
+            return _sym_squeeze(op, x, at, ins)
         if op == "Cast":
             return x
         if op == "Shape":

@@ -205,7 +205,52 @@ def _np_dtype(elem_type: int) -> str:
 
 def load_onnx(path: str, name: str | None = None) -> OnnxModel:
     """Read, check, fold and fuse an ONNX file; refuse what Ferry cannot run."""
-    import onnx
+    model, opset = _read(path)
+    gr = model.graph
+    inp, dtype, in_shape, static_batch = _the_input(gr)
+    folder = Folder(gr, opset)
+    oracle = ShapeOracle(
+        model.graph.name or "onnx",
+        OnnxTensor(inp.name, dtype, in_shape),
+        folder.consts,
+        static_batch,
+        opset,
+    )
+    folder.shapes[inp.name] = (BATCH, *in_shape[1:])
+    folder.on_runtime = oracle
+    nodes = folder.run()
+    out_names = [folder.resolve(o.name) for o in gr.output]
+    nodes = Fuser(nodes, folder.consts, folder.shapes, set(out_names)).run()
+    nodes = _topo(nodes, inp.name, folder.consts)
+    outputs = []
+    for o, resolved in zip(gr.output, out_names, strict=True):
+        odt = _np_dtype(o.type.tensor_type.elem_type)
+        if odt not in ("float32", "float16"):
+            raise refuse(None, "model outputs must be float", output=o.name, dtype=odt)
+        outputs.append((o.name, resolved))
+    m = OnnxModel(
+        path=path,
+        name=name or os.path.splitext(os.path.basename(path))[0],
+        opset=opset,
+        inputs=(OnnxTensor(inp.name, dtype, in_shape),),
+        outputs=tuple(OnnxTensor(r, "float32", ()) for _o, r in outputs),
+        static_batch=static_batch,
+        nodes=nodes,
+        consts=folder.consts,
+    )
+    _validate(m)
+    # the file's own output names, with the shapes Ferry's plan gives
+    plan = m.graph().prepare(1, "float32", "host")
+    m.outputs = tuple(
+        OnnxTensor(o, "float32", (-1, *spec.shape[1:]))
+        for (o, _r), spec in zip(outputs, plan.output_specs, strict=True)
+    )
+    return m
+
+
+def _read(path: str) -> tuple[Any, int]:
+    """The file's checked model (local functions inlined) and its opset."""
+    import onnx  # optional: onnx
 
     if not os.path.isfile(path):
         raise InvalidInput("ONNX file not found", path=path)
@@ -220,10 +265,15 @@ def load_onnx(path: str, name: str | None = None) -> OnnxModel:
     if not OPSETS[0] <= opset <= OPSETS[1]:
         raise refuse(None, "unsupported opset", opset=opset, supported=f"{OPSETS[0]}..{OPSETS[1]}")
     if model.functions:
-        from onnx import inliner
+        from onnx import inliner  # optional: onnx
 
         model = inliner.inline_local_functions(model)
-    gr = model.graph
+    return model, opset
+
+
+def _the_input(gr: Any) -> tuple[Any, str, tuple[int, ...], int | None]:
+    """The graph's one input: (its proto, dtype, shape with -1 for the batch, a fixed batch
+    or None); refused unless it is one float32 tensor with a batch and fixed other dims."""
     inits = {i.name for i in gr.initializer}
     ins = [i for i in gr.input if i.name not in inits]
     if len(ins) != 1:
@@ -249,48 +299,7 @@ def load_onnx(path: str, name: str | None = None) -> OnnxModel:
             shape=[d.dim_value or d.dim_param or "?" for d in dims],
         )
     static_batch = int(dims[0].dim_value) if dims[0].HasField("dim_value") else None
-    in_shape = (-1, *(int(d.dim_value) for d in list(dims)[1:]))
-
-    folder = Folder(gr, opset)
-    oracle = ShapeOracle(
-        model.graph.name or "onnx",
-        OnnxTensor(inp.name, dtype, in_shape),
-        folder.consts,
-        static_batch,
-        opset,
-    )
-    folder.shapes[inp.name] = (BATCH, *in_shape[1:])
-    folder.on_runtime = oracle
-    nodes = folder.run()
-    shapes = folder.shapes
-    out_names = [folder.resolve(o.name) for o in gr.output]
-    nodes = Fuser(nodes, folder.consts, shapes, set(out_names)).run()
-    nodes = _topo(nodes, inp.name, folder.consts)
-
-    outputs = []
-    for o, resolved in zip(gr.output, out_names, strict=True):
-        odt = _np_dtype(o.type.tensor_type.elem_type)
-        if odt not in ("float32", "float16"):
-            raise refuse(None, "model outputs must be float", output=o.name, dtype=odt)
-        outputs.append((o.name, resolved))
-    m = OnnxModel(
-        path=path,
-        name=name or os.path.splitext(os.path.basename(path))[0],
-        opset=opset,
-        inputs=(OnnxTensor(inp.name, dtype, in_shape),),
-        outputs=tuple(OnnxTensor(r, "float32", ()) for _o, r in outputs),
-        static_batch=static_batch,
-        nodes=nodes,
-        consts=folder.consts,
-    )
-    _validate(m)
-    # the file's own output names, with the shapes Ferry's plan gives
-    plan = m.graph().prepare(1, "float32", "host")
-    m.outputs = tuple(
-        OnnxTensor(o, "float32", (-1, *spec.shape[1:]))
-        for (o, _r), spec in zip(outputs, plan.output_specs, strict=True)
-    )
-    return m
+    return inp, dtype, (-1, *(int(d.dim_value) for d in list(dims)[1:])), static_batch
 
 
 def _validate(m: OnnxModel) -> None:
