@@ -274,6 +274,28 @@ def run_level(
     return parse_stats_csv(prefix + "_stats.csv", seconds)
 
 
+def run_levels(url: str, args: argparse.Namespace) -> list[dict]:
+    """The run's rows: one for ``--shape``, else one per ``--users`` level, each printed."""
+    rows = []
+    if args.shape:
+        r = run_level(url, 0, args.seconds, args.out, "", args.model, args.shape)
+        rows.append({"system": args.system, "shape": args.shape, **r})
+        print(f"  {args.shape}: {r['img_s']:.1f} img/s, errors {r['errors']}; CSVs in {args.out}")
+    for n in () if args.shape else (int(u) for u in args.users.split(",")):
+        r = {
+            "system": args.system,
+            "clients": n,
+            **run_level(url, n, args.seconds, args.out, args.user_class, args.model),
+        }
+        rows.append(r)
+        print(
+            f"  {n:>5} users: {r['img_s']:9.1f} img/s  p50 {r['p50_ms']:8.1f} ms  p99 {r['p99_ms']:8.1f} ms  "
+            f"errors {r['errors']}",
+            flush=True,
+        )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -313,25 +335,7 @@ def main(argv: list[str] | None = None) -> int:
             proc = start_app(args.config, os.path.join(args.out, "serve.log"))
             if not wait_ready(url, 300, proc):
                 raise SystemExit(f"the app did not become ready; see {args.out}/serve.log")
-        rows = []
-        if args.shape:
-            r = run_level(url, 0, args.seconds, args.out, "", args.model, args.shape)
-            rows.append({"system": args.system, "shape": args.shape, **r})
-            print(
-                f"  {args.shape}: {r['img_s']:.1f} img/s, errors {r['errors']}; CSVs in {args.out}"
-            )
-        for n in () if args.shape else (int(u) for u in args.users.split(",")):
-            r = {
-                "system": args.system,
-                "clients": n,
-                **run_level(url, n, args.seconds, args.out, args.user_class, args.model),
-            }
-            rows.append(r)
-            print(
-                f"  {n:>5} users: {r['img_s']:9.1f} img/s  p50 {r['p50_ms']:8.1f} ms  p99 {r['p99_ms']:8.1f} ms  "
-                f"errors {r['errors']}",
-                flush=True,
-            )
+        rows = run_levels(url, args)
     finally:
         if proc is not None:
             stop_app(proc)
