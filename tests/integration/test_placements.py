@@ -57,9 +57,7 @@ def _answers_of(placement: str) -> tuple[dict, set]:
     """Deploy the CPU config in this placement, collect its answers and deployments."""
     from ray import serve
 
-    # the queue budget off: this compares the placements' answers; on two busy cores a burst
-    # of 121 may wait past the budget (a retryable 503 that says nothing of the placement)
-    cfg = cpu_config(placement=placement, batching={"queue_policy": {"timeout_ms": None}})
+    cfg = cpu_config(placement=placement)  # (the queue budget off, as in every cpu_config)
     deploy(cfg, name=placement)
     try:
         return _answers(BASE), set(serve.status().applications[placement].deployments)

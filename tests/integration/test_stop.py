@@ -27,9 +27,8 @@ def test_stop_drains_the_requests_in_flight_then_the_routes_are_gone(ray_cluster
     from deployments.stop import stop
     from pipeline.imaging import encode_jpeg
 
-    # the queue budget off: on two busy cores a burst of 16 photos may wait past it (a
-    # retryable 503 that says nothing of the stop); every refusal here must be the drain's
-    cfg = cpu_config(batching={"queue_policy": {"timeout_ms": None}})
+    # (the queue budget off, as in every cpu_config): every refusal here must be the drain's
+    cfg = cpu_config()
     serve.run(build(cfg), name=APP, route_prefix=PREFIX)
     url = f"{BASE}{PREFIX}/v1/models/resnet50/classify"
     body = encode_jpeg(photos()["chelsea"])
