@@ -6,7 +6,6 @@ never fails, whatever the error's fields hold.
 
 import logging
 import math
-import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -17,6 +16,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from pipeline import metrics
 from pipeline.errors import FerryError, InvalidInput, QueueFull, Unavailable
 
+from .observe import request_id_from
+
 logger = logging.getLogger("deployments.ingress")
 
 
@@ -25,9 +26,7 @@ def request_id_of(request: Request) -> str:
     to the replica and puts the same id on the response, so logs, body and header agree."""
     rid = getattr(request.state, "request_id", None)
     if rid is None:
-        given = request.headers.get("x-request-id", "")[:128]
-        rid = given if given.isprintable() and given else uuid.uuid4().hex
-        request.state.request_id = rid
+        rid = request.state.request_id = request_id_from(request.scope.get("headers") or [])
     return rid
 
 
@@ -73,14 +72,7 @@ def _error_response(exc: BaseException, request_id: str) -> JSONResponse:
 def _scope_request_id(scope: dict) -> str:
     state = scope.get("state") or {}
     rid = state.get("request_id") if isinstance(state, dict) else None
-    if rid:
-        return rid
-    for k, v in scope.get("headers") or []:
-        if k == b"x-request-id":
-            given = v.decode("latin-1")[:128]
-            if given and given.isprintable():
-                return given
-    return uuid.uuid4().hex
+    return rid or request_id_from(scope.get("headers") or [])
 
 
 class JsonErrors:

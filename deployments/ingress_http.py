@@ -11,7 +11,6 @@ import email.parser
 import email.policy
 import re
 import time
-import uuid
 from typing import Any
 
 import orjson
@@ -24,7 +23,7 @@ from pipeline.protocol.validate import finite_float
 
 from . import docs, http_errors
 from .http_errors import error_response, request_id_of, unwrap
-from .observe import RequestMetrics, ingress_of
+from .observe import RequestMetrics, ingress_of, request_id_from
 
 app = FastAPI(
     title="Ferry",
@@ -67,7 +66,7 @@ class BearerAuth:
         if headers.get(b"authorization") == self.expected:
             await self.app(scope, receive, send)
             return
-        rid = headers.get(b"x-request-id", b"").decode("latin-1")[:128] or uuid.uuid4().hex
+        rid = request_id_from(scope.get("headers") or [])
         resp = JSONResponse(
             {"error": "missing or wrong bearer token", "request_id": rid},
             status_code=401,

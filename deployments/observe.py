@@ -63,7 +63,8 @@ def route_of(path: str) -> tuple[str, str]:
 
 
 def request_id_from(headers: list[tuple[bytes, bytes]]) -> str:
-    """The client's ``X-Request-ID`` (printable, at most 128 characters), else a new one."""
+    """The client's ``X-Request-ID`` (printable, at most 128 characters), else a new one: the
+    one rule of request ids (``http_errors.request_id_of``, the JSON 500 and 401 answers)."""
     for k, v in headers:
         if k == b"x-request-id":
             given = v.decode("latin-1")[:128]

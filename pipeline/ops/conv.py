@@ -17,7 +17,7 @@ at batch 256 needs 256 MB of workspace, not 1 GB.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -145,22 +145,7 @@ class Conv2d(Op):
     def _plan(self, specs: tuple[TensorSpec, ...], attrs: dict[str, Any]) -> OpPlan:
         x, w, b = check_inputs(self.name, specs)
         check_rank(self.name, "w", w, 2)
-        if "kernel" not in attrs:
-            raise InvalidInput("conv2d: the 'kernel' attribute (kh, kw) is required")
-        kh, kw = pair(self.name, attrs["kernel"], "kernel")
-        sh, sw = pair(self.name, attrs.get("stride", 1), "stride")
-        ph, pw = pair(self.name, attrs.get("padding", 0), "padding")
-        if min(kh, kw, sh, sw) < 1 or min(ph, pw) < 0:
-            raise InvalidInput(
-                "conv2d: kernel and stride must be >= 1, padding >= 0",
-                kernel=(kh, kw),
-                stride=(sh, sw),
-                padding=(ph, pw),
-            )
-        check_act(self.name, attrs)  # relu / none, or any activation of activation.py
-        target = attrs.get("target", "cuda")
-        if target not in ("cuda", "host"):
-            raise InvalidInput("conv2d: target must be 'cuda' or 'host'", target=target)
+        kh, kw, sh, sw, ph, pw, target = self._window(attrs)
         n, h, wd, c = x.shape
         oh = (h + 2 * ph - kh) // sh + 1
         ow = (wd + 2 * pw - kw) // sw + 1
@@ -186,42 +171,67 @@ class Conv2d(Op):
             raise InvalidInput("conv2d: bias must be [Cout]", bias=b.shape, cout=cout)
         out = TensorSpec((n, oh, ow, cout), x.dtype)
         check_residual(self.name, specs, out)
-
         item = x.np_dtype.itemsize
-        max_ws = int(attrs.get("max_workspace_bytes", DEFAULT_MAX_WORKSPACE))
-        m = n * oh * ow
         direct = kh == kw == 1 and sh == sw == 1 and ph == pw == 0 and k == kp
         vec = c % (16 // item) == 0 and k == kp
-        pad_bytes = 0
-        if direct:
-            rows, ws = m, 0
-        elif target == "cuda":
-            rows = cuda_rows(m, kp, item, max_ws)
-            ws = rows * kp * item
-        else:  # host: chunks of whole images, plus a zero-padded copy of the input
-            per_img = oh * ow * kp * item
-            imgs = max(1, min(n, max_ws // per_img))
-            rows = imgs * oh * ow
-            if ph or pw:
-                pad_bytes = align(n * (h + 2 * ph) * (wd + 2 * pw) * c * item)
-            ws = pad_bytes + rows * kp * item
         geo = ConvGeometry(
-            n, h, wd, c, kh, kw, sh, sw, ph, pw, oh, ow, cout, k, kp, direct, vec, rows, pad_bytes
+            n, h, wd, c, kh, kw, sh, sw, ph, pw, oh, ow, cout, k, kp, direct, vec, 0, 0
         )
-        flops = 2 * m * cout * k
+        rows, pad_bytes, ws = self._workspace(geo, item, target, attrs)
+        geo = replace(geo, rows_per_chunk=rows, pad_bytes=pad_bytes)
         moved = x.nbytes + w.nbytes + out.nbytes * (3 if len(specs) == 4 else 2)
         if not direct:
-            moved += 2 * m * kp * item
+            moved += 2 * geo.m * kp * item
         return OpPlan(
             self.name,
             specs,
             (out,),
             ws,
-            flops=flops,
+            flops=2 * geo.m * cout * k,
             bytes_moved=moved,
             attrs=tuple(sorted(attrs.items())),
             detail=geo,
         )
+
+    def _window(self, attrs: dict[str, Any]) -> tuple[int, int, int, int, int, int, str]:
+        """The attributes checked: (kh, kw, sh, sw, ph, pw, target); the activation too."""
+        if "kernel" not in attrs:
+            raise InvalidInput("conv2d: the 'kernel' attribute (kh, kw) is required")
+        kh, kw = pair(self.name, attrs["kernel"], "kernel")
+        sh, sw = pair(self.name, attrs.get("stride", 1), "stride")
+        ph, pw = pair(self.name, attrs.get("padding", 0), "padding")
+        if min(kh, kw, sh, sw) < 1 or min(ph, pw) < 0:
+            raise InvalidInput(
+                "conv2d: kernel and stride must be >= 1, padding >= 0",
+                kernel=(kh, kw),
+                stride=(sh, sw),
+                padding=(ph, pw),
+            )
+        check_act(self.name, attrs)  # relu / none, or any activation of activation.py
+        target = attrs.get("target", "cuda")
+        if target not in ("cuda", "host"):
+            raise InvalidInput("conv2d: target must be 'cuda' or 'host'", target=target)
+        return kh, kw, sh, sw, ph, pw, target
+
+    @staticmethod
+    def _workspace(
+        g: ConvGeometry, item: int, target: str, attrs: dict[str, Any]
+    ) -> tuple[int, int, int]:
+        """(rows per chunk, bytes of the padded input copy, workspace bytes) of a geometry
+        whose own two are not set yet."""
+        max_ws = int(attrs.get("max_workspace_bytes", DEFAULT_MAX_WORKSPACE))
+        if g.direct:
+            return g.m, 0, 0
+        if target == "cuda":
+            rows = cuda_rows(g.m, g.kp, item, max_ws)
+            return rows, 0, rows * g.kp * item
+        # host: chunks of whole images, plus a zero-padded copy of the input
+        per_img = g.oh * g.ow * g.kp * item
+        rows = max(1, min(g.n, max_ws // per_img)) * g.oh * g.ow
+        pad_bytes = 0
+        if g.ph or g.pw:
+            pad_bytes = align(g.n * (g.h + 2 * g.ph) * (g.w + 2 * g.pw) * g.c * item)
+        return rows, pad_bytes, pad_bytes + rows * g.kp * item
 
     # -- CPU
     def _run_host(

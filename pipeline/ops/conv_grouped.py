@@ -18,7 +18,7 @@ Two forms, chosen at plan time:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -141,21 +141,7 @@ class Conv2dGrouped(Op):
 
     def _plan(self, specs: tuple[TensorSpec, ...], attrs: dict[str, Any]) -> OpPlan:
         x, w, b = check_inputs(self.name, specs)
-        kh, kw = pair(self.name, attrs.get("kernel", 1), "kernel")
-        sh, sw = pair(self.name, attrs.get("stride", 1), "stride")
-        dh, dw = pair(self.name, attrs.get("dilation", 1), "dilation")
-        pads = tuple(int(p) for p in attrs.get("pads", (0, 0, 0, 0)))
-        groups = int(attrs.get("groups", 1))
-        if len(pads) != 4 or min(pads) < 0 or min(kh, kw, sh, sw, dh, dw, groups) < 1:
-            raise InvalidInput(
-                f"{self.name}: bad geometry",
-                kernel=(kh, kw),
-                stride=(sh, sw),
-                dilation=(dh, dw),
-                pads=pads,
-                groups=groups,
-            )
-        pt, pl, pb, pr = pads
+        kh, kw, sh, sw, dh, dw, (pt, pl, pb, pr), groups = self._window(attrs)
         act, _a, _b = check_act(self.name, attrs)
         target = attrs.get("target", "cuda")
         n, h, wd, c = x.shape
@@ -177,60 +163,61 @@ class Conv2dGrouped(Op):
             )
         out = TensorSpec((n, oh, ow, cout), x.dtype)
         check_residual(self.name, specs, out)
-        item = x.np_dtype.itemsize
-        max_ws = int(attrs.get("max_workspace_bytes", DEFAULT_MAX_WORKSPACE))
-        m = n * oh * ow
-        ktot = kh * kw * c
-        pad_bytes = cols_bytes = 0
-        rows = m
-        if target == "cuda":
-            if not depthwise:
-                rows = cuda_rows(m, ktot, item, max_ws)
-                cols_bytes = rows * ktot * item
-        else:
-            if pt or pl or pb or pr:
-                pad_bytes = align(n * (h + pt + pb) * (wd + pl + pr) * c * item)
-            if depthwise:
-                cols_bytes = out.nbytes
-            else:
-                per_img = oh * ow * (kh * kw * cg + cog) * item
-                imgs = max(1, min(n, max_ws // per_img))
-                rows = imgs * oh * ow
-                cols_bytes = rows * (kh * kw * cg + cog) * item
         geo = Geo(
-            n,
-            h,
-            wd,
-            c,
-            kh,
-            kw,
-            sh,
-            sw,
-            dh,
-            dw,
-            pt,
-            pl,
-            pb,
-            pr,
-            oh,
-            ow,
-            cout,
-            groups,
-            depthwise,
-            rows,
-            pad_bytes,
-            cols_bytes,
+            *(n, h, wd, c, kh, kw, sh, sw, dh, dw, pt, pl, pb, pr, oh, ow, cout, groups),
+            *(depthwise, 0, 0, 0),
         )
+        rows, pad_bytes, cols_bytes = self._workspace(geo, x.np_dtype.itemsize, target, attrs)
+        geo = replace(geo, rows_per_chunk=rows, pad_bytes=pad_bytes, cols_bytes=cols_bytes)
         return OpPlan(
             self.name,
             specs,
             (out,),
             pad_bytes + cols_bytes,
-            flops=2 * m * cout * kh * kw * cg,
+            flops=2 * geo.m * cout * kh * kw * cg,
             bytes_moved=x.nbytes + w.nbytes + out.nbytes * (3 if len(specs) == 4 else 2),
             attrs=tuple(sorted({**attrs, "act": act}.items())),
             detail=geo,
         )
+
+    def _window(self, attrs: dict[str, Any]) -> tuple:
+        """The window's attributes checked: (kh, kw, sh, sw, dh, dw, pads, groups)."""
+        kh, kw = pair(self.name, attrs.get("kernel", 1), "kernel")
+        sh, sw = pair(self.name, attrs.get("stride", 1), "stride")
+        dh, dw = pair(self.name, attrs.get("dilation", 1), "dilation")
+        pads = tuple(int(p) for p in attrs.get("pads", (0, 0, 0, 0)))
+        groups = int(attrs.get("groups", 1))
+        if len(pads) != 4 or min(pads) < 0 or min(kh, kw, sh, sw, dh, dw, groups) < 1:
+            raise InvalidInput(
+                f"{self.name}: bad geometry",
+                kernel=(kh, kw),
+                stride=(sh, sw),
+                dilation=(dh, dw),
+                pads=pads,
+                groups=groups,
+            )
+        return kh, kw, sh, sw, dh, dw, pads, groups
+
+    @staticmethod
+    def _workspace(g: Geo, item: int, target: str, attrs: dict[str, Any]) -> tuple[int, int, int]:
+        """(rows per chunk, bytes of the padded input copy, bytes of the columns) of a
+        geometry whose own three are not set yet."""
+        max_ws = int(attrs.get("max_workspace_bytes", DEFAULT_MAX_WORKSPACE))
+        ktot, cg, cog = g.kh * g.kw * g.c, g.c // g.groups, g.cout // g.groups
+        if target == "cuda":
+            if g.depthwise:
+                return g.m, 0, 0
+            rows = cuda_rows(g.m, ktot, item, max_ws)
+            return rows, 0, rows * ktot * item
+        pad_bytes = 0
+        if g.pt or g.pl or g.pb or g.pr:
+            padded = g.n * (g.h + g.pt + g.pb) * (g.w + g.pl + g.pr) * g.c
+            pad_bytes = align(padded * item)
+        if g.depthwise:
+            return g.m, pad_bytes, g.m * g.cout * item  # the output's bytes
+        per_img = g.oh * g.ow * (g.kh * g.kw * cg + cog) * item
+        rows = max(1, min(g.n, max_ws // per_img)) * g.oh * g.ow
+        return rows, pad_bytes, rows * (g.kh * g.kw * cg + cog) * item
 
     # -- CPU
     def _run_host(
