@@ -112,6 +112,33 @@ def traffic() -> dict[str, int]:
     return n
 
 
+def complete(series, n: dict[str, int]) -> bool:
+    """Every count the tests read has reached the traffic's, in every process that exports
+    one (ingress, preprocess, inference: each on its own clock -- CI on b515a13 scraped the
+    ingress's and inference's numbers before the preprocess replica's first export)."""
+    items = n["v1"] + n["v2_items"]
+    at_least = [
+        (
+            "ray_ferry_requests_total",
+            {"route": "/v1/models/{model}/classify", "code": "200"},
+            n["v1"],
+        ),
+        ("ray_ferry_requests_total", {"route": "/v2/models/{model}/infer", "code": "200"}, n["v2"]),
+        ("ray_ferry_requests_total", {"model": "?", "code": "404"}, 1),
+        ("ray_ferry_rejected_total", {"reason": "too_large"}, 1),
+        (
+            "ray_ferry_stage_latency_ms_count",
+            {"stage": "total", "model": "digits"},
+            n["v1"] + n["v2"],
+        ),
+        ("ray_ferry_stage_latency_ms_count", {"stage": "preprocess", "model": "digits"}, n["v1"]),
+        ("ray_ferry_stage_latency_ms_count", {"stage": "gpu", "model": "digits"}, items),
+        ("ray_ferry_stage_latency_ms_count", {"stage": "queue", "model": "digits"}, items),
+        ("ray_ferry_batch_items_total", {"model": "digits"}, items),
+    ]
+    return all(total(series, name, application=APP, **lab) >= v for name, lab, v in at_least)
+
+
 @pytest.fixture(scope="module")
 def scraped(app):
     n = traffic()
@@ -119,28 +146,7 @@ def scraped(app):
     previous = None
     while True:  # Ray exports on its own period: wait until this app's numbers are in
         series = scrape()
-        ok = (
-            total(
-                series,
-                "ray_ferry_requests_total",
-                application=APP,
-                model="digits",
-                route="/v2/models/{model}/infer",
-                code="200",
-            )
-            >= n["v2"]
-            and total(
-                series,
-                "ray_ferry_stage_latency_ms_count",
-                application=APP,
-                stage="total",
-                model="digits",
-            )
-            >= n["v1"] + n["v2"]
-            and total(series, "ray_ferry_rejected_total", application=APP, reason="too_large") >= 1
-            and total(series, "ray_ferry_batch_items_total", application=APP)
-            >= n["v1"] + n["v2_items"]
-        )
+        ok = complete(series, n)
         # every replica exports on its own clock: done when this app's series hold still
         ours = sorted(
             (k, tuple(sorted(lab.items())), v)
