@@ -14,6 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import InvalidInput
+from ..importers.onnx_graph import ImageFeed, load_onnx
+from ..models.registry import LoadedModel
 from .base import Feed, ImageInput, TensorInfo
 from .native import GraphEngine
 
@@ -22,8 +24,6 @@ class OnnxEngine(GraphEngine):
     name = "onnx"
 
     def __init__(self, model: str, imported: Any, image: ImageInput | None = None) -> None:
-        from ..importers.onnx_graph import ImageFeed
-
         super().__init__(model, {"tensors": imported.graph()})
         self.imported = imported
         if image is not None:
@@ -54,7 +54,7 @@ class OnnxEngine(GraphEngine):
 def declared_input(entry: Any) -> dict[str, Any]:
     """What the file declares of its image input (the repository's hook): channels, height
     and width of a [N, C, H, W] float32 input, NCHW. Mean/std are not in an ONNX file."""
-    import onnx
+    import onnx  # optional: onnx
 
     path = getattr(entry, "source", None)
     if not path:
@@ -75,9 +75,6 @@ def declared_input(entry: Any) -> dict[str, Any]:
 
 def build(entry: Any, image: ImageInput | None = None) -> Any:
     """The engine's builder (``engines.ENGINES``): ``entry.source`` is the ``.onnx`` file."""
-    from ..importers.onnx_graph import load_onnx
-    from ..models.registry import LoadedModel
-
     path = getattr(entry, "source", None)
     if not path:
         raise InvalidInput("the onnx engine needs a source file", model=entry.name)

@@ -1,15 +1,5 @@
 """Model importers: files of other frameworks into Ferry's native graph of two-phase ops.
 
-``onnx_graph.load_onnx`` reads an ONNX file (the ``onnx`` package, an optional extra).
+``onnx_graph.load_onnx`` reads an ONNX file (the ``onnx`` package, an optional extra, is
+imported when a file is read).
 """
-
-from __future__ import annotations
-
-from typing import Any
-
-
-def load_onnx(path: str, name: str | None = None) -> Any:
-    """``onnx_graph.load_onnx``, imported when first used (``onnx`` is optional)."""
-    from .onnx_graph import load_onnx as _load
-
-    return _load(path, name)

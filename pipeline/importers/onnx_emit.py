@@ -247,7 +247,7 @@ def _binary(em: Emitter, n: INode) -> None:
 
 @handles("Cast")
 def _cast(em: Emitter, n: INode) -> None:
-    import onnx
+    import onnx  # optional: onnx
 
     to = int(n.attrs.get("to", 0))
     if to not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16):

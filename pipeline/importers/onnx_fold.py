@@ -50,7 +50,7 @@ SHAPE_OPS = {
 
 
 def attrs_of(node: Any) -> dict[str, Any]:
-    import onnx
+    import onnx  # optional: onnx
 
     out: dict[str, Any] = {}
     for a in node.attribute:
@@ -69,7 +69,7 @@ class Folder:
     """Walks the ONNX nodes in order; keeps constants (numbers or symbolic shape arrays)."""
 
     def __init__(self, graph: Any, opset: int) -> None:
-        import onnx
+        import onnx  # optional: onnx
 
         self.opset = opset
         self.consts: dict[str, np.ndarray] = {}
@@ -213,9 +213,9 @@ def _constant_value(node: INode) -> np.ndarray:
 
 def _fold_reference(node: INode, ins: list[Any], opset: int) -> list[Any]:
     """Evaluate one node on numbers with ONNX's reference implementation."""
-    import onnx
-    from onnx import helper
-    from onnx.reference import ReferenceEvaluator
+    import onnx  # optional: onnx
+    from onnx import helper  # optional: onnx
+    from onnx.reference import ReferenceEvaluator  # optional: onnx
 
     names = [f"i{k}" if x is not None else "" for k, x in enumerate(ins)]
     outs = [f"o{k}" if o else "" for k, o in enumerate(node.outputs)]

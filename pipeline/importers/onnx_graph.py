@@ -198,7 +198,7 @@ class ShapeOracle:
 
 
 def _np_dtype(elem_type: int) -> str:
-    import onnx
+    import onnx  # optional: onnx
 
     return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).name
 

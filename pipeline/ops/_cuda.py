@@ -61,7 +61,7 @@ def ctype(dtype: Any) -> str:
 
 def kernel(source: str, name: str, dtype: Any = "float32") -> Any:
     """The compiled kernel ``name`` of ``source`` with ``T`` = ``dtype`` on the current device."""
-    import cupy
+    import cupy  # optional: cupy, the GPU backend
 
     dev = cupy.cuda.Device().id
     key = (id(source), np.dtype(dtype).name, dev)

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..device import Stream
+from ..device import Backend, Stream, is_device_array
 from ..errors import InvalidInput
 
 WORKSPACE_ALIGN = 256
@@ -205,8 +205,6 @@ def eager(op: Op, *arrays: Any, stream: Stream | None = None, **attrs: Any) -> t
     A convenience for tests, tools and one-off work: it allocates (commit itself never
     does) and, on the GPU, synchronizes before it returns.
     """
-    from ..device import Backend, is_device_array
-
     is_cuda = bool(arrays) and is_device_array(arrays[0])
     backend = Backend("cupy" if is_cuda else "numpy")
     xp = backend.xp
