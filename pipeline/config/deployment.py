@@ -49,7 +49,7 @@ class DeploymentOptions(Strict):
     nodes started with ``--resources '{"cpu_pool": 64}'``."""
     label_selector: dict[str, str] = Field(default_factory=dict)
     """Ray node labels the replicas must run on (``ray start --labels``; KubeRay sets
-    ``ray.io/node-group``), e.g. ``{ray.io/node-group: cpu}`` for the ingress of the split form."""
+    ``ray.io/node-group``), e.g. ``{ray.io/node-group: cpu}`` for the ingress of the split placement."""
     health_check_period_s: float | None = Field(None, gt=0.0, le=3600.0)
     """How often Serve calls the replica's ``check_health``; ``None``: Serve's 10 s."""
     health_check_timeout_s: float | None = Field(None, gt=0.0, le=3600.0)

@@ -61,7 +61,7 @@ PLACEMENTS: dict[str, Placement] = {
         "executor",
         "in_process",
         "A GPU node (serve_config.gpu.yaml, the shipped GPU default): each replica runs the "
-        "whole pipeline on its GPU share, with no Serve hop -- the fastest form measured "
+        "whole pipeline on its GPU share, with no Serve hop -- the fastest placement measured "
         "(benchmarks/RESULTS.md, bench_e2e).",
     ),
     "split": Placement(
