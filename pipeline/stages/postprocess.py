@@ -1,5 +1,6 @@
 """The postprocess stage (``PostprocessStage``): logits -> softmax -> top-k with labels (classify), or probability/logit
-tensors (Open Inference Protocol), one answer per request of the call."""
+tensors (Open Inference Protocol), or a task's answer -- an encoded image, a class mask, boxes
+(``pipeline.tasks.answers``) -- one answer per request of the call."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ import numpy as np
 
 from pipeline import metrics
 from pipeline.config import PipelineConfig
-from pipeline.errors import FerryError, NonFiniteOutput
+from pipeline.errors import FerryError, InvalidInput, NonFiniteOutput
 from pipeline.models.repository import model_card
 from pipeline.ops import SOFTMAX, TOPK
 from pipeline.ops.base import eager
+from pipeline.tasks.answers import KINDS, Made, TaskContext, answer_tasks
+from pipeline.tasks.spec import anchors_of
+from pipeline.threads import thread_pool
 
 from .messages import Answer, Logits, PostSpec, Timings
 
@@ -29,6 +33,16 @@ def _non_finite_rows(logits: Logits) -> set[int]:
     return bad
 
 
+def _unranked(model: str, logits: Logits) -> InvalidInput:
+    shape = [] if logits.data is None else list(logits.data.shape[1:])
+    return InvalidInput(
+        "the model's output has no classes to rank: classify needs an [N, classes] output",
+        model=model,
+        output=[-1, *shape],
+        hint="its task is another route's: /image, /segment, /detect, or v2",
+    )
+
+
 class PostprocessStage:
     """Softmax, top-k and the answers; no Ray (the Postprocess deployment wraps it, the
     inference stage runs it in place where it answers itself)."""
@@ -36,6 +50,24 @@ class PostprocessStage:
     def __init__(self, config: PipelineConfig) -> None:
         self.cards = {m.name: model_card(m) for m in config.models}
         self.dtype = config.executor.dtype  # (named in a non-finite output's error)
+        self.tasks = TaskContext(
+            {name: card.label for name, card in self.cards.items()},
+            {m.name: anchors_of(m) for m in config.models},
+            # the encoders' threads (made at the first image answered)
+            None,
+        )
+        self._threads = max(1, config.preprocess.threads)
+
+    def _task_answers(
+        self, logits: Logits, specs: list[PostSpec], rows_of: dict[int, list[int]], bad: set[int]
+    ) -> dict[int, Made | FerryError]:
+        """The answers of the call's task requests (image, segment, detect)."""
+        if not any(s.kind in KINDS for s in specs) or logits.data is None:
+            return {}
+        if self.tasks.pool is None:
+            self.tasks.pool = thread_pool(self._threads, "ferry-encode")
+        skip = set(logits.errors) | {r for r, rows in rows_of.items() if bad & set(rows)}
+        return answer_tasks(self.tasks, (logits.data, *logits.more), specs, rows_of, skip)
 
     def run(self, model: str, logits: Logits, specs: list[PostSpec]) -> list[Answer | FerryError]:
         t0 = time.perf_counter()
@@ -43,16 +75,18 @@ class PostprocessStage:
         bad = _non_finite_rows(logits)
         probs = vals = idx = None
         classes = 0 if logits.data is None else int(logits.data.shape[-1])
-        if logits.data is not None:
+        rows_of = logits.rows_by_request()
+        made = self._task_answers(logits, specs, rows_of, bad)
+        ranked = logits.data is not None and logits.data.ndim == 2
+        if logits.data is not None and any(s.kind in ("classify", "v2") for s in specs):
             (probs,) = eager(SOFTMAX, logits.data)
             # one top-k over every row, as deep as the deepest request asks (the order is a
             # stable sort, so a shallower request's top-k is a prefix of it)
             kmax = max((s.top_k for s in specs if s.kind == "classify"), default=0)
-            if kmax:
+            if kmax and ranked:
                 kmax = min(kmax, classes)
                 vals, idx = eager(TOPK, probs, k=kmax)
                 vals, idx = vals.tolist(), idx.tolist()
-        rows_of = logits.rows_by_request()
         out: list[Answer | FerryError] = []
         for r, spec in enumerate(specs):
             if r in logits.errors:
@@ -70,7 +104,16 @@ class PostprocessStage:
                 )
                 continue
             a = self._answer(logits, rows)
-            if spec.kind == "classify":
+            if spec.kind in KINDS:
+                m = made[r]
+                if isinstance(m, FerryError):
+                    out.append(m)
+                    continue
+                a.media, a.media_type, a.result = m.media, m.media_type, m.result
+            elif spec.kind == "classify" and not ranked:
+                out.append(_unranked(model, logits))
+                continue
+            elif spec.kind == "classify":
                 k = min(spec.top_k, classes)
                 row = rows[0]
                 a.top_k = [
