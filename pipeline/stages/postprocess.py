@@ -78,12 +78,12 @@ class PostprocessStage:
         rows_of = logits.rows_by_request()
         made = self._task_answers(logits, specs, rows_of, bad)
         ranked = logits.data is not None and logits.data.ndim == 2
-        if logits.data is not None and any(s.kind in ("classify", "v2") for s in specs):
+        if ranked and any(s.kind in ("classify", "v2") for s in specs):  # (softmax: rank 2)
             (probs,) = eager(SOFTMAX, logits.data)
             # one top-k over every row, as deep as the deepest request asks (the order is a
             # stable sort, so a shallower request's top-k is a prefix of it)
             kmax = max((s.top_k for s in specs if s.kind == "classify"), default=0)
-            if kmax and ranked:
+            if kmax:
                 kmax = min(kmax, classes)
                 vals, idx = eager(TOPK, probs, k=kmax)
                 vals, idx = vals.tolist(), idx.tolist()
