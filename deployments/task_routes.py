@@ -38,7 +38,6 @@ def task_answer(rid: str, model: str, body: dict[str, Any]) -> Response:
     media = body.get("media")
     if media is not None:
         headers = {
-            "x-request-id": rid,
             "x-batch-size": str(body["batch_size"]),
             "x-random-weights": "true" if body["random_weights"] else "false",
             "server-timing": _timing_header(body["timings_ms"]),

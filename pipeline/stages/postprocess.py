@@ -33,6 +33,21 @@ def _non_finite_rows(logits: Logits) -> set[int]:
     return bad
 
 
+def _v2_outputs(
+    logits: Logits, spec: PostSpec, rows: list[int], probs: np.ndarray | None
+) -> dict[str, np.ndarray]:
+    """A v2 request's outputs by name: the model's own, and ``probabilities`` (the softmax
+    of the first) where the model has no output of that name."""
+    tensors = {}
+    own = dict(zip(spec.names, (logits.data, *logits.more), strict=False))
+    for name in spec.outputs:
+        if name == "probabilities" and name not in own:
+            tensors[name] = probs[rows]
+        else:
+            tensors[name] = own[name][rows]
+    return tensors
+
+
 def _unranked(model: str, logits: Logits) -> InvalidInput:
     shape = [] if logits.data is None else list(logits.data.shape[1:])
     return InvalidInput(
@@ -114,21 +129,13 @@ class PostprocessStage:
                 out.append(_unranked(model, logits))
                 continue
             elif spec.kind == "classify":
-                k = min(spec.top_k, classes)
                 row = rows[0]
                 a.top_k = [
                     {"label": card.label(i), "class": i, "score": v}
-                    for v, i in zip(vals[row][:k], idx[row][:k], strict=True)
+                    for v, i in zip(vals[row][: spec.top_k], idx[row][: spec.top_k], strict=True)
                 ]
             else:
-                tensors = {}
-                own = dict(zip(spec.names, (logits.data, *logits.more), strict=False))
-                for name in spec.outputs:
-                    if name == "probabilities" and name not in own:  # softmax of the first
-                        tensors[name] = probs[rows]
-                    else:
-                        tensors[name] = own[name][rows]
-                a.outputs = tensors
+                a.outputs = _v2_outputs(logits, spec, rows, probs)
             out.append(a)
         ms = (time.perf_counter() - t0) * 1e3
         metrics.observe_stage("postprocess", model, ms, len(out))
