@@ -316,8 +316,12 @@ class Ingress(TritonRoutes, TaskRoutes):  # (deployments/triton_routes.py, task_
 
     @app.get("/v2/models/{model}")
     async def model_metadata(self, model: str) -> dict[str, Any]:
-        if model in self.encoded_views:  # the model's outputs, a BYTES input
-            return triton_encoded.metadata(model, await self.model_metadata(self._v2_model(model)))
+        if model in self.encoded_views:  # the model's outputs (its task's), a BYTES input
+            base = self._v2_model(model)
+            meta, task = await self.model_metadata(base), await self.view_task(base)
+            if task is not None:
+                return triton_encoded.task_metadata(model, meta, task.kind)
+            return triton_encoded.metadata(model, meta)
         return v2.model_metadata(model, await self._signature(model), self.cards[model].engine)
 
     @app.get("/v2/models/{model}/ready")
@@ -337,13 +341,15 @@ class Ingress(TritonRoutes, TaskRoutes):  # (deployments/triton_routes.py, task_
         base = self._v2_model(model)
         sig = await self._signature(base)
         encoded = model in self.encoded_views
+        task = await self.view_task(base) if encoded else None  # its answers: BYTES outputs
         coalescer = self._coalescer(base, "classify") if encoded else self._coalescer(model, "v2")
         coalescer.check(rid)  # refused before its body is read
         body = await self.uploads.read(request, self.cfg.ingress.max_body_bytes)
         hl = header_int(request.headers.get(v2.HEADER_LEN), "Inference-Header-Content-Length")
         rows = self.cfg.request_rows  # they form GPU batches of up to the model's max_batch
         if encoded:  # JPEG/PNG files, each checked from its header before any decoding
-            req: Any = triton_encoded.parse(body, hl, sig.output_names, rows)
+            names = (triton_encoded.TASK_OUTPUT[task.kind],) if task else sig.output_names
+            req: Any = triton_encoded.parse(body, hl, names, rows)
             ic = self.cfg.ingress
             images = triton_encoded.checked(  # planned once: the plans travel with the bytes
                 req.images,
@@ -365,10 +371,11 @@ class Ingress(TritonRoutes, TaskRoutes):  # (deployments/triton_routes.py, task_
         )
         spec = PostSpec("v2", outputs=req.outputs, names=tuple(o.name for o in sig.outputs))
         if encoded:  # every image by the classify path, batched with the rest
+            specs = self.view_specs(task, req, images) if task else [spec] * len(images)
             futs = coalescer.submit_many(  # admitted as one request
-                [ImageRequest(item, spec, meta) for item in images], rid
+                [ImageRequest(item, s, meta) for item, s in zip(images, specs, strict=True)], rid
             )
-            done = triton_encoded.answer(futs, lambda r: _finish(r, t0, queued))
+            done = triton_encoded.answer(futs, self.view_finish(task, req, t0, queued, _finish))
             result = await self._await(done, rid, meta.deadline)
         else:
             ask = TensorRequest(req.images, meta, spec)
@@ -383,7 +390,7 @@ class Ingress(TritonRoutes, TaskRoutes):  # (deployments/triton_routes.py, task_
             "timings_ms": result["timings_ms"],
         }
         outputs = dict(result["outputs"])
-        for name, k in opts.classification.items():  # Triton's classification extension
+        for name, k in opts.classification.items() if task is None else ():  # Triton's
             outputs[name] = triton.classify(outputs[name], k, self.cards[base].label)
         payload, headers = triton.encode(model, req.id, outputs, req.binary_outputs, extra)
         return Response(payload, headers=headers)

@@ -10,14 +10,17 @@ body is read and queued; the answer is the encoded image or mask itself (timings
 """
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response
 
-from pipeline.errors import InvalidInput
+from pipeline.errors import FerryError, InvalidInput
 from pipeline.models.repository import random_weights
+from pipeline.protocol import encoded as triton_encoded
 from pipeline.stages.messages import Encoded, PostSpec
+from pipeline.tasks.answers import KINDS
 from pipeline.tasks.options import check_work, for_image, parse_options
 from pipeline.tasks.spec import Task, resolve_task
 
@@ -83,6 +86,40 @@ class TaskRoutes:
             task = resolve_task(self.models[model], self.cards[model], tuple(sig.outputs))
             self.tasks[model] = task
         return task
+
+    async def view_task(self, model: str) -> Task | None:
+        """The task of a model whose ``<model>_encoded`` view answers its task's BYTES output
+        (image, segment, detect); None for the others (its view answers its tensors)."""
+        task = await self.task_of(model)
+        return task if task.kind in KINDS else None
+
+    def view_specs(self, task: Task, req: Any, images: list[Encoded]) -> list[PostSpec]:
+        """Each image's spec of a v2 request to a task model's view: the options from the
+        request's ``parameters``, each image's answer memory checked (413)."""
+        query, accept = triton_encoded.task_query(req.params)
+        opts = parse_options(task.kind, query, accept)
+        specs = []
+        for i, item in enumerate(images):
+            p = item.plan
+            mine = for_image(opts, p.height, p.width, p.kind)
+            try:
+                check_work(task, mine, self.cfg.ingress.max_image_work_bytes)
+            except FerryError as exc:
+                exc.fields.setdefault("element", i)
+                raise
+            specs.append(PostSpec(task.kind, task=task, options=mine))
+        return specs
+
+    @staticmethod
+    def view_finish(
+        task: Task | None, req: Any, t0: float, queued: float, finish: Callable
+    ) -> Callable[[Any], dict[str, Any]]:
+        """How one image's answer becomes the view's row: ``finish`` (the ingress's), then,
+        for a task, its BYTES output."""
+        if task is None:
+            return lambda r: finish(r, t0, queued)
+        kind, binary = task.kind, req.binary_outputs
+        return lambda r: triton_encoded.task_outputs(kind, finish(r, t0, queued), binary)
 
     @app.post("/v1/models/{model}/image")
     async def image(self, model: str, request: Request) -> Response:

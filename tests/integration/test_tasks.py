@@ -159,3 +159,60 @@ def test_each_route_refuses_clearly(app):
         "seg": "segment",
         "yolo": "detect",
     }
+
+
+def test_v2_answers_a_task_models_encoded_view_in_bytes_outputs(app):
+    import base64
+    import json
+
+    meta = httpx.get(BASE + "/v2/models/yolo_encoded", timeout=30).json()
+    assert meta["outputs"] == [{"name": "boxes", "datatype": "BYTES", "shape": [-1, 1]}]
+    one = tm.squares_image([(1, 1, "green")])
+    two = tm.squares_image([(3, 0, "red")])
+    images = [base64.b64encode(encode_png(x)).decode() for x in (one, two)]
+    r = httpx.post(
+        BASE + "/v2/models/yolo_encoded/infer",
+        json={
+            "inputs": [
+                {"name": "image_bytes", "shape": [2, 1], "datatype": "BYTES", "data": images}
+            ],
+            "parameters": {"score_threshold": 0.5, "priority": 1},
+        },
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    (out,) = r.json()["outputs"]
+    got = [[b["box"] for b in json.loads(d)["boxes"]] for d in out["data"]]
+    assert out["name"] == "boxes" and got == [[[16, 16, 32, 32]], [[0, 48, 16, 64]]]
+    img = np.random.default_rng(4).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    r = httpx.post(
+        BASE + "/v2/models/filter_encoded/infer",
+        json={
+            "inputs": [
+                {
+                    "name": "image_bytes",
+                    "shape": [1, 1],
+                    "datatype": "BYTES",
+                    "data": [base64.b64encode(encode_jpeg(img)).decode()],
+                }
+            ],
+            "parameters": {"accept": "image/png"},
+        },
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    png = base64.b64decode(r.json()["outputs"][0]["data"][0])
+    assert png.startswith(b"\x89PNG") and pixels_of(png).shape == (64, 64, 3)
+    # the model's own tensors, by the model's own name: its raw output
+    x = np.zeros((1, 3, 64, 64), np.float32)
+    r = httpx.post(
+        BASE + "/v2/models/filter/infer",
+        json={"inputs": [{"name": "x", "shape": [1, 3, 64, 64], "datatype": "FP32",
+                          "data": x.ravel().tolist()}]},
+        timeout=60,
+    )  # fmt: skip
+    assert r.status_code == 200 and r.json()["outputs"][0]["shape"] == [1, 3, 64, 64]
+
+
+def pixels_of(data: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(data)))
