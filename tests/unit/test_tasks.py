@@ -186,3 +186,45 @@ def test_the_postprocess_stage_answers_a_mixed_call(tmp_path):
         img = np.asarray(Image.open(io.BytesIO(got.media)))
         want = np.clip(np.rint(x[row].transpose(1, 2, 0) * 63.75 + 127.5), 0, 255)
         assert got.media_type == "image/png" and (img == want).all() and got.batch_size == 3
+
+
+def test_a_task_models_encoded_view_answers_bytes_rows():
+    from pipeline.protocol import encoded
+
+    meta = encoded.task_metadata("m_encoded", {"name": "m", "outputs": [{"name": "y"}]}, "image")
+    assert meta["inputs"][0]["datatype"] == "BYTES" and meta["outputs"] == [
+        {"name": "image", "datatype": "BYTES", "shape": [-1, 1]}
+    ]
+    query, accept = encoded.task_query({"quality": 80, "accept": "image/png", "priority": 1})
+    assert (query, accept) == ({"quality": "80"}, "image/png")
+    body = {"media": b"\x89PNG..", "timings_ms": {}, "batch_size": 1, "random_weights": False}
+    row = encoded.task_outputs("image", body, frozenset())["outputs"]["image"]
+    assert row.shape == (1, 1) and row[0, 0] == b"iVBORy4u"  # base64 in JSON
+    raw = encoded.task_outputs("image", body, frozenset({"image"}))["outputs"]["image"]
+    assert raw[0, 0] == b"\x89PNG.."
+    boxes = encoded.task_outputs(
+        "detect", {**body, "media": None, "result": {"boxes": []}}, frozenset()
+    )
+    assert boxes["outputs"]["boxes"][0, 0] == b'{"boxes":[]}'
+
+
+def test_a_model_whose_outputs_do_not_fit_its_task_is_refused_when_it_loads(tmp_path):
+    onnx = pytest.importorskip("onnx")
+    from pipeline.executor import GpuExecutor
+    from pipeline.models.loading import load_models
+    from tests.onnx_models import small_net
+
+    src = str(tmp_path / "small.onnx")
+    onnx.save(small_net(), src)
+    cfg = PipelineConfig.model_validate(
+        {
+            "models": [
+                {"name": "ok", "engine": "onnx", "source": src},
+                {"name": "wrong", "engine": "onnx", "source": src, "task": "segment"},
+            ],
+            "executor": {"backend": "numpy", "buckets": [1]},
+        }
+    )
+    report = load_models(GpuExecutor(cfg.executor), cfg, warm=False)
+    assert report.loaded == ["ok"] and "task segment" in report.refused["wrong"]
+    assert "[N, C, H, W]" in report.refused["wrong"]
