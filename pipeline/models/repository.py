@@ -24,6 +24,7 @@ from typing import Any
 from ..config import MODEL_FILE_SUFFIXES, ModelConfig
 from ..engines import ENGINES, builder
 from ..engines.base import ImageInput
+from ..engines.epilogue import with_epilogue
 from ..errors import InvalidInput
 from ..imaging import Target
 from ..tasks.spec import labelled_classes, resolve_task
@@ -160,6 +161,7 @@ def load_entry(entry: Any) -> Any:
     if inp is None or not eng.outputs:
         raise InvalidInput("a model needs an input and an output tensor", model=entry.name)
     task = resolve_task(entry, card, tuple(eng.outputs))  # InvalidInput: refused, named
+    loaded.engine = with_epilogue(eng, task)  # image, segment: their bytes made on the device
     classes = labelled_classes(task, tuple(eng.outputs))
     labelled = card.labels is not None and entry.labels is not None and classes is not None
     if labelled and len(card.labels) != classes:

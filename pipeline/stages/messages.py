@@ -116,11 +116,14 @@ class RowTimes:
 @dataclass
 class Logits(HostRows):
     """The model's outputs of one call: its first output in ``data``, the others in
-    ``more``, row for row."""
+    ``more``, row for row (or its task's epilogue's: ``finite``)."""
 
     more: tuple[np.ndarray, ...] = ()
     row_times: RowTimes = field(default_factory=RowTimes)
     random_weights: bool = False
+    # where a task's epilogue ran on the device (``engines/epilogue.py``): ``data`` is its
+    # answer's bytes (pixels, a mask) and this each row's finiteness (uint8 [N], 0: NaN/inf)
+    finite: np.ndarray | None = None
 
 
 @dataclass

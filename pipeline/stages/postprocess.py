@@ -24,6 +24,8 @@ from .messages import Answer, Logits, PostSpec, Timings
 def _non_finite_rows(logits: Logits) -> set[int]:
     """The rows any of whose outputs holds a NaN or an infinity."""
     bad: set[int] = set()
+    if logits.finite is not None:  # the epilogue's word on the float output it read
+        bad.update(int(i) for i in np.flatnonzero(logits.finite == 0))
     for out in (logits.data, *logits.more):
         if out is None or not np.issubdtype(out.dtype, np.floating):
             continue
@@ -82,7 +84,9 @@ class PostprocessStage:
         if self.tasks.pool is None:
             self.tasks.pool = thread_pool(self._threads, "ferry-encode")
         skip = set(logits.errors) | {r for r, rows in rows_of.items() if bad & set(rows)}
-        return answer_tasks(self.tasks, (logits.data, *logits.more), specs, rows_of, skip)
+        outputs = (logits.data, *logits.more)
+        on_device = logits.finite is not None  # the epilogue's bytes, not the model's floats
+        return answer_tasks(self.tasks, outputs, specs, rows_of, skip, on_device)
 
     def run(self, model: str, logits: Logits, specs: list[PostSpec]) -> list[Answer | FerryError]:
         t0 = time.perf_counter()

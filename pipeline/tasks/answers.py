@@ -87,7 +87,9 @@ def _mask_back(task: Task, mask: np.ndarray, opts: TaskOptions) -> np.ndarray:
 
 
 def _images(ctx: TaskContext, task: Task, out: np.ndarray, opts: list[TaskOptions]) -> list[Made]:
-    (pixels,) = eager(DENORMALIZE, out, layout=task.layout, scale=task.scale, shift=task.shift)
+    pixels = out  # uint8 [N, H, W, C]: denormalised on the device already (the epilogue)
+    if out.dtype != np.uint8:
+        (pixels,) = eager(DENORMALIZE, out, layout=task.layout, scale=task.scale, shift=task.shift)
     imgs = [_image_back(task, pixels[i], o) for i, o in enumerate(opts)]
     media = [o.media_type for o in opts]
     data = encode_many(ctx.pool, imgs, media, [o.quality for o in opts])
@@ -110,7 +112,9 @@ def _areas(ctx: TaskContext, task: Task, mask: np.ndarray) -> dict[str, Any]:
 
 
 def _segments(ctx: TaskContext, task: Task, out: np.ndarray, opts: list[TaskOptions]) -> list[Made]:
-    (masks,) = eager(ARGMAX_MASK, out, layout=task.layout)
+    masks = out  # uint8 [N, H, W]: the epilogue's argmax, on the device
+    if out.dtype != np.uint8:
+        (masks,) = eager(ARGMAX_MASK, out, layout=task.layout)
     back = [_mask_back(task, masks[i], o) for i, o in enumerate(opts)]
     pngs = [i for i, o in enumerate(opts) if o.format == "png"]
     data = encode_many(
@@ -128,9 +132,11 @@ def answer_tasks(
     specs: list[Any],
     rows_of: dict[int, list[int]],
     skip: set[int],
+    on_device: bool = False,
 ) -> dict[int, Made | FerryError]:
     """Every task request's answer (by request index), but those in ``skip``: ``outputs``
-    are the call's model outputs, row for row (``rows_of``: each request's rows)."""
+    are the call's model outputs, row for row (``rows_of``: each request's rows) -- or,
+    ``on_device``, an image's or a mask's bytes that the task's epilogue made."""
     done: dict[int, Made | FerryError] = {}
     for kind in KINDS:
         reqs = [r for r, s in enumerate(specs) if s.kind == kind and r not in skip]
@@ -138,7 +144,8 @@ def answer_tasks(
             continue
         task: Task = specs[reqs[0]].task
         sel = [rows_of[r][0] for r in reqs]
-        arrays = tuple(outputs[i][sel] for i in task.outputs)
+        read = (0,) if on_device and kind in ("image", "segment") else task.outputs
+        arrays = tuple(outputs[i][sel] for i in read)
         opts = [specs[r].options for r in reqs]
         try:
             if kind == "image":
