@@ -228,3 +228,24 @@ def test_a_model_whose_outputs_do_not_fit_its_task_is_refused_when_it_loads(tmp_
     report = load_models(GpuExecutor(cfg.executor), cfg, warm=False)
     assert report.loaded == ["ok"] and "task segment" in report.refused["wrong"]
     assert "[N, C, H, W]" in report.refused["wrong"]
+
+
+def test_a_route_of_another_task_is_refused_naming_the_models_own():
+    from deployments.task_routes import TaskRoutes
+
+    class Front(TaskRoutes):
+        def __init__(self, models, tasks):
+            self.models, self.tasks = models, tasks
+
+    told = {"img": entry(task="image"), "v2": entry(task="tensors"), "any": entry()}
+    f = Front(told, {"any": resolve_task(entry(), card(), outs((5, 7, 9)))})
+    f.check_route("img", "image")
+    with pytest.raises(InvalidInput) as err:
+        f.check_route("img", "classify")
+    assert err.value.fields["route"] == "/v1/models/img/image"
+    with pytest.raises(InvalidInput) as err:
+        f.check_route("v2", "classify")  # named tensors: v2 only
+    assert err.value.fields["route"] == "/v2 infer"
+    f.check_route("any", "classify")  # told tensors by its outputs: classify says what it can
+    with pytest.raises(InvalidInput):
+        f.check_route("any", "detect")
