@@ -65,6 +65,7 @@ def test_the_filter_answers_numpys_image_to_a_grey_level(app):
     img = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
     r = post("/v1/models/filter/image", encode_png(img))
     assert r.headers["content-type"] == "image/png"  # the input's own format
+    assert r.headers["x-request-id"]  # (Serve's proxy puts it on every answer)
     assert int(r.headers["x-batch-size"]) >= 1 and "gpu;dur=" in r.headers["server-timing"]
     assert np.abs(pixels(r).astype(int) - tm.filter_reference(img)).max() <= 1
     # another size: the model's answer resized back to it (size=input, the default)

@@ -249,3 +249,17 @@ def test_a_route_of_another_task_is_refused_naming_the_models_own():
     f.check_route("any", "classify")  # told tensors by its outputs: classify says what it can
     with pytest.raises(InvalidInput):
         f.check_route("any", "detect")
+
+
+def test_the_part_of_the_output_an_answer_is_made_of():
+    from pipeline.tasks.answers import window
+    from pipeline.tasks.options import answer_size
+
+    box = resolve_task(entry(task="image"), card(resize="fit"), outs((3, 128, 128)))
+    # a 100x200 image letterboxed into 64x64 is rows 16..48; the output is twice the size
+    assert window(box, (100, 200)) == (32, 0, 64, 128)
+    opts = for_image(parse_options("image", {}, None), 100, 200, "png")
+    assert answer_size(box, opts) == (100, 200)
+    crop = resolve_task(entry(task="image"), card(resize="crop"), outs((3, 64, 64)))
+    # a centre crop covers 64 of 73 resized pixels: the answer is the source under it
+    assert answer_size(crop, for_image(opts, 146, 146, "png")) == (128, 128)
