@@ -4,7 +4,7 @@
 The repository is a config's ``models`` list (``pipeline/models/repository.py``): FILE is a
 Serve config (every application that imports Ferry) or a bare pipeline config; with no FILE,
 the default config's. For each entry: its engine and source, the input it is prepared for
-(size, channels, layout, resize, dtype), its labels, its batch limits (the largest batch on
+(size, channels, layout, resize, dtype), its task, its labels, its batch limits (the largest batch on
 the config's backend -- the GPU's or numpy's -- and the rows a v2 request may carry), the v2
 names it answers to, and -- unless ``--no-load`` -- whether it loads. That verdict is the
 shared check's (``pipeline/check.py``), the one ``ferry config check`` and the inference
@@ -30,6 +30,7 @@ from pipeline.config import PipelineConfig, Settings
 from pipeline.importers.onnx_graph import FOLDED_OPS, OPSETS, supported_ops
 from pipeline.models.repository import load_entry, model_card, random_weights
 from pipeline.protocol.encoded import views
+from pipeline.tasks.spec import resolve_task
 
 from .config_file import FERRY_APP, app_args, base_dir_of, load_config, read
 
@@ -78,6 +79,7 @@ def describe(config: PipelineConfig, entry: Any) -> dict[str, Any]:
         "engine": entry.engine,
         "source": entry.source,
         "weights": entry.weights or ("random" if random_weights(entry) else "bundled"),
+        "task": entry.task,  # None: its outputs tell it (resolved below when it loads)
         "input": {
             "height": i.height,
             "width": i.width,
@@ -113,6 +115,7 @@ def checked(config: PipelineConfig, rows: list[dict[str, Any]]) -> None:
             row["error"] = why
             continue
         eng = load_entry(entry).engine  # its tensors, as the replica's engine has them
+        row["task"] = resolve_task(entry, model_card(entry), tuple(eng.outputs)).kind
         row["tensors"] = {
             "inputs": [_spec(t) for t in eng.inputs],
             "outputs": [_spec(t) for t in eng.outputs],
@@ -131,6 +134,7 @@ def text(row: dict[str, Any]) -> str:
         f"  engine {row['engine']}, source {row['source']}, weights {row['weights']}",
         f"  input {i['height']}x{i['width']}x{i['channels']} {i['layout']}, resize "
         f"{i['resize']}, {i['dtype']}",
+        f"  task: {row['task'] or 'told by its outputs when it loads'}",
         f"  labels: {lab['count'] or 'none'} ({lab['from']})",
         f"  max batch: {mb['batch']} on {BACKENDS.get(mb['backend'], mb['backend'])}, "
         f"buckets {mb['buckets']}; {mb['v2_request_rows']} rows a v2 request",

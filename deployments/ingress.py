@@ -34,7 +34,7 @@ from pipeline.errors import (
     ModelNotFound,
     Unavailable,
 )
-from pipeline.models.repository import model_card, random_weights
+from pipeline.models.repository import model_card
 from pipeline.protocol import encoded as triton_encoded
 from pipeline.protocol import triton, v2
 from pipeline.protocol.validate import header_int
@@ -53,6 +53,7 @@ from .http_errors import request_id_of, unwrap
 from .ingress_http import JsonAnswer, app, deadline_of, multipart_image, priority_of
 from .ingress_route import way_down
 from .readiness import Readiness
+from .task_routes import TaskRoutes
 from .triton_routes import TritonRoutes
 from .uploads import UploadGate
 
@@ -74,7 +75,7 @@ def _finish(result: Answer | BaseException, t0: float, queued: float) -> dict[st
 
 @serve.deployment
 @serve.ingress(app)
-class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_routes.py)
+class Ingress(TritonRoutes, TaskRoutes):  # (deployments/triton_routes.py, task_routes.py)
     def __init__(
         self,
         config: dict[str, Any],
@@ -92,6 +93,7 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
         self.models = {m.name: m for m in self.cfg.models}
         self.cards = {m.name: model_card(m) for m in self.cfg.models}
         self._signatures: dict[str, v2.Signature] = {}
+        self.tasks: dict[str, Any] = {}  # model -> its Task, resolved from its signature
         self.encoded_views = triton_encoded.views(self.models)  # v2 name -> model
         self.targets = {name: card.target() for name, card in self.cards.items()}
         ic = self.cfg.ingress
@@ -237,6 +239,7 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
         rid = request_id_of(request)
         self._model(model)
         self.readiness.check(model)  # refused at load: 503, the reason, no retry
+        self.check_route(model, "classify")  # a model of another task: 400, its route named
         if isinstance(top_k, str):
             try:
                 top_k = int(top_k)
@@ -247,6 +250,18 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
         kmax = min(64, len(labels)) if labels else 64  # (and at most the model's classes)
         if not 1 <= k <= kmax:
             raise InvalidInput("top_k out of range", top_k=k, max=kmax)
+        spec = PostSpec("classify", top_k=k)
+        body = await self.by_image(model, request, t0, rid, lambda _item: spec)
+        return JsonAnswer({"request_id": rid, "model": model, **body})
+
+    async def by_image(
+        self, model: str, request: Request, t0: float, rid: str, spec_of: Any
+    ) -> dict[str, Any]:
+        """One image request down the classify path -- the model's coalescer (refused before
+        its body is read when it is full), the body's limits and media checks, the decode
+        plan from its header, the deadline, the priority and the queue budget -- asking
+        ``spec_of(item)`` back (called with the checked image, before it is queued: its
+        400/406/413 cost no GPU time). Every v1 image route goes this way."""
         coalescer = self._coalescer(model, "classify")
         coalescer.check(rid)  # refused before its body is read: an overload costs no upload
         body = await self.uploads.read(request, self.cfg.ingress.max_body_bytes)
@@ -259,6 +274,7 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
         item = Encoded.checked(
             body, ct, self.targets[model], ic.max_pixels, ic.max_image_work_bytes
         )
+        spec = spec_of(item)
         queued = time.perf_counter()
         meta = RequestMeta(
             rid,
@@ -266,35 +282,11 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
             priority_of(request),
             time.time(),
         )
-        ask = ImageRequest(item, PostSpec("classify", top_k=k), meta)
+        ask = ImageRequest(item, spec, meta)
         result = await self._await(coalescer.submit(ask, rid), rid, meta.deadline)
         body = _finish(result, t0, queued)  # (observe.RequestMetrics counts it and its total)
         self.book.record(model, True, body["timings_ms"]["total"], body["timings_ms"], 1)
-        return JsonAnswer({"request_id": rid, "model": model, **body})
-
-    @app.get("/v1/models")
-    async def list_models(self) -> dict[str, Any]:
-        out = []
-        for name, m in self.models.items():
-            card = self.cards[name]
-            img = card.image
-            out.append(
-                {
-                    "name": name,
-                    "engine": m.engine,
-                    "source": m.source,
-                    "input": {  # the config's names (input.resize: crop | fit | stretch)
-                        "height": img.height,
-                        "width": img.width,
-                        "channels": img.channels,
-                        "resize": img.resize,
-                    },
-                    "classes": len(card.labels) if card.labels else None,
-                    "random_weights": random_weights(m),
-                    **self.readiness.state_of(name),
-                }
-            )
-        return {"models": out}
+        return body
 
     # ------------------------------------------------------------------ v2 (Open Inference Protocol)
     @app.get("/v2")
@@ -324,8 +316,12 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
 
     @app.get("/v2/models/{model}")
     async def model_metadata(self, model: str) -> dict[str, Any]:
-        if model in self.encoded_views:  # the model's outputs, a BYTES input
-            return triton_encoded.metadata(model, await self.model_metadata(self._v2_model(model)))
+        if model in self.encoded_views:  # the model's outputs (its task's), a BYTES input
+            base = self._v2_model(model)
+            meta, task = await self.model_metadata(base), await self.view_task(base)
+            if task is not None:
+                return triton_encoded.task_metadata(model, meta, task.kind)
+            return triton_encoded.metadata(model, meta)
         return v2.model_metadata(model, await self._signature(model), self.cards[model].engine)
 
     @app.get("/v2/models/{model}/ready")
@@ -345,13 +341,15 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
         base = self._v2_model(model)
         sig = await self._signature(base)
         encoded = model in self.encoded_views
+        task = await self.view_task(base) if encoded else None  # its answers: BYTES outputs
         coalescer = self._coalescer(base, "classify") if encoded else self._coalescer(model, "v2")
         coalescer.check(rid)  # refused before its body is read
         body = await self.uploads.read(request, self.cfg.ingress.max_body_bytes)
         hl = header_int(request.headers.get(v2.HEADER_LEN), "Inference-Header-Content-Length")
         rows = self.cfg.request_rows  # they form GPU batches of up to the model's max_batch
         if encoded:  # JPEG/PNG files, each checked from its header before any decoding
-            req: Any = triton_encoded.parse(body, hl, sig.output_names, rows)
+            names = (triton_encoded.TASK_OUTPUT[task.kind],) if task else sig.output_names
+            req: Any = triton_encoded.parse(body, hl, names, rows)
             ic = self.cfg.ingress
             images = triton_encoded.checked(  # planned once: the plans travel with the bytes
                 req.images,
@@ -373,10 +371,11 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
         )
         spec = PostSpec("v2", outputs=req.outputs, names=tuple(o.name for o in sig.outputs))
         if encoded:  # every image by the classify path, batched with the rest
+            specs = self.view_specs(task, req, images) if task else [spec] * len(images)
             futs = coalescer.submit_many(  # admitted as one request
-                [ImageRequest(item, spec, meta) for item in images], rid
+                [ImageRequest(item, s, meta) for item, s in zip(images, specs, strict=True)], rid
             )
-            done = triton_encoded.answer(futs, lambda r: _finish(r, t0, queued))
+            done = triton_encoded.answer(futs, self.view_finish(task, req, t0, queued, _finish))
             result = await self._await(done, rid, meta.deadline)
         else:
             ask = TensorRequest(req.images, meta, spec)
@@ -391,7 +390,7 @@ class Ingress(TritonRoutes):  # (Triton's extension routes: deployments/triton_r
             "timings_ms": result["timings_ms"],
         }
         outputs = dict(result["outputs"])
-        for name, k in opts.classification.items():  # Triton's classification extension
+        for name, k in opts.classification.items() if task is None else ():  # Triton's
             outputs[name] = triton.classify(outputs[name], k, self.cards[base].label)
         payload, headers = triton.encode(model, req.id, outputs, req.binary_outputs, extra)
         return Response(payload, headers=headers)

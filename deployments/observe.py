@@ -36,7 +36,7 @@ _STATIC = {
     "/docs",
     "/openapi.json",
 }
-TIMED = ("/classify", "/infer")
+TIMED = ("/classify", "/infer", "/image", "/segment", "/detect")
 CLIENT_CLOSED = 499  # the client went away before the answer (nginx, Triton)
 
 

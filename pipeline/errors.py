@@ -108,6 +108,12 @@ class UnsupportedMediaType(InvalidInput):
     http_status = 415
 
 
+class NotAcceptable(InvalidInput):
+    """No encoder for any media type the request's ``Accept`` takes (HTTP 406)."""
+
+    http_status = 406
+
+
 class PayloadTooLarge(InvalidInput):
     """The body or the image is larger than the configured limit (HTTP 413)."""
 

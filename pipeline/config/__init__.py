@@ -10,6 +10,7 @@ naming the values. Every field's docstring is its description in the JSON schema
 - ``health``: ``HealthConfig`` (what fails a replica's health check)
 - ``deployment``: ``DeploymentOptions`` (Serve options of one stage)
 - ``models``: ``ModelConfig``, ``ModelInputConfig``
+- ``tasks``: ``TaskOutputConfig`` (``output:``: how a model's output is read for its task)
 - ``placements``: ``PLACEMENTS``, the rows ``PipelineConfig.placement`` names
 - ``stages``: ``IngressConfig``, ``PreprocessConfig``, ``TransportConfig``
 - ``pipeline``: ``PipelineConfig`` (the whole application, cross-field rules), ``Settings``
@@ -30,6 +31,7 @@ from .pipeline import POOL_SHARE_LIMIT, PipelineConfig, Settings
 from .placements import PLACEMENTS, Placement, PlacementName
 from .runtime import DEFAULT_BUCKETS, BatchingConfig, ExecutorConfig
 from .stages import IngressConfig, PreprocessConfig, TransportConfig
+from .tasks import TASKS, TaskName, TaskOutputConfig
 
 __all__ = [
     "BUILTIN_ARCHS",
@@ -54,6 +56,9 @@ __all__ = [
     "PreprocessConfig",
     "Settings",
     "Strict",
+    "TASKS",
+    "TaskName",
+    "TaskOutputConfig",
     "TransportConfig",
     "replicas_sharing_a_gpu",
 ]

@@ -13,6 +13,7 @@ from pydantic import Field, field_validator, model_validator
 
 from .base import Strict
 from .runtime import checked_buckets
+from .tasks import TaskName, TaskOutputConfig, check_task_fields
 
 
 class ModelInputConfig(Strict):
@@ -91,6 +92,12 @@ class ModelConfig(Strict):
     """How images are prepared for the model (see ``ModelInputConfig``)."""
     labels: str | None = None
     """A text file, one class label a line; its line count must equal the model's classes."""
+    task: TaskName | None = None
+    """What the model answers: ``classify`` (top-k classes), ``image`` (an image), ``segment``
+    (a class per pixel), ``detect`` (boxes) or ``tensors`` (v2 only); ``None``: from its
+    outputs when it loads (``pipeline.tasks.resolve``), ``classify`` for an [N, C] output."""
+    output: TaskOutputConfig | None = None
+    """How the output is read for the task (``TaskOutputConfig``); needs ``task``."""
     buckets: tuple[int, ...] | None = None
     """The padded batch sizes this model runs at (one CUDA graph each); ``None``: the
     executor's (``executor.buckets``)."""
@@ -144,6 +151,7 @@ class ModelConfig(Strict):
                 f"model {self.name!r}: the native engine builds {list(BUILTIN_ARCHS)}, "
                 f"not {self.source!r} (an ONNX file is engine: onnx)"
             )
+        check_task_fields(self.name, self.task, self.output)
         src = self.source
         if self.engine != "native" and self.source_file is None and ":" in src:
             mod, _, fn = src.partition(":")

@@ -24,8 +24,10 @@ from typing import Any
 from ..config import MODEL_FILE_SUFFIXES, ModelConfig
 from ..engines import ENGINES, builder
 from ..engines.base import ImageInput
+from ..engines.epilogue import with_epilogue
 from ..errors import InvalidInput
 from ..imaging import Target
+from ..tasks.spec import labelled_classes, resolve_task
 from . import registry
 
 logger = logging.getLogger(__name__)
@@ -33,6 +35,7 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 TORCHVISION_INPUT = ImageInput(224, 224, 3, IMAGENET_MEAN, IMAGENET_STD, "nchw", "crop")
 _FITS = {"crop": "center_crop", "stretch": "stretch", "fit": "letterbox"}
+PIXEL_TASKS = ("image", "segment", "detect")  # their models' images are stretched by default
 
 
 def read_labels(path: str) -> tuple[str, ...]:
@@ -109,6 +112,8 @@ def _card_cached(entry_json: str) -> ModelCard:
     given = {k: v for k, v in entry.input.model_dump().items() if v is not None}
     declared = _declared(entry)
     fields = {**declared, **given}
+    if entry.task in PIXEL_TASKS:  # an answer in the input's pixels: the whole image, as it is
+        fields.setdefault("resize", "stretch")
     dtype = fields.pop("dtype", dtype)
     image = replace(base, **{k: tuple(v) if k in ("mean", "std") else v for k, v in fields.items()})
     for what in ("mean", "std"):
@@ -155,11 +160,15 @@ def load_entry(entry: Any) -> Any:
     (inp,) = eng.inputs[:1] or (None,)
     if inp is None or not eng.outputs:
         raise InvalidInput("a model needs an input and an output tensor", model=entry.name)
-    classes = eng.outputs[0].shape[-1]
-    if card.labels is not None and entry.labels is not None and len(card.labels) != classes:
+    task = resolve_task(entry, card, tuple(eng.outputs))  # InvalidInput: refused, named
+    loaded.engine = with_epilogue(eng, task)  # image, segment: their bytes made on the device
+    classes = labelled_classes(task, tuple(eng.outputs))
+    labelled = card.labels is not None and entry.labels is not None and classes is not None
+    if labelled and len(card.labels) != classes:
         raise InvalidInput(
             "the labels file does not match the model's classes",
             model=entry.name,
+            task=task.kind,
             labels_file=entry.labels,
             labels=len(card.labels),
             classes=classes,
@@ -179,13 +188,13 @@ def load_entry(entry: Any) -> Any:
                 entry_input=[-1, *want],
             )
     logger.info(
-        "model %s: engine %s, source %s, input %s %s, %d classes",
+        "model %s: engine %s, source %s, input %s %s, task %s",
         entry.name,
         entry.engine,
         loaded.source,
         inp.dtype,
         list(inp.shape),
-        classes,
+        task.kind,
     )
     return loaded
 

@@ -24,8 +24,9 @@ import asyncio
 import base64
 import binascii
 import copy
+import json
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -59,6 +60,7 @@ class EncodedRequest:
     images: list[bytes]  # one encoded file a row
     outputs: tuple[str, ...]
     binary_outputs: frozenset[str]
+    params: dict[str, Any] = field(default_factory=dict)  # the request's own ``parameters``
 
 
 def _elements(binary: memoryview, n: int) -> list[bytes]:
@@ -135,7 +137,8 @@ def parse(
             raise InvalidInput("input has neither data nor binary_data_size")
         images = _from_json(t["data"], n)
     outputs, binary_out = v2.requested(req.get("outputs"), output_names)
-    return EncodedRequest(optional_str(req.get("id"), "id"), images, outputs, binary_out)
+    rid = optional_str(req.get("id"), "id")
+    return EncodedRequest(rid, images, outputs, binary_out, params_of(req, "request"))
 
 
 def checked(images: list[bytes], check: Callable[[bytes], Any]) -> list[Any]:
@@ -178,6 +181,41 @@ async def answer(
     if finish is not None:
         results = [finish(r) for r in results]
     return merge(results)
+
+
+# A model of the tasks beyond classify answers its view with one BYTES output, a row an
+# image: the encoded image, the mask's PNG (or its areas' JSON), the boxes' JSON. In JSON
+# (not binary_data) an image or a mask is its base64, as the view's input reads one.
+TASK_OUTPUT = {"image": "image", "segment": "mask", "detect": "boxes"}
+TASK_PARAMS = ("quality", "size", "format", "score_threshold", "iou_threshold", "max_boxes")
+
+
+def task_metadata(view: str, model_meta: dict[str, Any], kind: str) -> dict[str, Any]:
+    """The view's v2 metadata for a model of task ``kind``: its one BYTES output."""
+    meta = metadata(view, model_meta)
+    meta["outputs"] = [{"name": TASK_OUTPUT[kind], "datatype": "BYTES", "shape": [-1, 1]}]
+    return meta
+
+
+def task_query(params: dict[str, Any]) -> tuple[dict[str, str], str | None]:
+    """The task options among a request's ``parameters``, as a query's strings, and its
+    ``accept`` (the media type of an image answer); Triton's own parameters pass by."""
+    query = {k: str(v) for k, v in params.items() if k in TASK_PARAMS}
+    accept = params.get("accept")
+    return query, accept if isinstance(accept, str) else None
+
+
+def task_outputs(kind: str, body: dict[str, Any], binary: frozenset[str]) -> dict[str, Any]:
+    """One image's answer (``Answer.body``) as the view's output row, for ``merge``."""
+    name = TASK_OUTPUT[kind]
+    data = body.get("media")
+    if data is None:
+        data = json.dumps(body.get("result"), separators=(",", ":")).encode()
+    elif name not in binary:
+        data = base64.b64encode(data)
+    row = np.empty((1, 1), dtype=object)
+    row[0, 0] = data
+    return {**body, "outputs": {name: row}}
 
 
 def merge(results: list[dict[str, Any]]) -> dict[str, Any]:

@@ -31,6 +31,7 @@ import numpy as np
 from pipeline import gpu_metrics, metrics
 from pipeline.batching import Batch, BatchScheduler
 from pipeline.config import PipelineConfig
+from pipeline.engines.epilogue import has_epilogue
 from pipeline.errors import FerryError, ModelNotFound, QueueFull
 from pipeline.executor import GpuExecutor
 from pipeline.models.loading import LoadReport, ModelUnavailable
@@ -124,6 +125,7 @@ class InferenceStage:
         self.executor = executor
         self.refused = report.refused
         self.random = {name: lm.random_weights for name, lm in executor.models.items()}
+        self.epilogued = {n for n, lm in executor.models.items() if has_epilogue(lm.engine)}
         self.warmup_s: dict[str, float] = report.warmup_s
         self.decoder, self.answerer = decoder, answerer
         self.fetch, self.receiver = fetch, receiver
@@ -234,6 +236,9 @@ class InferenceStage:
         # a request whose rows partly failed is dropped whole
         keep = [j for j, o in enumerate(owner) if o not in errors]
         data, more = _stack([rows[j] for j in keep])
+        finite = None  # a task's epilogue: (its bytes, each row's finiteness)
+        if feed == "image" and model in self.epilogued and more:
+            more, finite = more[:-1], more[-1]
         metrics.observe_items("queue", model, times.queue)  # each item's own wait
         kept = RowTimes(*([c[j] for j in keep] for c in (times.queue, times.gpu, times.batch_size)))
         return Logits(
@@ -245,6 +250,7 @@ class InferenceStage:
             more=more,
             row_times=kept,
             random_weights=self.random[model],
+            finite=finite,
         )
 
     def _submit_rows(
@@ -378,13 +384,14 @@ def _collect(
 
 
 def _stack(rows: list[Any]) -> tuple[np.ndarray | None, tuple[np.ndarray, ...]]:
-    """The kept rows as (the first output, fp32 [N, ...], the model's other outputs)."""
+    """The kept rows as (the first output, fp32 [N, ...] -- an epilogue's bytes as they
+    are -- the model's other outputs)."""
     if not rows:
         return None, ()
-    if isinstance(rows[0], tuple):  # outputs after the first ride in .more
-        cols = list(zip(*rows, strict=True))
-        return np.stack(cols[0]).astype(np.float32), tuple(np.stack(c) for c in cols[1:])
-    return np.stack(rows).astype(np.float32), ()
+    cols = list(zip(*rows, strict=True)) if isinstance(rows[0], tuple) else [rows]
+    first = np.stack(cols[0])
+    first = first if first.dtype == np.uint8 else first.astype(np.float32)
+    return first, tuple(np.stack(c) for c in cols[1:])
 
 
 def waited_s(meta: RequestMeta, now_epoch: float, decoding_s: float) -> float:

@@ -17,6 +17,8 @@ from pipeline.errors import FerryError
 from pipeline.imaging import DecodePlan, Target, plan_decode
 
 if TYPE_CHECKING:
+    from pipeline.tasks.options import TaskOptions
+    from pipeline.tasks.spec import Task
     from pipeline.transport.base import Envelope
 
 
@@ -114,11 +116,14 @@ class RowTimes:
 @dataclass
 class Logits(HostRows):
     """The model's outputs of one call: its first output in ``data``, the others in
-    ``more``, row for row."""
+    ``more``, row for row (or its task's epilogue's: ``finite``)."""
 
     more: tuple[np.ndarray, ...] = ()
     row_times: RowTimes = field(default_factory=RowTimes)
     random_weights: bool = False
+    # where a task's epilogue ran on the device (``engines/epilogue.py``): ``data`` is its
+    # answer's bytes (pixels, a mask) and this each row's finiteness (uint8 [N], 0: NaN/inf)
+    finite: np.ndarray | None = None
 
 
 @dataclass
@@ -176,18 +181,28 @@ STAGES = ("preprocess", "queue", "gpu", "postprocess")  # Timings' own, in repor
 
 @dataclass
 class Answer:
-    """One request's answer from the stage that answers: its top-k (classify) or its
-    output tensors by name (v2), and what it cost."""
+    """One request's answer from the stage that answers: its top-k (classify), its output
+    tensors by name (v2), or its task's answer -- encoded bytes (``media``: an image, a
+    mask) or JSON (``result``: boxes, class areas) -- and what it cost."""
 
     timings: Timings
     batch_size: int = 0  # the largest GPU batch its rows rode in
     random_weights: bool = False
     top_k: list[dict[str, Any]] | None = None
     outputs: dict[str, np.ndarray] | None = None
+    media: bytes | None = None
+    media_type: str | None = None
+    result: dict[str, Any] | None = None
 
     def body(self, timings_ms: dict[str, float]) -> dict[str, Any]:
-        """The answer as the ingress sends it on (``timings_ms``: ``Timings.report``)."""
-        head = {"top_k": self.top_k} if self.outputs is None else {"outputs": self.outputs}
+        """The answer as the ingress sends it on (``timings_ms``: ``Timings.report``);
+        ``media``, where there is one, rides beside the JSON keys."""
+        if self.outputs is not None:
+            head: dict[str, Any] = {"outputs": self.outputs}
+        elif self.top_k is not None or (self.result is None and self.media is None):
+            head = {"top_k": self.top_k}
+        else:
+            head = {"result": self.result, "media": self.media, "media_type": self.media_type}
         return {
             **head,
             "timings_ms": timings_ms,
@@ -229,7 +244,9 @@ class TensorRequest:
 class PostSpec:
     """What the client asked to get back."""
 
-    kind: str  # "classify" or "v2"
+    kind: str  # "classify", "v2", or a task's route: "image", "segment", "detect"
     top_k: int = 5
     outputs: tuple[str, ...] = ("probabilities",)  # requested (v2)
     names: tuple[str, ...] = ("logits",)  # the model's own outputs, in order (v2)
+    task: Task | None = None  # image, segment, detect: the model's task (one object a model)
+    options: TaskOptions | None = None  # ... and what this request asked of it

@@ -1,5 +1,6 @@
 """The postprocess stage (``PostprocessStage``): logits -> softmax -> top-k with labels (classify), or probability/logit
-tensors (Open Inference Protocol), one answer per request of the call."""
+tensors (Open Inference Protocol), or a task's answer -- an encoded image, a class mask, boxes
+(``pipeline.tasks.answers``) -- one answer per request of the call."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ import numpy as np
 
 from pipeline import metrics
 from pipeline.config import PipelineConfig
-from pipeline.errors import FerryError, NonFiniteOutput
+from pipeline.errors import FerryError, InvalidInput, NonFiniteOutput
 from pipeline.models.repository import model_card
 from pipeline.ops import SOFTMAX, TOPK
 from pipeline.ops.base import eager
+from pipeline.tasks.answers import KINDS, Made, TaskContext, answer_tasks
+from pipeline.tasks.spec import anchors_of
+from pipeline.threads import thread_pool
 
 from .messages import Answer, Logits, PostSpec, Timings
 
@@ -20,6 +24,8 @@ from .messages import Answer, Logits, PostSpec, Timings
 def _non_finite_rows(logits: Logits) -> set[int]:
     """The rows any of whose outputs holds a NaN or an infinity."""
     bad: set[int] = set()
+    if logits.finite is not None:  # the epilogue's word on the float output it read
+        bad.update(int(i) for i in np.flatnonzero(logits.finite == 0))
     for out in (logits.data, *logits.more):
         if out is None or not np.issubdtype(out.dtype, np.floating):
             continue
@@ -29,6 +35,31 @@ def _non_finite_rows(logits: Logits) -> set[int]:
     return bad
 
 
+def _v2_outputs(
+    logits: Logits, spec: PostSpec, rows: list[int], probs: np.ndarray | None
+) -> dict[str, np.ndarray]:
+    """A v2 request's outputs by name: the model's own, and ``probabilities`` (the softmax
+    of the first) where the model has no output of that name."""
+    tensors = {}
+    own = dict(zip(spec.names, (logits.data, *logits.more), strict=False))
+    for name in spec.outputs:
+        if name == "probabilities" and name not in own:
+            tensors[name] = probs[rows]
+        else:
+            tensors[name] = own[name][rows]
+    return tensors
+
+
+def _unranked(model: str, logits: Logits) -> InvalidInput:
+    shape = [] if logits.data is None else list(logits.data.shape[1:])
+    return InvalidInput(
+        "the model's output has no classes to rank: classify needs an [N, classes] output",
+        model=model,
+        output=[-1, *shape],
+        hint="its task is another route's: /image, /segment, /detect, or v2",
+    )
+
+
 class PostprocessStage:
     """Softmax, top-k and the answers; no Ray (the Postprocess deployment wraps it, the
     inference stage runs it in place where it answers itself)."""
@@ -36,6 +67,26 @@ class PostprocessStage:
     def __init__(self, config: PipelineConfig) -> None:
         self.cards = {m.name: model_card(m) for m in config.models}
         self.dtype = config.executor.dtype  # (named in a non-finite output's error)
+        self.tasks = TaskContext(
+            {name: card.label for name, card in self.cards.items()},
+            {m.name: anchors_of(m) for m in config.models},
+            # the encoders' threads (made at the first image answered)
+            None,
+        )
+        self._threads = max(1, config.preprocess.threads)
+
+    def _task_answers(
+        self, logits: Logits, specs: list[PostSpec], rows_of: dict[int, list[int]], bad: set[int]
+    ) -> dict[int, Made | FerryError]:
+        """The answers of the call's task requests (image, segment, detect)."""
+        if not any(s.kind in KINDS for s in specs) or logits.data is None:
+            return {}
+        if self.tasks.pool is None:
+            self.tasks.pool = thread_pool(self._threads, "ferry-encode")
+        skip = set(logits.errors) | {r for r, rows in rows_of.items() if bad & set(rows)}
+        outputs = (logits.data, *logits.more)
+        on_device = logits.finite is not None  # the epilogue's bytes, not the model's floats
+        return answer_tasks(self.tasks, outputs, specs, rows_of, skip, on_device)
 
     def run(self, model: str, logits: Logits, specs: list[PostSpec]) -> list[Answer | FerryError]:
         t0 = time.perf_counter()
@@ -43,7 +94,10 @@ class PostprocessStage:
         bad = _non_finite_rows(logits)
         probs = vals = idx = None
         classes = 0 if logits.data is None else int(logits.data.shape[-1])
-        if logits.data is not None:
+        rows_of = logits.rows_by_request()
+        made = self._task_answers(logits, specs, rows_of, bad)
+        ranked = logits.data is not None and logits.data.ndim == 2
+        if ranked and any(s.kind in ("classify", "v2") for s in specs):  # (softmax: rank 2)
             (probs,) = eager(SOFTMAX, logits.data)
             # one top-k over every row, as deep as the deepest request asks (the order is a
             # stable sort, so a shallower request's top-k is a prefix of it)
@@ -52,7 +106,6 @@ class PostprocessStage:
                 kmax = min(kmax, classes)
                 vals, idx = eager(TOPK, probs, k=kmax)
                 vals, idx = vals.tolist(), idx.tolist()
-        rows_of = logits.rows_by_request()
         out: list[Answer | FerryError] = []
         for r, spec in enumerate(specs):
             if r in logits.errors:
@@ -70,22 +123,23 @@ class PostprocessStage:
                 )
                 continue
             a = self._answer(logits, rows)
-            if spec.kind == "classify":
-                k = min(spec.top_k, classes)
+            if spec.kind in KINDS:
+                m = made[r]
+                if isinstance(m, FerryError):
+                    out.append(m)
+                    continue
+                a.media, a.media_type, a.result = m.media, m.media_type, m.result
+            elif spec.kind == "classify" and not ranked:
+                out.append(_unranked(model, logits))
+                continue
+            elif spec.kind == "classify":
                 row = rows[0]
                 a.top_k = [
                     {"label": card.label(i), "class": i, "score": v}
-                    for v, i in zip(vals[row][:k], idx[row][:k], strict=True)
+                    for v, i in zip(vals[row][: spec.top_k], idx[row][: spec.top_k], strict=True)
                 ]
             else:
-                tensors = {}
-                own = dict(zip(spec.names, (logits.data, *logits.more), strict=False))
-                for name in spec.outputs:
-                    if name == "probabilities" and name not in own:  # softmax of the first
-                        tensors[name] = probs[rows]
-                    else:
-                        tensors[name] = own[name][rows]
-                a.outputs = tensors
+                a.outputs = _v2_outputs(logits, spec, rows, probs)
             out.append(a)
         ms = (time.perf_counter() - t0) * 1e3
         metrics.observe_stage("postprocess", model, ms, len(out))

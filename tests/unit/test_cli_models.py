@@ -39,6 +39,7 @@ def test_models_lists_checks_and_fails_an_entry_that_does_not_load(tmp_path, cap
         "dtype": "uint8",
     }
     assert ok["labels"] == {"count": 10, "from": "built-in"}
+    assert ok["task"] == "classify"  # told by its [N, 10] output when it loads
     assert ok["max_batch"] == {
         "batch": 8,
         "backend": "numpy",

@@ -1,0 +1,135 @@
+"""BatchedNms: greedy non-maximum suppression for a batch of images at once, class-aware.
+
+    plan = NMS.prepare(boxes, scores, classes, iou_threshold=0.45, score_threshold=0.25,
+                       max_candidates=512, max_boxes=100)
+    NMS.commit(plan, [boxes, scores, classes], [keep, count], workspace, stream)
+
+``boxes`` [N, B, 4] float32 (x0, y0, x1, y1), ``scores`` [N, B] float32, ``classes``
+[N, B] int32. Each image's ``max_candidates`` best boxes at or above ``score_threshold``
+are taken in score order (a stable sort: the earlier box first on a tie); a box is kept
+unless a kept box of its class before it overlaps it by more than ``iou_threshold``
+(torchvision's ``batched_nms``: classes apart by offsetting their boxes). ``keep``
+[N, max_boxes] int32 holds the kept boxes' indices in score order, -1 after the last;
+``count`` [N] int32 how many.
+
+The shapes are fixed by the plan -- candidates squared per image for the overlaps -- so the
+work and the memory do not depend on the boxes. One code path for both backends (``xp``):
+the greedy pass is ``max_candidates`` steps, each vectorised over the batch. On cupy the
+sort and the overlaps allocate their temporaries from cupy's pool (not the workspace), so
+the op is not yet fit for a CUDA graph; untested on a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidInput
+from .base import Op, OpPlan, TensorSpec, check_tensor
+
+MAX_CANDIDATES = 4096
+
+
+class BatchedNms(Op):
+    name = "batched_nms"
+    n_inputs = (3, 3)
+
+    def _plan(self, specs: tuple[TensorSpec, ...], attrs: dict[str, Any]) -> OpPlan:
+        boxes, scores, classes = specs
+        check_tensor(self.name, "boxes", boxes, 3, ("float32",))
+        check_tensor(self.name, "scores", scores, 2, ("float32",))
+        check_tensor(self.name, "classes", classes, 2, ("int32",))
+        n, b, four = boxes.shape
+        if four != 4 or scores.shape != (n, b) or classes.shape != (n, b):
+            raise InvalidInput(
+                "batched_nms: boxes [N, B, 4], scores and classes [N, B]",
+                boxes=boxes.shape,
+                scores=scores.shape,
+                classes=classes.shape,
+            )
+        iou = float(attrs.get("iou_threshold", 0.45))
+        thr = float(attrs.get("score_threshold", 0.0))
+        k = min(int(attrs.get("max_candidates", 512)), b)
+        m = int(attrs.get("max_boxes", 100))
+        if not (0.0 <= iou <= 1.0 and 1 <= k <= MAX_CANDIDATES and m >= 1):
+            raise InvalidInput(
+                "batched_nms: iou_threshold in [0, 1], max_candidates in [1, 4096], max_boxes >= 1",
+                iou_threshold=iou,
+                max_candidates=k,
+                max_boxes=m,
+            )
+        outs = (TensorSpec((n, m), "int32"), TensorSpec((n,), "int32"))
+        return OpPlan(
+            self.name,
+            specs,
+            outs,
+            0,
+            flops=n * k * k * 12,
+            bytes_moved=boxes.nbytes + scores.nbytes + n * k * k * 4,
+            attrs=(
+                ("iou_threshold", iou),
+                ("max_boxes", m),
+                ("max_candidates", k),
+                ("score_threshold", thr),
+            ),
+            detail=(iou, thr, k, m),
+        )
+
+    def _run_host(
+        self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any
+    ) -> None:
+        batched_nms(np, plan.detail, *inputs, *outputs)
+
+    def _run_cuda(
+        self,
+        plan: OpPlan,
+        inputs: Sequence[Any],
+        outputs: Sequence[Any],
+        workspace: Any,
+        stream: Any,
+    ) -> None:
+        import cupy  # optional: cupy
+
+        batched_nms(cupy, plan.detail, *inputs, *outputs)
+
+
+def _overlaps(xp: Any, b: Any) -> Any:
+    """IoU of every pair of boxes of each image: [N, K, 4] -> [N, K, K]."""
+    x0, y0, x1, y1 = (b[..., i] for i in range(4))
+    area = xp.maximum(x1 - x0, 0) * xp.maximum(y1 - y0, 0)
+    w = xp.minimum(x1[:, :, None], x1[:, None, :]) - xp.maximum(x0[:, :, None], x0[:, None, :])
+    h = xp.minimum(y1[:, :, None], y1[:, None, :]) - xp.maximum(y0[:, :, None], y0[:, None, :])
+    inter = xp.maximum(w, 0) * xp.maximum(h, 0)
+    union = area[:, :, None] + area[:, None, :] - inter
+    return xp.where(union > 0, inter / xp.where(union > 0, union, 1), 0)
+
+
+def batched_nms(
+    xp: Any, detail: tuple, boxes: Any, scores: Any, classes: Any, keep: Any, count: Any
+) -> None:
+    """The op on ``xp`` (numpy or cupy)."""
+    iou_thr, score_thr, k, m = detail
+    order = xp.argsort(-scores, axis=1, kind="stable")[:, :k]
+    s = xp.take_along_axis(scores, order, axis=1)
+    alive = s >= score_thr
+    b = xp.take_along_axis(boxes, order[..., None], axis=1).astype(xp.float64)
+    cls = xp.take_along_axis(classes, order, axis=1).astype(xp.float64)
+    span = xp.abs(b).max(axis=(1, 2), keepdims=True) * 2 + 1  # classes never overlap
+    b = b + (cls * span[..., 0])[..., None]
+    over = _overlaps(xp, b) > iou_thr  # [N, K, K]
+    later = xp.triu(xp.ones((k, k), dtype=bool), 1)
+    over &= later[None]
+    for i in range(k):  # box i, where it is kept, suppresses the later boxes it overlaps
+        alive &= ~(over[:, i, :] & alive[:, i : i + 1])
+    first = xp.argsort(~alive, axis=1, kind="stable")[:, :m]  # the kept, in score order
+    n_kept = alive.sum(axis=1)
+    picked = xp.take_along_axis(order, first, axis=1)
+    j = xp.arange(first.shape[1])[None, :]
+    keep[...] = -1
+    keep[:, : first.shape[1]] = xp.where(j < n_kept[:, None], picked, -1)
+    count[...] = xp.minimum(n_kept, m)
+
+
+NMS = BatchedNms()

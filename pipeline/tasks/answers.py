@@ -1,0 +1,165 @@
+"""The answers of the tasks beyond classify, made from a call's model outputs in one go:
+each step runs once over every row of the call that asks it (``Denormalize``, ``ArgmaxMask``,
+``BatchedNms``: Ferry's ops, on the arrays' own backend), then each request's answer is
+resized back to its input (``resize_crop`` for pixels, ``resize_nearest`` for a mask) and
+the call's images are encoded together on a pool of threads.
+
+    made = answer_tasks(ctx, logits, specs, rows_of, skip)   # request -> Made | FerryError
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import FerryError
+from ..ops.base import eager
+from ..ops.denormalize import DENORMALIZE
+from ..ops.mask import ARGMAX_MASK, RESIZE_NEAREST
+from ..ops.resize_crop import RESIZE_CROP
+from ..resize_plan import plan_resize
+from .detect import detections
+from .encode import encode_many
+from .options import TaskOptions, answer_size
+from .spec import Task
+
+KINDS = ("image", "segment", "detect")
+
+
+@dataclass
+class Made:
+    """One request's answer to its task: encoded bytes (an image, a mask) or JSON."""
+
+    media: bytes | None = None
+    media_type: str | None = None
+    result: dict[str, Any] | None = None
+
+
+@dataclass
+class TaskContext:
+    """What the answering stage holds for the tasks: the labels and anchors of its models
+    (by name) and the pool its encoders run on."""
+
+    label: dict[str, Callable[[int], str]]
+    anchors: dict[str, np.ndarray | None] = field(default_factory=dict)
+    pool: ThreadPoolExecutor | None = None
+
+
+def window(task: Task, source: tuple[int, int]) -> tuple[int, int, int, int]:
+    """(top, left, height, width) of the model's output that covers the input image: the
+    whole output, less a letterbox's padding (in the output's own pixels)."""
+    t = task.target
+    p = plan_resize(*source, t)
+    fy, fx = task.height / t.height, task.width / t.width  # output pixels per input pixel
+    top, left = (t.height - p.out_h) // 2, (t.width - p.out_w) // 2
+    return (
+        round(top * fy),
+        round(left * fx),
+        max(1, round(p.out_h * fy)),
+        max(1, round(p.out_w * fx)),
+    )
+
+
+def _image_back(task: Task, img: np.ndarray, opts: TaskOptions) -> np.ndarray:
+    """One image [H, W, C] of the model's output at the size the request asked."""
+    if opts.size == "model":
+        return img
+    ah, aw = answer_size(task, opts)
+    top, left, wh, ww = window(task, opts.source)
+    win = img[top : top + wh, left : left + ww]
+    if (wh, ww) == (ah, aw):
+        return np.ascontiguousarray(win)
+    (out,) = eager(RESIZE_CROP, win, height=ah, width=aw, channels=task.channels)
+    return out[0]
+
+
+def _mask_back(task: Task, mask: np.ndarray, opts: TaskOptions) -> np.ndarray:
+    ah, aw = answer_size(task, opts)
+    w = window(task, opts.source)
+    if w == (0, 0, ah, aw) and mask.shape == (ah, aw):
+        return mask
+    (out,) = eager(RESIZE_NEAREST, mask, height=ah, width=aw, window=w)
+    return out
+
+
+def _images(ctx: TaskContext, task: Task, out: np.ndarray, opts: list[TaskOptions]) -> list[Made]:
+    pixels = out  # uint8 [N, H, W, C]: denormalised on the device already (the epilogue)
+    if out.dtype != np.uint8:
+        (pixels,) = eager(DENORMALIZE, out, layout=task.layout, scale=task.scale, shift=task.shift)
+    imgs = [_image_back(task, pixels[i], o) for i, o in enumerate(opts)]
+    media = [o.media_type for o in opts]
+    data = encode_many(ctx.pool, imgs, media, [o.quality for o in opts])
+    return [Made(d, m) for d, m in zip(data, media, strict=True)]
+
+
+def _areas(ctx: TaskContext, task: Task, mask: np.ndarray) -> dict[str, Any]:
+    counts = np.bincount(mask.ravel(), minlength=task.channels)
+    total = int(mask.size)
+    label = ctx.label[task.model]
+    return {
+        "height": int(mask.shape[0]),
+        "width": int(mask.shape[1]),
+        "classes": [
+            {"class": c, "label": label(c), "pixels": int(n), "fraction": round(n / total, 6)}
+            for c, n in enumerate(counts.tolist())
+            if n
+        ],
+    }
+
+
+def _segments(ctx: TaskContext, task: Task, out: np.ndarray, opts: list[TaskOptions]) -> list[Made]:
+    masks = out  # uint8 [N, H, W]: the epilogue's argmax, on the device
+    if out.dtype != np.uint8:
+        (masks,) = eager(ARGMAX_MASK, out, layout=task.layout)
+    back = [_mask_back(task, masks[i], o) for i, o in enumerate(opts)]
+    pngs = [i for i, o in enumerate(opts) if o.format == "png"]
+    data = encode_many(
+        ctx.pool, [back[i] for i in pngs], ["image/png"] * len(pngs), [0] * len(pngs)
+    )
+    made = [Made(result=_areas(ctx, task, m)) for m in back]
+    for i, d in zip(pngs, data, strict=True):
+        made[i] = Made(d, "image/png")
+    return made
+
+
+def answer_tasks(
+    ctx: TaskContext,
+    outputs: tuple[np.ndarray, ...],
+    specs: list[Any],
+    rows_of: dict[int, list[int]],
+    skip: set[int],
+    on_device: bool = False,
+) -> dict[int, Made | FerryError]:
+    """Every task request's answer (by request index), but those in ``skip``: ``outputs``
+    are the call's model outputs, row for row (``rows_of``: each request's rows) -- or,
+    ``on_device``, an image's or a mask's bytes that the task's epilogue made."""
+    done: dict[int, Made | FerryError] = {}
+    for kind in KINDS:
+        reqs = [r for r, s in enumerate(specs) if s.kind == kind and r not in skip]
+        if not reqs:
+            continue
+        task: Task = specs[reqs[0]].task
+        sel = [rows_of[r][0] for r in reqs]
+        read = (0,) if on_device and kind in ("image", "segment") else task.outputs
+        arrays = tuple(outputs[i][sel] for i in read)
+        opts = [specs[r].options for r in reqs]
+        try:
+            if kind == "image":
+                made = _images(ctx, task, arrays[0], opts)
+            elif kind == "segment":
+                made = _segments(ctx, task, arrays[0], opts)
+            else:
+                anchors = ctx.anchors.get(task.model)
+                made = [
+                    Made(result=d)
+                    for d in detections(task, arrays, anchors, opts, ctx.label[task.model])
+                ]
+        except FerryError as exc:  # the kind's requests fail together, the others answer
+            done.update({r: exc for r in reqs})
+            continue
+        done.update(zip(reqs, made, strict=True))
+    return done

@@ -1,0 +1,63 @@
+"""The tasks' ops on cupy against their numpy results: Denormalize, ArgmaxMask, ResizeNearest
+(its index table uploaded into the workspace, as the op asks) and BatchedNms.
+
+Written without a GPU (issue 33's session had no device time): not yet run anywhere."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.device import Backend, Stream
+from pipeline.ops.base import TensorSpec, eager
+from pipeline.ops.denormalize import DENORMALIZE
+from pipeline.ops.mask import ARGMAX_MASK, RESIZE_NEAREST
+from pipeline.ops.nms import NMS
+
+pytestmark = pytest.mark.gpu
+
+
+def cp():
+    import cupy
+
+    return cupy
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_denormalize_and_argmax_match_numpy(dtype):
+    x = (np.random.default_rng(0).standard_normal((3, 4, 9, 11)) * 2).astype(dtype)
+    kw = {"layout": "nchw", "scale": (50.0, 60.0, 70.0, 80.0), "shift": (100.0,) * 4}
+    (host,) = eager(DENORMALIZE, x, **kw)
+    (dev,) = eager(DENORMALIZE, cp().asarray(x), **kw)
+    assert np.abs(cp().asnumpy(dev).astype(int) - host).max() <= 1
+    (m_host,) = eager(ARGMAX_MASK, x.astype(np.float32))
+    (m_dev,) = eager(ARGMAX_MASK, cp().asarray(x.astype(np.float32)))
+    assert (cp().asnumpy(m_dev) == m_host).all()
+
+
+def test_resize_nearest_reads_its_uploaded_table():
+    x = np.random.default_rng(1).integers(0, 5, (40, 60), dtype=np.uint8)
+    attrs = {"height": 97, "width": 31, "window": (3, 7, 30, 50)}
+    (host,) = eager(RESIZE_NEAREST, x, **attrs)
+    plan = RESIZE_NEAREST.prepare(TensorSpec.of(x), **attrs)
+    ws = cp().zeros(plan.workspace_bytes, cp().uint8)
+    table = RESIZE_NEAREST.table(plan)
+    ws[: len(table)] = cp().asarray(table)
+    y = cp().empty(plan.outputs[0].shape, cp().uint8)
+    stream = Stream("t", Backend("cupy"))
+    RESIZE_NEAREST.commit(plan, [cp().asarray(x)], [y], ws, stream)
+    stream.synchronize()
+    assert (cp().asnumpy(y) == host).all()
+
+
+def test_batched_nms_matches_numpy():
+    rng = np.random.default_rng(2)
+    xy = rng.uniform(0, 50, (4, 300, 2))
+    boxes = np.concatenate([xy, xy + rng.uniform(5, 30, (4, 300, 2))], -1).astype(np.float32)
+    scores = rng.uniform(0, 1, (4, 300)).astype(np.float32)
+    classes = rng.integers(0, 5, (4, 300)).astype(np.int32)
+    kw = {"iou_threshold": 0.5, "score_threshold": 0.1, "max_candidates": 256, "max_boxes": 50}
+    host = eager(NMS, boxes, scores, classes, **kw)
+    dev = eager(NMS, *(cp().asarray(a) for a in (boxes, scores, classes)), **kw)
+    for h, d in zip(host, dev, strict=True):
+        assert (cp().asnumpy(d) == h).all()
