@@ -23,7 +23,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -38,6 +37,7 @@ from pipeline.models.loading import LoadReport, ModelUnavailable
 from pipeline.threads import thread_pool
 
 from .inference_in import BatchReceiver
+from .inference_rows import RowOut, collect, concat, stack, waited_s
 from .messages import (
     Answer,
     DeviceRows,
@@ -61,24 +61,6 @@ def split_key(key: str) -> tuple[str, str]:
     return key, "image"
 
 
-def _concat(parts: list[Any]) -> Any:
-    """The outputs of a batch run in parts (a model whose max_batch is below the batch's)."""
-    if isinstance(parts[0], tuple):
-        return tuple(np.concatenate(c) for c in zip(*parts, strict=True))
-    return np.concatenate(parts)
-
-
-@dataclass(frozen=True)
-class RowOut:
-    """One row's result of a GPU batch: the model's output row (a tuple of them for a model
-    of several outputs), how long the row queued and the batch ran (ms), the batch's size."""
-
-    row: Any
-    queue_ms: float
-    gpu_ms: float
-    batch_size: int
-
-
 Fetch = Callable[[str, list[Encoded], SendTo], Awaitable[DeviceRows]]
 """``fetch(model, items, to)``: the PreprocessGPU deployment decodes ``items`` and sends the
 batch as ``to`` says (``gpu_preprocess``); the rows it answers carry the batch's envelope."""
@@ -94,7 +76,9 @@ class Decoder(Protocol):
 class Answerer(Protocol):
     """Makes a call's answers from its logits (``PostprocessStage``)."""
 
-    def run(self, model: str, logits: Logits, specs: list[PostSpec]) -> list[Answer | FerryError]: ...
+    def run(
+        self, model: str, logits: Logits, specs: list[PostSpec]
+    ) -> list[Answer | FerryError]: ...
 
 
 class InferenceStage:
@@ -165,7 +149,6 @@ class InferenceStage:
             metrics.set_queue_depth(m.name, 0)
         metrics.set_pool(self.executor.pool.stats().as_dict())
         if self.executor.backend.is_cuda:
-
             gpu_metrics.start(self.executor.backend.device_id)
 
     async def _images(self, model: str, items: list[Encoded]) -> HostRows | DeviceRows:
@@ -203,7 +186,7 @@ class InferenceStage:
             for i in range(0, len(rows), top)
         ]
         done = [await r for r in parts]
-        logits = done[0] if len(done) == 1 else _concat(done)
+        logits = done[0] if len(done) == 1 else concat(done)
         t1 = time.monotonic()
         gpu_ms = (t1 - t0) * 1e3
         metrics.observe_stage("gpu", split_key(batch.key)[0], gpu_ms, len(batch))
@@ -232,10 +215,10 @@ class InferenceStage:
         errors = dict(images.errors)
         futs = self._submit_rows(model, feed, images, meta, errors)
         results = await asyncio.gather(*(f for f in futs if f is not None), return_exceptions=True)
-        rows, owner, times = _collect(futs, results, images.owner, errors)
+        rows, owner, times = collect(futs, results, images.owner, errors)
         # a request whose rows partly failed is dropped whole
         keep = [j for j, o in enumerate(owner) if o not in errors]
-        data, more = _stack([rows[j] for j in keep])
+        data, more = stack([rows[j] for j in keep])
         finite = None  # a task's epilogue: (its bytes, each row's finiteness)
         if feed == "image" and model in self.epilogued and more:
             more, finite = more[:-1], more[-1]
@@ -316,7 +299,9 @@ class InferenceStage:
         """The answers for a call's rows, one per request: the logits, then softmax and
         top-k (or the v2 outputs) in a worker thread."""
         if self.answerer is None:
-            raise FerryError("this replica is not given an answerer: a Postprocess deployment answers")
+            raise FerryError(
+                "this replica is not given an answerer: a Postprocess deployment answers"
+            )
         logits = await self.logits(model, images, meta, feed)
         return await asyncio.to_thread(self.answerer.run, model, logits, specs)
 
@@ -354,51 +339,3 @@ class InferenceStage:
         s["refused"] = dict(self.refused)  # model -> why it is not served
         s["health"] = self.health.snapshot()
         return s
-
-
-def _collect(
-    futs: list[Any], results: list[Any], owners: list[int], errors: dict[int, FerryError]
-) -> tuple[list[Any], list[int], RowTimes]:
-    """The rows that came back (``RowOut``s, in row order) with their owners and times; a
-    row that failed puts its request's error in ``errors``."""
-    it = iter(results)
-    rows, owner, times = [], [], RowTimes()
-    for i, f in enumerate(futs):
-        if f is None:
-            continue
-        r = next(it)
-        o = owners[i]
-        if isinstance(r, BaseException):
-            errors.setdefault(
-                o, r if isinstance(r, FerryError) else FerryError(f"{type(r).__name__}: {r}")
-            )
-            continue
-        if o in errors:
-            continue
-        rows.append(r.row)
-        owner.append(o)
-        times.queue.append(r.queue_ms)
-        times.gpu.append(r.gpu_ms)
-        times.batch_size.append(r.batch_size)
-    return rows, owner, times
-
-
-def _stack(rows: list[Any]) -> tuple[np.ndarray | None, tuple[np.ndarray, ...]]:
-    """The kept rows as (the first output, fp32 [N, ...] -- an epilogue's bytes as they
-    are -- the model's other outputs)."""
-    if not rows:
-        return None, ()
-    cols = list(zip(*rows, strict=True)) if isinstance(rows[0], tuple) else [rows]
-    first = np.stack(cols[0])
-    first = first if first.dtype == np.uint8 else first.astype(np.float32)
-    return first, tuple(np.stack(c) for c in cols[1:])
-
-
-def waited_s(meta: RequestMeta, now_epoch: float, decoding_s: float) -> float:
-    """How long a request has waited before the GPU queue: the time since it joined the
-    ingress's queue (``meta.queued``, epoch seconds) that was not its call's decoding --
-    the coalescer's queue, Serve's queues and the hops between (0 where it was not stamped).
-    Across nodes the two wall clocks are as close as their time sync keeps them."""
-    if meta.queued is None:
-        return 0.0
-    return max(0.0, now_epoch - meta.queued - decoding_s)
