@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import sys
 import tempfile
 
@@ -62,6 +63,12 @@ def _assert_lists_its_models_and_takes_a_5_mb_image() -> None:
     assert len(r.json()["top_k"]) == 5
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def test_serve_deploy_to_a_running_ray_start_head():
     """The same file with `serve deploy` against `ray start --head`, as on a cluster, in
     Serve's throughput mode (RAY_SERVE_THROUGHPUT_OPTIMIZED=1, the GPU configs' mode; README's
@@ -80,13 +87,19 @@ def test_serve_deploy_to_a_running_ray_start_head():
     # later ray.init() on this machine would find it -- under /tmp/ray, stale once the
     # cluster is stopped by PID, it would send the next ray.init() to a dead cluster
     temp = tempfile.mkdtemp(prefix="ferry-ray-")  # short: Ray's socket paths live under it
-    # --port 0: the GCS on a free port, not 6379, which another Ray on the machine may hold
-    # (serve deploy finds the cluster through the dashboard's port); run_ok shows why it failed
-    # (CI on b515a13: exit 1, its output not kept)
-    head = ["start", "--head", "--port", "0", "--num-cpus", "4", "--disable-usage-stats"]
-    run_ok([ray_bin, *head, "--temp-dir", temp], env, 180)
+    # the GCS on a free port (--port 0), not 6379, and the dashboard -- where serve deploy
+    # sends the config -- on a free port named to both, not 8265: another Ray on the machine
+    # may hold either, and serve deploy would then deploy to that one; run_ok shows why a
+    # command failed (CI on b515a13: ray start exited 1, its output not kept)
+    dash = free_port()
+    head = ["start", "--head", "--port", "0", "--dashboard-port", str(dash)]
+    run_ok(
+        [ray_bin, *head, "--num-cpus", "4", "--disable-usage-stats", "--temp-dir", temp], env, 180
+    )
     try:
-        run_ok([serve_bin, "deploy", "serve_config.yaml"], env, 180)
+        run_ok(
+            [serve_bin, "deploy", "-a", f"http://127.0.0.1:{dash}", "serve_config.yaml"], env, 180
+        )
         assert wait_ready(URL, 240), "serve deploy serve_config.yaml did not become ready"
         _assert_classifies_the_first_held_out_digit()
         _assert_lists_its_models_and_takes_a_5_mb_image()
