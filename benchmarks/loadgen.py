@@ -7,16 +7,15 @@
 
 Each client sends a request, waits for the answer, sends the next; with several images each
 client cycles through all of them, starting at its own (clients hold different images at
-any moment). It reports img/s
-(answers per second), p50/p99 latency, errors by status, and the generator's own CPU use
-(user+system seconds per wall second, per process), so it can be shown not to be the
-bottleneck. Run it as its own process: it imports nothing of Ray.
+any moment). It reports img/s (answers per second), p50/p99 latency, errors by status, and
+the generator's own CPU use (user+system seconds per wall second, per process), so it can be
+shown not to be the bottleneck. Run it as its own process: it imports nothing of Ray.
 
 An image answer (``expect_sizes``, ``--expect-jpeg``) counts as OK only when it is a JPEG of
 the size its request's image had: its SOF header is read and its last two bytes must be the
-end-of-image marker, the image is not decoded (``jpeg_size``); any other answer with status 200 is an error, ``"200 not a WxH JPEG"``. The
-per-stage timings (``collect_timings``) come from a JSON answer's ``timings_ms`` or an image
-answer's ``Server-Timing`` header.
+end-of-image marker, the image is not decoded (``jpeg_size``); any other answer with status
+200 is an error, ``"200 not a WxH JPEG"``. The per-stage timings (``collect_timings``) come
+from a JSON answer's ``timings_ms`` or an image answer's ``Server-Timing`` header.
 """
 
 from __future__ import annotations
