@@ -100,8 +100,9 @@ def export_unet(path: str = UNET_PATH, width: int = UNET_WIDTH, seed: int = UNET
     batch = torch.export.Dim("batch", min=1, max=4096)
     x = torch.zeros(2, 3, UNET_SIZE, UNET_SIZE)
     program = torch.export.export(model, (x,), dynamic_shapes=({0: batch},))
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
+    folder, name = os.path.split(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".{os.getpid()}.{name}")  # torch wants the .pt2 ending
     torch.export.save(program, tmp)
     os.replace(tmp, path)
     return path
