@@ -15,7 +15,7 @@ import pytest
 import simplejpeg
 
 from benchmarks import image_workload as iw
-from benchmarks.loadgen import server_timing
+from benchmarks.loadgen import jpeg_size, server_timing
 from benchmarks.peers import rayserve_image as peer
 from pipeline.imaging import fit
 from pipeline.resize_plan import Target
@@ -145,3 +145,40 @@ def test_the_peers_work_around_the_model_is_ferrys(small_unet):
     # a frame of the model's own size is not resized
     same = peer.to_frames(y[:1], [(iw.UNET_SIZE, iw.UNET_SIZE)], mean.float(), std.float())
     assert np.abs(same[0].permute(1, 2, 0).numpy().astype(int) - model_px).max() <= 1
+
+
+@torch_mark
+def test_a_batch_flows_through_the_core_with_cpu_codecs_standing_in(small_unet):
+    """``ImageCore.process`` on CPU tensors, nvJPEG's decode and encode stood in by
+    simplejpeg: a bad body among good ones, two frame sizes, the bucket's padding."""
+    import torch
+
+    path, _ = small_unet
+    core = peer.ImageCore.__new__(peer.ImageCore)  # its state without CUDA
+    core.torch, core.buckets, core.quality = torch, (2, 4), 90
+    core.net = peer.load_unet(path)
+    core.mean = torch.tensor(peer.MEAN).view(1, 3, 1, 1)
+    core.std = torch.tensor(peer.STD).view(1, 3, 1, 1)
+    core.inputs = {b: torch.zeros(b, 3, iw.UNET_SIZE, iw.UNET_SIZE) for b in core.buckets}
+
+    def decode(bodies):
+        out = []
+        for b in bodies:
+            try:
+                out.append(torch.from_numpy(simplejpeg.decode_jpeg(b)).permute(2, 0, 1))
+            except ValueError:
+                out.append(None)
+        return out
+
+    def encode(frames):
+        return [simplejpeg.encode_jpeg(f.permute(1, 2, 0).contiguous().numpy()) for f in frames]
+
+    core._decode, core._encode = decode, encode
+    small = simplejpeg.encode_jpeg(np.full((40, 60, 3), 200, np.uint8))
+    bodies = [iw.frames(n=1).bodies[0], b"not a jpeg", small]
+    answers = core.process(bodies)  # 3 frames: bucket 4
+    assert answers[1] is None
+    assert [jpeg_size(a) for a in (answers[0], answers[2])] == [(1280, 720), (60, 40)]
+    assert core.process([b"nope"]) == [None]
+    with pytest.raises(ValueError):
+        core.process([small] * 5)  # over the largest bucket: Serve's batch never is
