@@ -195,6 +195,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="run every system as clients of one CUDA MPS server (rows named system+mps)",
     )
+    ap.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 1 unless every system came up and answered every level without an error "
+        "(a smoke run's check; a measurement keeps its errors as figures)",
+    )
     args = ap.parse_args(argv)
     w = WORKLOADS[args.workload]
     args.systems = args.systems or w.systems
@@ -225,13 +231,12 @@ def setup(args: argparse.Namespace) -> None:
         print(f"== {WORKLOADS['image'].model}: {path} ({time.time() - t0:.0f} s)", flush=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def kept(
+    args: argparse.Namespace, corpora: list[Corpus]
+) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, str], dict[str, str]]:
+    """What the output file keeps of its earlier runs -- every row and breakdown but those
+    this run measures again -- with this run's corpora and run note added."""
     sets, names = args.sets, args.names
-    corpora = [corpus_of(c) for c in args.corpus.split(",") if c]
-    levels = [int(c) for c in args.clients.split(",")]
-    log_dir = args.log_dir or os.path.dirname(os.path.abspath(args.out))
-    os.makedirs(log_dir, exist_ok=True)
     previous = json.load(open(args.out)) if os.path.exists(args.out) else {}
     measuring = {(row_name(s, SYSTEMS[s], sets, args.mps), c.name) for s in names for c in corpora}
     rows = [r for r in previous.get("rows", []) if (r["system"], r["corpus"]) not in measuring]
@@ -242,24 +247,40 @@ def main(argv: list[str] | None = None) -> int:
     }
     described = {**previous.get("corpora", {}), **{c.name: c.description for c in corpora}}
     runs = dict(previous.get("runs", {}))
+    w = WORKLOADS[args.workload]
     runs[f"run{len(runs) + 1}"] = (
         f"{today()}, commit {commit()}: {', '.join(names)} on {', '.join(c.name for c in corpora)}"
-        + (
-            f" ({args.workload}: {WORKLOADS[args.workload].model})"
-            if args.workload != "classify"
-            else ""
-        )
+        + (f" ({w.name}: {w.model})" if w.name != "classify" else "")
         + (f", with {sets}" if sets else "")
     )
+    return rows, breakdown, described, runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    corpora = [corpus_of(c) for c in args.corpus.split(",") if c]
+    levels = [int(c) for c in args.clients.split(",")]
+    log_dir = args.log_dir or os.path.dirname(os.path.abspath(args.out))
+    os.makedirs(log_dir, exist_ok=True)
+    rows, breakdown, described, runs = kept(args, corpora)
     signal.signal(signal.SIGTERM, _exit_on_term)
     setup(args)
 
     def save() -> None:
         _write(args, described, runs, rows, breakdown)
 
+    failed: list[str] = []
     with mps_server(args.mps):
-        for name in names:
-            run_system(name, corpora, levels, args, log_dir, rows, breakdown, save)
+        for name in args.names:
+            start = len(rows)
+            if not run_system(name, corpora, levels, args, log_dir, rows, breakdown, save):
+                failed.append(f"{name}: did not come up")
+            failed += [
+                f"{r['system']} at {r['clients']} clients on {r['corpus']}: "
+                f"{r['img_s']} answers/s, errors {r['errors_by_status']}"
+                for r in rows[start:]
+                if not r["img_s"] or r["errors"]
+            ]
     save()
     try:
         png = os.path.splitext(args.out)[0] + ".png"
@@ -270,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
         plot(rows, png, title, split_by="corpus")
     except Exception as exc:  # a plot must not lose the numbers
         print(f"plot failed: {exc}")
+    if args.strict and failed:
+        print("FAILED (--strict):\n  " + "\n  ".join(failed), flush=True)
+        return 1
     return 0
 
 
@@ -282,9 +306,10 @@ def run_system(
     rows: list[dict[str, Any]],
     breakdown: dict[str, Any],
     save: Any,
-) -> None:
+) -> bool:
     """Start ``name``, measure it on every corpus at every level into ``rows`` (and its
-    per-stage timings into ``breakdown``), ``save()`` after each level, and stop it by PID."""
+    per-stage timings into ``breakdown``), ``save()`` after each level, and stop it by PID.
+    False when it did not come up."""
     spec, system = SYSTEMS[name], row_name(name, SYSTEMS[name], args.sets, args.mps)
     w = WORKLOADS[spec["workload"]]
     print(f"== {system}", flush=True)
@@ -292,7 +317,7 @@ def run_system(
         stop(None)
         if port_taken():
             print(f"{name} not run: port 8000 is taken by another process", flush=True)
-            return
+            return False
     t0 = time.time()
     config = serve_config(name, spec, args.sets)
     proc = start_app(config, os.path.join(log_dir, f"serve_{name}.log"), spec["env"])
@@ -303,7 +328,7 @@ def run_system(
         up = wait_ok(url, spec["startup_s"], proc, body=first, headers=headers, request_timeout=10)
         if not up:
             print(f"{name} did not come up; see serve_{name}.log", flush=True)
-            return
+            return False
         print(f"   up in {time.time() - t0:.0f} s", flush=True)
         for c in corpora:
             loadgen.run(url, c.bodies, "image/jpeg", 32, 4, warmup=1, extra_headers=w.headers())
@@ -318,6 +343,7 @@ def run_system(
     finally:
         stop(proc)
         os.unlink(config)
+    return True
 
 
 def _write(

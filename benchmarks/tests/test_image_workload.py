@@ -266,3 +266,44 @@ def test_a_level_asks_for_jpegs_of_each_frames_size_and_its_row_says_image(monke
     assert (row["img_s"], row["p50_ms"], row["p99_ms"], row["errors"]) == (100.0, 9.0, 20.0, 1)
     assert row["errors_by_status"] == {"200 not a 1280x720 JPEG": 1}
     assert {"server_cpu_ms_per_img", "machine_busy_cores", "loadgen_cpu_per_proc"} <= set(row)
+
+
+def test_a_run_merges_its_rows_into_the_file_and_strict_fails_on_errors(tmp_path, monkeypatch):
+    """``main`` with the systems stood in: the U-Net is exported first, the earlier rows of
+    other systems stay, the run's note names the model, and ``--strict`` exits 1 on a level
+    with errors or a system that did not come up."""
+    import json
+
+    out = tmp_path / "e2e.json"
+    old = {"system": "ferry", "corpus": "chelsea", "clients": 1, "img_s": 9.0, "errors": 0}
+    out.write_text(json.dumps({"rows": [old], "corpora": {"chelsea": "one photo"}, "runs": {}}))
+    exported = []
+    monkeypatch.setattr(bench_e2e, "export_unet", lambda: exported.append(1) or "/m.pt2")
+    monkeypatch.setattr(bench_e2e, "corpus_of", lambda name: corpus_of("chelsea"))
+
+    def fake_system(name, corpora, levels, args, log_dir, rows, breakdown, save):
+        if name == "rayserve_image_4":
+            return False  # did not come up
+        for n in levels:
+            errors = 2 if n == 16 else 0
+            rows.append(
+                {"system": name, "workload": "image", "corpus": corpora[0].name, "clients": n,
+                 "img_s": 50.0, "p50_ms": 1.0, "p99_ms": 2.0, "errors": errors,
+                 "errors_by_status": {"503": errors} if errors else {}}
+            )  # fmt: skip
+            save()
+        return True
+
+    monkeypatch.setattr(bench_e2e, "run_system", fake_system)
+    common = ["--workload", "image", "--clients", "1,16", "--out", str(out)]
+    assert bench_e2e.main([*common, "--systems", "ferry_image"]) == 0  # errors are figures
+    assert exported == [1]
+    doc = json.loads(out.read_text())
+    assert doc["rows"][0] == old and len(doc["rows"]) == 3
+    assert {r["workload"] for r in doc["rows"][1:]} == {"image"}
+    (note,) = doc["runs"].values()
+    assert "ferry_image" in note and "image: U-Net 256x256" in note and "width 32" in note
+    assert (tmp_path / "e2e.png").exists()
+    strict = [*common, "--strict", "--systems", "ferry_image,rayserve_image_4"]
+    assert bench_e2e.main(strict) == 1
+    assert len(json.loads(out.read_text())["rows"]) == 3  # ferry_image's rows replaced
