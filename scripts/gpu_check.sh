@@ -110,7 +110,7 @@ gpu_tests() { tests 480 tests_part1.log tests/gpu --deselect "$ZOO"; }
 # otherwise, naming the level and its errors)
 image_smoke() {
   export RAY_SERVE_ENABLE_HA_PROXY=1
-  smoke bench_e2e.py-image 540 python3 benchmarks/bench_e2e.py --workload image --systems ferry_image,rayserve_image_8 --clients 16 --seconds 3 --warmup 1 --strict --out "$SMOKE/e2e_image.json" --log-dir "$OUT/logs"
+  smoke bench_e2e.py-image 500 python3 benchmarks/bench_e2e.py --workload image --systems ferry_image,rayserve_image_8 --clients 16 --seconds 3 --warmup 1 --strict --out "$SMOKE/e2e_image.json" --log-dir "$OUT/logs"
 }
 image_tests() {
   tests 420 tests_image.log benchmarks/tests/test_rayserve_image_gpu.py \

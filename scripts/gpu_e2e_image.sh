@@ -8,7 +8,8 @@
 # between the calls (the next call's tree carries it, and its rows are kept):
 #   FERRY_COMMIT=<commit> bash scripts/gpu_e2e_image.sh ferry_image
 #   FERRY_COMMIT=<commit> bash scripts/gpu_e2e_image.sh rayserve_image_8
-# CLIENTS and SECONDS_PER_LEVEL change the levels and their length. Set FERRY_COMMIT where the
+# CLIENTS and SECONDS_PER_LEVEL change the levels and their length (cut at 530 s, leaving the
+# call time to stop the system; the levels measured by then are kept). Set FERRY_COMMIT where the
 # tree has no .git: each run's note names it.
 set -u
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
@@ -16,7 +17,7 @@ export PYTHONPATH=$PWD:${PYTHONPATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/logs"
 cp benchmarks/results/e2e.json "$OUT/e2e.json"
 nproc; nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
-timeout 590 python3 benchmarks/bench_e2e.py --workload image --systems "${1:-ferry_image,rayserve_image_8}" \
+timeout 530 python3 benchmarks/bench_e2e.py --workload image --systems "${1:-ferry_image,rayserve_image_8}" \
   --clients "${CLIENTS:-1,16,64,256,512,1024}" --seconds "${SECONDS_PER_LEVEL:-15}" \
   --out "$OUT/e2e.json" --log-dir "$OUT/logs" 2>&1 | grep -v "^\s*$" | tail -80
 clean
