@@ -307,3 +307,51 @@ def test_a_run_merges_its_rows_into_the_file_and_strict_fails_on_errors(tmp_path
     strict = [*common, "--strict", "--systems", "ferry_image,rayserve_image_4"]
     assert bench_e2e.main(strict) == 1
     assert len(json.loads(out.read_text())["rows"]) == 3  # ferry_image's rows replaced
+
+
+def test_results_md_shows_image_rows_against_the_issues_goals(monkeypatch):
+    """Image rows in e2e.json (made up here: no figure of this test is a result) get their
+    corpus's section, the goals and each system's stages; the classify sections stay."""
+    from benchmarks import report
+
+    real = report.load
+
+    def load(name):
+        doc = real(name)
+        if name != "e2e.json":
+            return doc
+        row = {"workload": "image", "corpus": "frames720", "errors": 0, "p50_ms": 9.0}
+        rows = [
+            {**row, "system": s, "clients": n, "img_s": v, "p99_ms": p99}
+            for s, n, v, p99 in (
+                ("ferry_image", 16, 1000.0, 30.0),
+                ("ferry_image", 256, 2000.0, 80.0),
+                ("rayserve_image_8", 16, 400.0, 50.0),
+                ("rayserve_image_8", 256, 800.0, 200.0),
+            )
+        ]
+        bd = {
+            "ferry_image@frames720@16": {"ingress": 1.0, "gpu": 4.0, "total": 12.0},
+            "rayserve_image_8@frames720@16": {"queue": 2.0, "batch": 20.0},
+        }
+        return {
+            **doc,
+            "corpora": {**doc["corpora"], "frames720": "16 frames"},
+            "rows": doc["rows"] + rows,
+            "ferry_breakdown": {**doc["ferry_breakdown"], **bd},
+        }
+
+    before = report.render()
+    monkeypatch.setattr(report, "load", load)
+    text = report.render()
+    section = text[text.index("### Corpus `frames720`") :]
+    assert "`ferry_image`'s peak: 2,000 frames/s (goal >= 3,000)" in section
+    assert "(rayserve_image_8, 800 frames/s): 2.50x (goal >= 1.5x)" in section
+    assert "p99 at 256 clients: 80 ms (goal <= 100 ms)" in section
+    assert "| clients | ingress | gpu | total |" in section and "| 16 | 2.0 | 20.0 |" in section
+
+    def chelsea(doc: str) -> str:
+        start = doc.index("### Corpus `chelsea`")
+        return doc[start : doc.index("### ", start + 4)]
+
+    assert chelsea(text) == chelsea(before)  # the classify sections as they were
