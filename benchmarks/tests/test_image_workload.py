@@ -349,9 +349,5 @@ def test_results_md_shows_image_rows_against_the_issues_goals(monkeypatch):
     assert "(rayserve_image_8, 800 frames/s): 2.50x (goal >= 1.5x)" in section
     assert "p99 at 256 clients: 80 ms (goal <= 100 ms)" in section
     assert "| clients | ingress | gpu | total |" in section and "| 16 | 2.0 | 20.0 |" in section
-
-    def chelsea(doc: str) -> str:
-        start = doc.index("### Corpus `chelsea`")
-        return doc[start : doc.index("### ", start + 4)]
-
-    assert chelsea(text) == chelsea(before)  # the classify sections as they were
+    chelsea = text[text.index("### Corpus `chelsea`") : text.index("### Corpus `frames720`")]
+    assert len(chelsea) > 1000 and chelsea in before  # the classify section as it was
