@@ -28,6 +28,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from loadtest.corpus import PHOTO_SOURCES, Corpus, _photo, fit  # noqa: E402
+from pipeline.imaging import encode_jpeg  # noqa: E402
+from tests.models.tasks import unet  # noqa: E402 (torch only when called)
 
 FRAME_W, FRAME_H = 1280, 720
 CORPUS = "frames720"
@@ -49,8 +51,6 @@ WHERE = (0.5, 0.0, 1.0, 0.25, 0.75)
 def frames(n: int = 16, quality: int = 85) -> Corpus:
     """``n`` distinct 1280x720 JPEGs: photo ``i % 8`` of ``PHOTO_SOURCES``, cropped to 16:9
     at ``WHERE[i // 8]`` of its spare height (or width) and scaled to 1280x720."""
-    from pipeline.imaging import encode_jpeg
-
     bodies = []
     for i in range(n):
         where = WHERE[(i // len(PHOTO_SOURCES)) % len(WHERE)]
@@ -93,8 +93,6 @@ def export_unet(path: str = UNET_PATH, width: int = UNET_WIDTH, seed: int = UNET
     """Write the U-Net as a ``torch.export`` archive with a dynamic batch (what Ferry's torch
     engine needs of a ``.pt2``), atomically, and return ``path``. Seconds on a CPU."""
     import torch  # optional: torch
-
-    from tests.models.tasks import unet
 
     model = unet(seed=seed, width=width)
     batch = torch.export.Dim("batch", min=1, max=4096)

@@ -168,6 +168,38 @@ def _proc(args: tuple, q: Any) -> None:
     q.put((lat, errors, cpu / wall, timings))
 
 
+def _summary(
+    out: list[tuple], clients: int, seconds: float, procs: int, collect_timings: bool
+) -> dict[str, Any]:
+    """The processes' results ``(latencies, errors, cpu, timings)`` as one level's figures."""
+    lat = np.concatenate([np.asarray(o[0]) for o in out]) if out else np.zeros(0)
+    errors: dict[str, int] = {}
+    for o in out:
+        for k, v in o[1].items():
+            errors[k] = errors.get(k, 0) + v
+    cpu = [round(o[2], 2) for o in out]
+    stage: dict[str, float] = {}
+    for o in out:
+        for k, v in (o[3] or {}).items():
+            stage[k] = stage.get(k, 0.0) + v
+    res = {
+        "clients": clients,
+        "seconds": seconds,
+        "ok": int(len(lat)),
+        "img_s": round(len(lat) / seconds, 1),
+        "p50_ms": round(float(np.percentile(lat, 50)) * 1e3, 2) if len(lat) else None,
+        "p99_ms": round(float(np.percentile(lat, 99)) * 1e3, 2) if len(lat) else None,
+        "errors": int(sum(errors.values())),
+        "errors_by_status": errors,
+        "loadgen_procs": procs,
+        "loadgen_cpu_per_proc": cpu,
+    }
+    if collect_timings and stage.get("_n"):
+        n = stage.pop("_n")
+        res["mean_timings_ms"] = {k: round(v / n, 3) for k, v in stage.items()}
+    return res
+
+
 def run(
     url: str,
     body: bytes | Sequence[bytes],
@@ -215,32 +247,7 @@ def run(
             p.kill()
     if len(out) < len(ps):
         raise RuntimeError(f"{len(ps) - len(out)} load generator process(es) gave no result")
-    lat = np.concatenate([np.asarray(o[0]) for o in out]) if out else np.zeros(0)
-    errors: dict[str, int] = {}
-    for o in out:
-        for k, v in o[1].items():
-            errors[k] = errors.get(k, 0) + v
-    cpu = [round(o[2], 2) for o in out]
-    stage: dict[str, float] = {}
-    for o in out:
-        for k, v in (o[3] or {}).items():
-            stage[k] = stage.get(k, 0.0) + v
-    res = {
-        "clients": clients,
-        "seconds": seconds,
-        "ok": int(len(lat)),
-        "img_s": round(len(lat) / seconds, 1),
-        "p50_ms": round(float(np.percentile(lat, 50)) * 1e3, 2) if len(lat) else None,
-        "p99_ms": round(float(np.percentile(lat, 99)) * 1e3, 2) if len(lat) else None,
-        "errors": int(sum(errors.values())),
-        "errors_by_status": errors,
-        "loadgen_procs": procs,
-        "loadgen_cpu_per_proc": cpu,
-    }
-    if collect_timings and stage.get("_n"):
-        n = stage.pop("_n")
-        res["mean_timings_ms"] = {k: round(v / n, 3) for k, v in stage.items()}
-    return res
+    return _summary(out, clients, seconds, procs, collect_timings)
 
 
 def main() -> int:

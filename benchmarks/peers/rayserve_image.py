@@ -52,6 +52,7 @@ from starlette.responses import JSONResponse, Response
 
 from benchmarks.image_workload import QUALITY, UNET_PATH, UNET_SIZE
 from benchmarks.peers.rayserve_expert import MEAN, STD, bucket_of
+from tests.models.tasks import unet  # torch only when called
 
 BUCKETS = (8, 16, 32, 64)
 """Padded batch sizes, one CUDA graph each; the largest is the batch limit (Ferry's too)."""
@@ -98,8 +99,6 @@ def load_unet(path: str) -> Any:
     """The U-Net with the weights of the ``torch.export`` archive at ``path``: a plain
     module (eval, fp32, CPU), its width read from the weights."""
     import torch  # optional: torch
-
-    from tests.models.tasks import unet
 
     state = torch.export.load(path).state_dict
     model = unet(width=int(state["d1.0.weight"].shape[0]))
