@@ -138,7 +138,8 @@ def to_frames(y: Any, sizes: Sequence[tuple[int, int] | None], mean: Any, std: A
             batch = torch.nn.functional.interpolate(
                 batch, size=(h, w), mode="bilinear", antialias=True, align_corners=False
             )
-        frames = batch.round_().clamp_(0, 255).to(torch.uint8)
+        # contiguous CHW: nvJPEG reads planes (a channels-last model's output is not)
+        frames = batch.round_().clamp_(0, 255).to(torch.uint8).contiguous()
         for k, i in enumerate(idx):
             out[i] = frames[k]
     return out

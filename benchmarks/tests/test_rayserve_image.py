@@ -133,8 +133,10 @@ def test_the_peers_work_around_the_model_is_ferrys(small_unet):
 
     with torch.no_grad():
         y = net(x)
+    y = y.to(memory_format=torch.channels_last)  # as the compiled fp16 model gives it
     frames = peer.to_frames(y, [(iw.FRAME_H, iw.FRAME_W), None], mean.float(), std.float())
     assert frames[1] is None and frames[0].dtype == torch.uint8
+    assert frames[0].is_contiguous()  # planes, as nvJPEG reads them
     got = frames[0].permute(1, 2, 0).numpy()
     assert got.shape == frame.shape
     model_px = ((y[0].double() * std[0] + mean[0]) * 255).permute(1, 2, 0).numpy()
