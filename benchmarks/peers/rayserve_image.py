@@ -113,9 +113,8 @@ def to_input(images: Sequence[Any], x: Any, mean: Any, std: Any) -> None:
     import torch  # optional: torch
 
     size = tuple(x.shape[-2:])
-    for _, idx in size_groups(
-        [None if im is None else tuple(im.shape[1:]) for im in images]
-    ).items():
+    shapes = [None if im is None else tuple(im.shape[1:]) for im in images]
+    for idx in size_groups(shapes).values():
         batch = torch.stack([images[i] for i in idx]).float()
         batch = torch.nn.functional.interpolate(
             batch, size=size, mode="bilinear", antialias=True, align_corners=False
