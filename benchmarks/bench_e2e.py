@@ -2,7 +2,7 @@
 
     python benchmarks/bench_e2e.py [--workload classify|image] [--systems ferry,rayserve_expert_8,...]
         [--corpus chelsea,photos] [--clients 1,16,64,256,512,1024] [--seconds 15]
-        [--set executor.max_in_flight=4 ...] [--out benchmarks/results/e2e.json]
+        [--set executor.max_in_flight=4 ...] [--out benchmarks/results/e2e.json] [--strict]
 
 Workloads (``--workload``, ``benchmarks/e2e_systems.py``): ``classify`` (the default),
 ResNet-50's top 5 of each JPEG, on two corpora (``loadtest.corpus``: ``chelsea``, one 451x300
@@ -31,7 +31,8 @@ at each concurrency, one system after the other. Rows carry their ``workload`` a
 merged into the output file by (system, corpus), so systems can be measured in several
 commands on one machine. Ferry's answers' per-stage timings are averaged too (JSON
 ``timings_ms``, or an image answer's ``Server-Timing``; the image peer's ``Server-Timing``
-says its batch wait and its batch's time).
+says its batch wait and its batch's time). ``--strict`` (smoke runs, ``scripts/gpu_check.sh``)
+exits 1 unless every system came up and answered every level without an error.
 """
 
 from __future__ import annotations
