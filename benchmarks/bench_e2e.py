@@ -1,26 +1,38 @@
-"""End to end over HTTP: Ferry's placements against Ray Serve peers, on two image corpora.
+"""End to end over HTTP: Ferry's placements against Ray Serve peers, in two workloads.
 
-    python benchmarks/bench_e2e.py [--systems ferry,rayserve_expert_8,...] [--corpus chelsea,photos]
-        [--clients 1,16,64,256,512,1024] [--seconds 15] [--set executor.max_in_flight=4 ...]
-        [--out benchmarks/results/e2e.json]
+    python benchmarks/bench_e2e.py [--workload classify|image] [--systems ferry,rayserve_expert_8,...]
+        [--corpus chelsea,photos] [--clients 1,16,64,256,512,1024] [--seconds 15]
+        [--set executor.max_in_flight=4 ...] [--out benchmarks/results/e2e.json] [--strict]
 
-Systems (``SYSTEMS``): Ferry's placements -- ``ferry`` (the whole pipeline in each of 8
-replicas of one deployment sharing the GPU), ``ferry_split`` (ingress replicas, one Serve
-hop to GPU inference replicas), ``ferry_4stage`` (four deployments, JPEGs decoded on CPU
-threads), ``ferry_naive`` (``ferry`` in the executor's naive mode) -- and the peers: the
-usual Ray Serve app (``rayserve_batch_*``, ``benchmarks/peers/rayserve_batch.py``) and the
-expert one (``rayserve_expert_{4,8,12}``, N replicas, ``benchmarks/peers/rayserve_expert.py``).
-``--set section.key=value`` (repeatable; the value is YAML) changes the pipeline config of
-every Ferry system in the run, for experiments; such rows are named ``system[key=value,...]``
-so they never replace the plain system's.
+Workloads (``--workload``, ``benchmarks/e2e_systems.py``): ``classify`` (the default),
+ResNet-50's top 5 of each JPEG, on two corpora (``loadtest.corpus``: ``chelsea``, one 451x300
+photo; ``photos``, 16 real photos of 640x480 to 1920x1080 cycled per request); ``image``
+(issue 33), a 256x256 U-Net applied to 1280x720 JPEG frames (``frames720``, 16 real photos)
+and answered as a JPEG at the frame's size, ``Accept: image/jpeg`` -- an answer counts only
+when it is a JPEG of its frame's size (``loadgen.jpeg_size``), and the U-Net is exported
+before any system starts (``benchmarks/image_workload.py``). Its rows' ``img_s`` is frames/s.
+
+Systems (``SYSTEMS``), each of one workload: Ferry's placements -- ``ferry`` (the whole
+pipeline in each of 8 replicas of one deployment sharing the GPU), ``ferry_split`` (ingress
+replicas, one Serve hop to GPU inference replicas), ``ferry_4stage`` (four deployments, JPEGs
+decoded on CPU threads), ``ferry_naive`` (``ferry`` in the executor's naive mode) -- and the
+peers: the usual Ray Serve app (``rayserve_batch_*``, ``benchmarks/peers/rayserve_batch.py``)
+and the expert one (``rayserve_expert_{4,8,12}``, N replicas,
+``benchmarks/peers/rayserve_expert.py``); for ``image``, ``ferry_image`` (``ferry``'s
+placement, ``configs/ferry_e2e_image.yaml``) and ``rayserve_image_{4,8,12}``
+(``benchmarks/peers/rayserve_image.py``). ``--set section.key=value`` (repeatable; the value
+is YAML) changes the pipeline config of every Ferry system in the run, for experiments; such
+rows are named ``system[key=value,...]`` so they never replace the plain system's.
 
 Every system is started with ``serve run`` as its own Ray cluster on this machine, warmed,
 then driven by the same closed-loop load generator (``benchmarks/loadgen.py``: aiohttp over
 several processes; its own CPU use is recorded beside every row) with each corpus in turn
-(``loadtest.corpus``: ``chelsea``, one 451x300 photo; ``photos``, 16 real photos of
-640x480 to 1920x1080 cycled per request) at each concurrency, one system after the other.
-Rows are merged into the output file by (system, corpus), so systems can be measured in
-several commands on one machine. For Ferry the answers' per-stage timings are averaged too.
+at each concurrency, one system after the other. Rows carry their ``workload`` and are
+merged into the output file by (system, corpus), so systems can be measured in several
+commands on one machine. Ferry's answers' per-stage timings are averaged too (JSON
+``timings_ms``, or an image answer's ``Server-Timing``; the image peer's ``Server-Timing``
+says its batch wait and its batch's time). ``--strict`` (smoke runs, ``scripts/gpu_check.sh``)
+exits 1 unless every system came up and answered every level without an error.
 """
 
 from __future__ import annotations
@@ -32,7 +44,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Any
 
@@ -41,139 +52,26 @@ sys.path.insert(0, ROOT)
 
 from benchmarks import loadgen  # noqa: E402
 from benchmarks.common import commit, machine, today, write_json  # noqa: E402
+from benchmarks.e2e_systems import (  # noqa: E402
+    SYSTEMS,
+    WORKLOADS,
+    Workload,
+    apply_sets,
+    corpus_of,
+    parse_sets,
+    row_name,
+    serve_config,
+    systems_of,
+    url_of,
+)
+from benchmarks.image_workload import export_unet  # noqa: E402
 from benchmarks.mps import mps_server  # noqa: E402
 from loadtest.cores import busiest, busy_cores_since, run_cpu_s, thread_cpu_s  # noqa: E402
-from loadtest.corpus import Corpus, corpus  # noqa: E402
-from loadtest.run import end_local_ray, start_app, wait_ok  # noqa: E402
+from loadtest.corpus import Corpus  # noqa: E402
+from loadtest.run import end_local_ray, plot, start_app, wait_ok  # noqa: E402
 
+__all__ = ["SYSTEMS", "WORKLOADS", "apply_sets", "parse_sets", "row_name", "serve_config"]
 JPEG = {"content-type": "image/jpeg"}
-CONFIGS = os.path.join(ROOT, "benchmarks", "configs")
-# HAProxy in front of the replicas; Serve's throughput-optimized mode: gRPC between
-# deployments and user code on the replica's own event loop (on the 2-core machine: 17-23%
-# more img/s, a third less ingress CPU per request; RESULTS.md)
-FERRY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
-HAPROXY = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
-
-
-def _ferry(config: str, naive: bool = False) -> dict[str, Any]:
-    return {
-        "kind": "ferry",
-        "env": FERRY_ENV,
-        "config": os.path.join(CONFIGS, config),
-        "naive": naive,
-    }
-
-
-def _peer(
-    module: str, replicas: int, env: dict[str, str], startup_s: float = 300, **args: Any
-) -> dict[str, Any]:
-    """A peer app: ``args`` go to its ``build_app`` beside ``replicas``."""
-    return {
-        "kind": "peer",
-        "module": module,
-        "replicas": replicas,
-        "env": env,
-        "startup_s": startup_s,
-        "args": {"replicas": replicas, **args},
-    }
-
-
-SYSTEMS: dict[str, dict[str, Any]] = {
-    "ferry": _ferry("ferry_e2e.yaml"),
-    "ferry_split": _ferry("ferry_e2e_split.yaml"),
-    "ferry_4stage": _ferry("ferry_e2e_4stage.yaml"),
-    "ferry_naive": _ferry("ferry_e2e.yaml", naive=True),
-    "rayserve_batch_1rep": _peer("rayserve_batch", 1, {}),
-    "rayserve_batch_4rep": _peer("rayserve_batch", 4, {}),
-    "rayserve_batch_haproxy_4rep": _peer("rayserve_batch", 4, HAPROXY),
-    "rayserve_batch_haproxy_8rep": _peer("rayserve_batch", 8, HAPROXY),
-    # HAProxy and Serve's throughput mode, as Ferry gets; torch.compile takes minutes to start
-    **{f"rayserve_expert_{n}": _peer("rayserve_expert", n, FERRY_ENV, 600) for n in (4, 8, 12)},
-    # the same with one torch CPU thread a replica, and a sleeping wait for each batch
-    **{
-        f"rayserve_expert_{n}_t1": _peer("rayserve_expert", n, FERRY_ENV, 600, threads=1)
-        for n in (4, 8, 12)
-    },
-    **{
-        f"rayserve_expert_{n}_t1_block": _peer(
-            "rayserve_expert", n, FERRY_ENV, 600, threads=1, blocking=True
-        )
-        for n in (4, 8, 12)
-    },
-}
-
-
-def parse_sets(items: list[str]) -> dict[str, Any]:
-    """``["executor.max_in_flight=4", ...]`` -> ``{"executor.max_in_flight": 4}`` (values YAML)."""
-    import yaml
-
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key or key.startswith(".") or key.endswith("."):
-            raise ValueError(f"--set wants section.key=value, got {item!r}")
-        out[key] = yaml.safe_load(value)
-    return out
-
-
-def apply_sets(pipeline: dict[str, Any], sets: dict[str, Any]) -> dict[str, Any]:
-    """``pipeline`` (a Ferry config dict) with each dotted key set; missing sections made."""
-    for key, value in sets.items():
-        *path, leaf = key.split(".")
-        node = pipeline
-        for part in path:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ValueError(f"--set {key}: {part} is not a section")
-        node[leaf] = value
-    return pipeline
-
-
-def row_name(name: str, spec: dict[str, Any], sets: dict[str, Any], mps: bool = False) -> str:
-    """The system's row name: ``--set``s in brackets (Ferry's), ``+mps`` under CUDA MPS."""
-    tail = "+mps" if mps else ""
-    if spec["kind"] != "ferry" or not sets:
-        return name + tail
-    return f"{name}[{','.join(f'{k}={v}' for k, v in sets.items())}]{tail}"
-
-
-def serve_config(name: str, spec: dict[str, Any], sets: dict[str, Any] | None = None) -> str:
-    """The file ``serve run`` gets for ``spec``: a temporary YAML, for the caller to delete."""
-    import yaml
-
-    if spec["kind"] == "ferry":
-        with open(spec["config"]) as f:
-            cfg = yaml.safe_load(f)
-        pipeline = cfg["applications"][0]["args"]["config"]
-        if spec.get("naive"):
-            pipeline["executor"]["mode"] = "naive"
-        apply_sets(pipeline, sets or {})
-    else:
-        cfg = {
-            "proxy_location": "EveryNode",
-            "http_options": {"host": "0.0.0.0", "port": 8000},
-            "logging_config": {"encoding": "TEXT", "log_level": "WARNING"},
-            "applications": [
-                {
-                    "name": "peer",
-                    "route_prefix": "/classify",
-                    "import_path": f"benchmarks.peers.{spec['module']}:build_app",
-                    "args": spec["args"],
-                }
-            ],
-        }
-    fd, path = tempfile.mkstemp(prefix=f"{name}_", suffix=".yaml")
-    with os.fdopen(fd, "w") as f:
-        yaml.safe_dump(cfg, f)
-    return path
-
-
-def url_of(spec: dict[str, Any]) -> str:
-    return (
-        "http://127.0.0.1:8000/v1/models/resnet50/classify"
-        if spec["kind"] == "ferry"
-        else "http://127.0.0.1:8000/classify"
-    )
 
 
 def stop(proc: subprocess.Popen | None) -> None:
@@ -192,38 +90,31 @@ def _exit_on_term(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
-def measure(
+def _row(
     system: str,
-    url: str,
+    w: Workload,
     c: Corpus,
     n: int,
     args: argparse.Namespace,
-    collect: bool,
-    run_id: str,
-    replicas: int | None = None,
-) -> tuple[dict[str, Any], dict[str, float] | None]:
-    """One load level: its row, and Ferry's mean per-stage timings when ``collect``.
-    ``run_id``: the system's ``serve run`` (its processes' CPU is the server's)."""
-    mark, _ = busy_cores_since()
-    cpu0, threads0, t0 = run_cpu_s(run_id), thread_cpu_s(run_id), time.monotonic()
-    r = loadgen.run(
-        url, c.bodies, "image/jpeg", n, args.seconds, warmup=args.warmup, collect_timings=collect
-    )
-    # warm-up included: the level's whole span, its rate taken as the measured one
-    wall_s = max(time.monotonic() - t0, 1e-9)
-    server_cores = (run_cpu_s(run_id) - cpu0) / wall_s
-    threads = busiest(threads0, thread_cpu_s(run_id), wall_s)
-    _, busy = busy_cores_since(mark)
-    row = {
+    r: dict[str, Any],
+    replicas: int | None,
+    busy: float | None,
+    server_cores: float,
+    threads: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """One level's row: the load generator's figures ``r`` and the server's CPU."""
+    return {
         "system": system,
+        "workload": w.name,
         "corpus": c.name,
         "replicas": replicas,
         "mps": args.mps,
         "clients": n,
-        "img_s": r["img_s"],
+        "img_s": r["img_s"],  # answers a second: images classified, or frames answered
         "p50_ms": r["p50_ms"],
         "p99_ms": r["p99_ms"],
         "errors": r["errors"],
+        "errors_by_status": r["errors_by_status"],
         "loadgen_procs": r["loadgen_procs"],
         "loadgen_cpu_per_proc": r["loadgen_cpu_per_proc"],
         "machine_busy_cores": busy,
@@ -234,25 +125,66 @@ def measure(
         # where those cores went: the busiest (process kind, thread name) pairs
         "server_threads": threads,
     }
+
+
+def measure(
+    system: str,
+    url: str,
+    c: Corpus,
+    n: int,
+    args: argparse.Namespace,
+    collect: bool,
+    run_id: str,
+    replicas: int | None = None,
+) -> tuple[dict[str, Any], dict[str, float] | None]:
+    """One load level: its row, and the answers' mean per-stage timings when ``collect``.
+    ``run_id``: the system's ``serve run`` (its processes' CPU is the server's)."""
+    w: Workload = WORKLOADS[args.workload]
+    mark, _ = busy_cores_since()
+    cpu0, threads0, t0 = run_cpu_s(run_id), thread_cpu_s(run_id), time.monotonic()
+    r = loadgen.run(
+        url,
+        c.bodies,
+        "image/jpeg",
+        n,
+        args.seconds,
+        warmup=args.warmup,
+        extra_headers=w.headers(),
+        collect_timings=collect,
+        expect_sizes=w.expect(c),
+    )
+    # warm-up included: the level's whole span, its rate taken as the measured one
+    wall_s = max(time.monotonic() - t0, 1e-9)
+    server_cores = (run_cpu_s(run_id) - cpu0) / wall_s
+    threads = busiest(threads0, thread_cpu_s(run_id), wall_s)
+    _, busy = busy_cores_since(mark)
+    row = _row(system, w, c, n, args, r, replicas, busy, server_cores, threads)
+    unit = "frames/s" if w.name == "image" else "img/s"
     print(
-        f"   {c.name:>7} {n:>5} clients: {r['img_s']:8.1f} img/s  p50 {r['p50_ms']} ms  "
-        f"p99 {r['p99_ms']} ms  errors {r['errors']}  loadgen cpu {r['loadgen_cpu_per_proc']}  "
-        f"busy cores {busy}  server cpu {row['server_cpu_ms_per_img']} ms/img",
+        f"   {c.name:>7} {n:>5} clients: {r['img_s']:8.1f} {unit}  p50 {r['p50_ms']} ms  "
+        f"p99 {r['p99_ms']} ms  errors {r['errors_by_status'] or 0}  loadgen cpu "
+        f"{r['loadgen_cpu_per_proc']}  busy cores {busy}  server cpu "
+        f"{row['server_cpu_ms_per_img']} ms/img",
         flush=True,
     )
     for t in threads[:6]:
         print(f"      {t['cores']:6.2f} cores  {t['process']} / {t['thread']}", flush=True)
+    if r.get("mean_timings_ms"):
+        print(f"      stages (mean ms): {r['mean_timings_ms']}", flush=True)
     return row, r.get("mean_timings_ms")
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with ``--systems`` and ``--corpus`` defaulting to the workload's and
+    every system checked to serve it."""
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    ap.add_argument("--workload", choices=sorted(WORKLOADS), default="classify")
+    ap.add_argument("--systems", default=None, help="default: the workload's (e2e_systems.py)")
     ap.add_argument(
-        "--systems", default="ferry,ferry_naive,rayserve_batch_haproxy_8rep,rayserve_expert_8"
+        "--corpus", default=None, help="corpora, each at every level (default: the workload's)"
     )
-    ap.add_argument("--corpus", default="chelsea,photos", help="corpora, each at every level")
     ap.add_argument("--clients", default="1,16,64,256,512,1024")
     ap.add_argument("--seconds", type=float, default=15)
     ap.add_argument("--warmup", type=float, default=2)
@@ -264,16 +196,48 @@ def main() -> int:
         action="store_true",
         help="run every system as clients of one CUDA MPS server (rows named system+mps)",
     )
-    args = ap.parse_args()
-    sets = parse_sets(args.set)
+    ap.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 1 unless every system came up and answered every level without an error "
+        "(a smoke run's check; a measurement keeps its errors as figures)",
+    )
+    args = ap.parse_args(argv)
+    w = WORKLOADS[args.workload]
+    args.systems = args.systems or w.systems
+    args.corpus = args.corpus or w.corpora
     names = [s for s in args.systems.split(",") if s]
     unknown = [s for s in names if s not in SYSTEMS]
     if unknown:
         ap.error(f"unknown systems {unknown}; known: {', '.join(SYSTEMS)}")
-    corpora = [corpus(c) for c in args.corpus.split(",") if c]
-    levels = [int(c) for c in args.clients.split(",")]
-    log_dir = args.log_dir or os.path.dirname(os.path.abspath(args.out))
-    os.makedirs(log_dir, exist_ok=True)
+    other = [s for s in names if SYSTEMS[s]["workload"] != w.name]
+    if other:
+        ap.error(
+            f"{other} serve another workload than {w.name!r}; its systems: "
+            f"{', '.join(systems_of(w.name))}"
+        )
+    try:
+        args.sets = parse_sets(args.set)
+    except ValueError as exc:
+        ap.error(str(exc))
+    args.names = names
+    return args
+
+
+def setup(args: argparse.Namespace) -> None:
+    """What the workload needs before any system starts: the image workload's U-Net file."""
+    if args.workload == "image":
+        t0 = time.time()
+        path = export_unet()
+        print(f"== {WORKLOADS['image'].model}: {path} ({time.time() - t0:.0f} s)", flush=True)
+
+
+def kept(
+    args: argparse.Namespace, corpora: list[Corpus]
+) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, str], dict[str, str]]:
+    """What the output file keeps of its earlier runs -- every row and breakdown but those
+    this run measures again -- with this run's corpora and run note added."""
+    sets, names = args.sets, args.names
     previous = json.load(open(args.out)) if os.path.exists(args.out) else {}
     measuring = {(row_name(s, SYSTEMS[s], sets, args.mps), c.name) for s in names for c in corpora}
     rows = [r for r in previous.get("rows", []) if (r["system"], r["corpus"]) not in measuring]
@@ -284,32 +248,53 @@ def main() -> int:
     }
     described = {**previous.get("corpora", {}), **{c.name: c.description for c in corpora}}
     runs = dict(previous.get("runs", {}))
+    w = WORKLOADS[args.workload]
     runs[f"run{len(runs) + 1}"] = (
         f"{today()}, commit {commit()}: {', '.join(names)} on {', '.join(c.name for c in corpora)}"
+        + (f" ({w.name}: {w.model})" if w.name != "classify" else "")
         + (f", with {sets}" if sets else "")
     )
-    signal.signal(signal.SIGTERM, _exit_on_term)
-    with mps_server(args.mps):
-        for name in names:
-            run_system(
-                name,
-                corpora,
-                levels,
-                args,
-                sets,
-                log_dir,
-                rows,
-                breakdown,
-                save=lambda: _write(args, described, runs, rows, breakdown),
-            )
-    _write(args, described, runs, rows, breakdown)
-    try:
-        from loadtest.run import plot
+    return rows, breakdown, described, runs
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    corpora = [corpus_of(c) for c in args.corpus.split(",") if c]
+    levels = [int(c) for c in args.clients.split(",")]
+    log_dir = args.log_dir or os.path.dirname(os.path.abspath(args.out))
+    os.makedirs(log_dir, exist_ok=True)
+    rows, breakdown, described, runs = kept(args, corpora)
+    signal.signal(signal.SIGTERM, _exit_on_term)
+    setup(args)
+
+    def save() -> None:
+        _write(args, described, runs, rows, breakdown)
+
+    failed: list[str] = []
+    with mps_server(args.mps):
+        for name in args.names:
+            start = len(rows)
+            if not run_system(name, corpora, levels, args, log_dir, rows, breakdown, save):
+                failed.append(f"{name}: did not come up")
+            failed += [
+                f"{r['system']} at {r['clients']} clients on {r['corpus']}: "
+                f"{r['img_s']} answers/s, errors {r['errors_by_status']}"
+                for r in rows[start:]
+                if not r["img_s"] or r["errors"]
+            ]
+    save()
+    try:
         png = os.path.splitext(args.out)[0] + ".png"
-        plot(rows, png, "ResNet-50 over HTTP, by corpus", split_by="corpus")
+        image = any(r.get("workload") == "image" for r in rows)
+        title = "ResNet-50 over HTTP, by corpus" + (
+            " (frames720: the U-Net image workload, frames/s)" if image else ""
+        )
+        plot(rows, png, title, split_by="corpus")
     except Exception as exc:  # a plot must not lose the numbers
         print(f"plot failed: {exc}")
+    if args.strict and failed:
+        print("FAILED (--strict):\n  " + "\n  ".join(failed), flush=True)
+        return 1
     return 0
 
 
@@ -318,44 +303,39 @@ def run_system(
     corpora: list[Corpus],
     levels: list[int],
     args: argparse.Namespace,
-    sets: dict[str, Any],
     log_dir: str,
     rows: list[dict[str, Any]],
     breakdown: dict[str, Any],
     save: Any,
-) -> None:
-    """Start ``name``, measure it on every corpus at every level into ``rows`` (and Ferry's
-    per-stage timings into ``breakdown``), ``save()`` after each level, and stop it by PID."""
-    spec, system = SYSTEMS[name], row_name(name, SYSTEMS[name], sets, args.mps)
+) -> bool:
+    """Start ``name``, measure it on every corpus at every level into ``rows`` (and its
+    per-stage timings into ``breakdown``), ``save()`` after each level, and stop it by PID.
+    False when it did not come up."""
+    spec, system = SYSTEMS[name], row_name(name, SYSTEMS[name], args.sets, args.mps)
+    w = WORKLOADS[spec["workload"]]
     print(f"== {system}", flush=True)
     if port_taken():  # something left from an earlier run would answer for this system
         stop(None)
         if port_taken():
             print(f"{name} not run: port 8000 is taken by another process", flush=True)
-            return
+            return False
     t0 = time.time()
-    config = serve_config(name, spec, sets)
+    config = serve_config(name, spec, args.sets)
     proc = start_app(config, os.path.join(log_dir, f"serve_{name}.log"), spec["env"])
+    collect = spec["kind"] == "ferry" or w.answers_jpeg  # the image peer times its batches
     try:
-        url = url_of(spec)
-        first = corpora[0].bodies[0]
-        up = wait_ok(url, spec.get("startup_s", 300), body=first, headers=JPEG, request_timeout=10)
+        url, first = url_of(spec), corpora[0].bodies[0]
+        headers = {**JPEG, **w.headers()}
+        up = wait_ok(url, spec["startup_s"], proc, body=first, headers=headers, request_timeout=10)
         if not up:
             print(f"{name} did not come up; see serve_{name}.log", flush=True)
-            return
+            return False
         print(f"   up in {time.time() - t0:.0f} s", flush=True)
         for c in corpora:
-            loadgen.run(url, c.bodies, "image/jpeg", 32, 4, warmup=1)  # warm every path
+            loadgen.run(url, c.bodies, "image/jpeg", 32, 4, warmup=1, extra_headers=w.headers())
             for n in levels:
                 row, timings = measure(
-                    system,
-                    url,
-                    c,
-                    n,
-                    args,
-                    spec["kind"] == "ferry",
-                    proc.ferry_run_id,
-                    spec.get("replicas"),
+                    system, url, c, n, args, collect, proc.ferry_run_id, spec.get("replicas")
                 )
                 rows.append(row)
                 if timings:
@@ -364,6 +344,7 @@ def run_system(
     finally:
         stop(proc)
         os.unlink(config)
+    return True
 
 
 def _write(

@@ -43,8 +43,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks import loadgen  # noqa: E402
-from benchmarks.bench_e2e import FERRY_ENV  # noqa: E402
 from benchmarks.common import commit, machine, today, write_json  # noqa: E402
+from benchmarks.e2e_systems import FERRY_ENV  # noqa: E402
 from loadtest.corpus import corpus  # noqa: E402
 from loadtest.run import start_app, stop_app, wait_ok  # noqa: E402
 

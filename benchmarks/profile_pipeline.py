@@ -162,7 +162,7 @@ def main() -> int:
     from ray import serve
 
     from benchmarks import loadgen
-    from benchmarks.bench_e2e import apply_sets, parse_sets
+    from benchmarks.e2e_systems import apply_sets, parse_sets
     from deployments.app import build_app
     from loadtest.cores import busy_cores_since
     from pipeline.imaging import encode_png

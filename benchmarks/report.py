@@ -14,6 +14,9 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RES = os.path.join(HERE, "results")
+sys.path.insert(0, os.path.dirname(HERE))
+
+from benchmarks.report_image import image_lines  # noqa: E402
 
 
 def load(name: str) -> dict | None:
@@ -140,6 +143,8 @@ def e2e_section(e2e: dict) -> list[str]:
             "",
         ]
         lines += level_table(part, clients, run_cell)
+        if any(r.get("workload") == "image" for r in part):
+            lines += image_lines(part, bd, corpus)
         if "ferry" in peak:
             lines += ["", "| system | peak img/s | Ferry / system |", "|---|---|---|"]
             lines += [f"| {s} | {v:,.0f} | {peak['ferry'] / v:.2f}x |" for s, v in peak.items()]

@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# The whole GPU verification in two calls of under 10 minutes each on the GPU machine:
-# every test under tests/gpu (the slow 13-model test split across the two calls) and a smoke
-# run of each GPU benchmark (a few seconds a system: it checks that the benchmark runs, not
-# its figures). Each call writes $OUT/gpu_check_<part>.txt: the commit and one line a test or
-# benchmark, PASSED / FAILED / SKIPPED / ERROR / TIMEOUT; full logs beside it.
+# The whole GPU verification in three calls of under 10 minutes each on the GPU machine:
+# every test under tests/gpu (the slow 13-model test split across the first two calls), a smoke
+# run of each GPU benchmark (a few seconds a system: it checks that the benchmark runs, not its
+# figures), and the image workload's smoke and tests (the third call). Each call writes
+# $OUT/gpu_check_<part>.txt: the commit and one line a test or benchmark, PASSED / FAILED /
+# SKIPPED / ERROR / TIMEOUT; full logs beside it.
 #
 #   bash scripts/gpu_check.sh 1   # tests/gpu but the 13-model test | its first half, then
 #                                 #   the smoke runs of the benchmarks without a Serve app
 #   bash scripts/gpu_check.sh 2   # the smoke runs of those with one | the 13-model test's
 #                                 #   second half  (| : two lanes at once, as the GPU holds both)
+#   bash scripts/gpu_check.sh 3   # the image workload (issue 33): bench_e2e --workload image's
+#                                 #   smoke, ferry_image and rayserve_image_8, answers checked
+#                                 #   (--strict) | its peer's GPU test and its CPU tests
 #   bash scripts/gpu_check.sh collect DIR [DIR ...] > benchmarks/results/gpu_tests.txt
 #
 # On the device tool: make the bundle (GPU_DECODE=1), carry .devwhl, set FERRY_COMMIT (its
@@ -100,10 +104,23 @@ serve_smokes() {  # the benchmarks that start a Serve app on port 8000: one afte
   fi
 }
 gpu_tests() { tests 480 tests_part1.log tests/gpu --deselect "$ZOO"; }
+# The image workload: each system comes up as the full measurement's does (the U-Net compiled
+# per batch size in each of 8 replicas: its start-up time is the line's), answers 16 clients
+# for 3 s, and must answer every request with a JPEG of its frame's size (--strict: exit 1
+# otherwise, naming the level and its errors)
+image_smoke() {
+  export RAY_SERVE_ENABLE_HA_PROXY=1
+  smoke bench_e2e.py-image 500 python3 benchmarks/bench_e2e.py --workload image --systems ferry_image,rayserve_image_8 --clients 16 --seconds 3 --warmup 1 --strict --out "$SMOKE/e2e_image.json" --log-dir "$OUT/logs"
+}
+image_tests() {
+  tests 420 tests_image.log benchmarks/tests/test_rayserve_image_gpu.py \
+    benchmarks/tests/test_rayserve_image.py benchmarks/tests/test_image_workload.py
+}
 case "$PART" in
   1) lane a gpu_tests & lane b zoo_then_kernels & wait ;;
   2) lane a serve_smokes & lane b zoo_lane & wait ;;
-  *) echo "usage: $0 1|2|collect DIR..." >&2; exit 2 ;;
+  3) lane a image_smoke & lane b image_tests & wait ;;
+  *) echo "usage: $0 1|2|3|collect DIR..." >&2; exit 2 ;;
 esac
 cat "$OUT"/lane_a.txt "$OUT"/lane_b.txt >> "$RESULT"
 echo "# part $PART took $(( $(date +%s) - T0 )) s" >> "$RESULT"

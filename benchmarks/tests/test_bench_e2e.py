@@ -18,6 +18,7 @@ FERRY_SYSTEMS = {  # system -> (its ingress replicas, its inference replicas)
     "ferry_split": (6, 4),
     "ferry_4stage": (6, 1),
     "ferry_naive": (8, None),
+    "ferry_image": (8, None),  # the image workload, in ferry's placement
 }
 
 

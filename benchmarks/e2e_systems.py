@@ -1,0 +1,226 @@
+"""What ``bench_e2e.py`` serves and asks: its workloads, its systems, the file each system
+hands ``serve run``, and the experiments' ``--set`` overrides. No Ray, no GPU: the tests
+check all of it on any machine.
+
+Two workloads (``WORKLOADS``):
+
+* ``classify``: ResNet-50 top-5 of each JPEG (``/v1/models/resnet50/classify``; the peers'
+  ``/classify``) on the ``chelsea`` and ``photos`` corpora;
+* ``image`` (issue 33): a 256x256 U-Net applied to 1280x720 JPEG frames, answered as a JPEG
+  at the frame's size (``/v1/models/unet/image?size=input``; the peer's ``/image``), with
+  ``Accept: image/jpeg``, on the ``frames720`` corpus; an answer counts only as a JPEG of
+  its frame's size. ``benchmarks/image_workload.py`` makes the corpus and the model file.
+
+Each system serves one workload: Ferry's placements (``ferry``, ``ferry_split``,
+``ferry_4stage``, ``ferry_naive``; ``ferry_image``) and the Ray Serve peers
+(``rayserve_batch_*``, ``rayserve_expert_*``; ``rayserve_image_*``).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from benchmarks import image_workload as iw
+from loadtest.corpus import Corpus, corpus
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = os.path.join(ROOT, "benchmarks", "configs")
+BASE = "http://127.0.0.1:8000"
+# HAProxy in front of the replicas; Serve's throughput-optimized mode: gRPC between
+# deployments and user code on the replica's own event loop (on the 2-core machine: 17-23%
+# more img/s, a third less ingress CPU per request; RESULTS.md)
+FERRY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
+HAPROXY = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One kind of request: its routes, headers, default corpora and systems, and whether an
+    answer must be a JPEG of its input's size."""
+
+    name: str
+    ferry_path: str
+    peer_path: str
+    corpora: str
+    systems: str
+    accept: str | None = None
+    answers_jpeg: bool = False
+    model: str = "ResNet-50 (random weights), top 5"
+
+    def url(self, spec: dict[str, Any]) -> str:
+        return BASE + (self.ferry_path if spec["kind"] == "ferry" else self.peer_path)
+
+    def headers(self) -> dict[str, str]:
+        """The requests' headers beside ``Content-Type``."""
+        return {"accept": self.accept} if self.accept else {}
+
+    def expect(self, c: Corpus) -> tuple[tuple[int, int], ...] | None:
+        """Each body's (width, height) that its answer must have, where answers are JPEGs."""
+        return c.sizes if self.answers_jpeg else None
+
+
+WORKLOADS = {
+    "classify": Workload(
+        "classify",
+        "/v1/models/resnet50/classify",
+        "/classify",
+        corpora="chelsea,photos",
+        systems="ferry,ferry_naive,rayserve_batch_haproxy_8rep,rayserve_expert_8",
+    ),
+    "image": Workload(
+        "image",
+        iw.FERRY_PATH,
+        iw.PEER_PATH,
+        corpora=iw.CORPUS,
+        systems="ferry_image,rayserve_image_8",
+        accept="image/jpeg",
+        answers_jpeg=True,
+        model=iw.describe(),
+    ),
+}
+
+
+def corpus_of(name: str) -> Corpus:
+    """A corpus by name: ``loadtest.corpus``'s, or the image workload's ``frames720``."""
+    return iw.frames() if name == iw.CORPUS else corpus(name)
+
+
+def _ferry(
+    config: str, naive: bool = False, workload: str = "classify", startup_s: float = 300
+) -> dict[str, Any]:
+    return {
+        "kind": "ferry",
+        "workload": workload,
+        "env": FERRY_ENV,
+        "config": os.path.join(CONFIGS, config),
+        "naive": naive,
+        "startup_s": startup_s,
+    }
+
+
+def _peer(
+    module: str,
+    replicas: int,
+    env: dict[str, str],
+    startup_s: float = 300,
+    workload: str = "classify",
+    **args: Any,
+) -> dict[str, Any]:
+    """A peer app: ``args`` go to its ``build_app`` beside ``replicas``."""
+    return {
+        "kind": "peer",
+        "workload": workload,
+        "module": module,
+        "replicas": replicas,
+        "env": env,
+        "startup_s": startup_s,
+        "args": {"replicas": replicas, **args},
+    }
+
+
+SYSTEMS: dict[str, dict[str, Any]] = {
+    "ferry": _ferry("ferry_e2e.yaml"),
+    "ferry_split": _ferry("ferry_e2e_split.yaml"),
+    "ferry_4stage": _ferry("ferry_e2e_4stage.yaml"),
+    "ferry_naive": _ferry("ferry_e2e.yaml", naive=True),
+    "rayserve_batch_1rep": _peer("rayserve_batch", 1, {}),
+    "rayserve_batch_4rep": _peer("rayserve_batch", 4, {}),
+    "rayserve_batch_haproxy_4rep": _peer("rayserve_batch", 4, HAPROXY),
+    "rayserve_batch_haproxy_8rep": _peer("rayserve_batch", 8, HAPROXY),
+    # HAProxy and Serve's throughput mode, as Ferry gets; torch.compile takes minutes to start
+    **{f"rayserve_expert_{n}": _peer("rayserve_expert", n, FERRY_ENV, 600) for n in (4, 8, 12)},
+    # the same with one torch CPU thread a replica, and a sleeping wait for each batch
+    **{
+        f"rayserve_expert_{n}_t1": _peer("rayserve_expert", n, FERRY_ENV, 600, threads=1)
+        for n in (4, 8, 12)
+    },
+    **{
+        f"rayserve_expert_{n}_t1_block": _peer(
+            "rayserve_expert", n, FERRY_ENV, 600, threads=1, blocking=True
+        )
+        for n in (4, 8, 12)
+    },
+    # the image workload: the U-Net compiles per batch size in every replica (minutes)
+    "ferry_image": _ferry("ferry_e2e_image.yaml", workload="image", startup_s=600),
+    **{
+        f"rayserve_image_{n}": _peer(
+            "rayserve_image", n, FERRY_ENV, 600, workload="image", model=iw.UNET_PATH
+        )
+        for n in (4, 8, 12)
+    },
+}
+
+
+def systems_of(workload: str) -> list[str]:
+    return [s for s, spec in SYSTEMS.items() if spec["workload"] == workload]
+
+
+def parse_sets(items: list[str]) -> dict[str, Any]:
+    """``["executor.max_in_flight=4", ...]`` -> ``{"executor.max_in_flight": 4}`` (values YAML)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key or key.startswith(".") or key.endswith("."):
+            raise ValueError(f"--set wants section.key=value, got {item!r}")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def apply_sets(pipeline: dict[str, Any], sets: dict[str, Any]) -> dict[str, Any]:
+    """``pipeline`` (a Ferry config dict) with each dotted key set; missing sections made."""
+    for key, value in sets.items():
+        *path, leaf = key.split(".")
+        node = pipeline
+        for part in path:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"--set {key}: {part} is not a section")
+        node[leaf] = value
+    return pipeline
+
+
+def row_name(name: str, spec: dict[str, Any], sets: dict[str, Any], mps: bool = False) -> str:
+    """The system's row name: ``--set``s in brackets (Ferry's), ``+mps`` under CUDA MPS."""
+    tail = "+mps" if mps else ""
+    if spec["kind"] != "ferry" or not sets:
+        return name + tail
+    return f"{name}[{','.join(f'{k}={v}' for k, v in sets.items())}]{tail}"
+
+
+def serve_config(name: str, spec: dict[str, Any], sets: dict[str, Any] | None = None) -> str:
+    """The file ``serve run`` gets for ``spec``: a temporary YAML, for the caller to delete."""
+    if spec["kind"] == "ferry":
+        with open(spec["config"]) as f:
+            cfg = yaml.safe_load(f)
+        pipeline = cfg["applications"][0]["args"]["config"]
+        if spec.get("naive"):
+            pipeline["executor"]["mode"] = "naive"
+        apply_sets(pipeline, sets or {})
+    else:
+        cfg = {
+            "proxy_location": "EveryNode",
+            "http_options": {"host": "0.0.0.0", "port": 8000},
+            "logging_config": {"encoding": "TEXT", "log_level": "WARNING"},
+            "applications": [
+                {
+                    "name": "peer",
+                    "route_prefix": WORKLOADS[spec["workload"]].peer_path,
+                    "import_path": f"benchmarks.peers.{spec['module']}:build_app",
+                    "args": spec["args"],
+                }
+            ],
+        }
+    fd, path = tempfile.mkstemp(prefix=f"{name}_", suffix=".yaml")
+    with os.fdopen(fd, "w") as f:
+        yaml.safe_dump(cfg, f)
+    return path
+
+
+def url_of(spec: dict[str, Any]) -> str:
+    """The URL a system's load goes to (its workload's route)."""
+    return WORKLOADS[spec["workload"]].url(spec)
