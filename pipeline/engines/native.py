@@ -31,7 +31,13 @@ class GraphEngine(Engine):
         return self._weights_bytes
 
     def load(self, ctx: EngineContext) -> None:
+        """The weights in ``ctx.dtype``, once; loaded again in another dtype (the precision
+        probe), the old weights and plans are dropped before the new ones are made."""
+        loaded_in = self.ctx.dtype if self.ctx is not None and self.constants else None
         self.ctx = ctx
+        if loaded_in == ctx.dtype:
+            return
+        self.constants, self._plans = {}, {}
         host: dict[str, Any] = {}
         for g in self.graphs.values():  # the feeds' graphs name their shared weights alike
             for k, v in g.constant_arrays(ctx.dtype).items():
