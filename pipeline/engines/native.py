@@ -37,6 +37,7 @@ class GraphEngine(Engine):
         self.ctx = ctx
         if loaded_in == ctx.dtype:
             return
+        dropped = loaded_in is not None
         self.constants, self._plans = {}, {}
         host: dict[str, Any] = {}
         for g in self.graphs.values():  # the feeds' graphs name their shared weights alike
@@ -46,6 +47,8 @@ class GraphEngine(Engine):
             import cupy  # optional: cupy
 
             with cupy.cuda.Device(ctx.backend.device_id):
+                if dropped:  # the other dtype's weights go back to the driver, not cached
+                    cupy.get_default_memory_pool().free_all_blocks()
                 self.constants = {k: cupy.asarray(v) for k, v in host.items()}
         else:
             self.constants = host
