@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import yaml
 
+from deployments import readiness as rd
 from deployments.cli import main
 from pipeline.config import PipelineConfig
 from pipeline.device import Stream
@@ -330,3 +331,18 @@ def test_ferry_models_says_each_models_precision(files, tmp_path, capsys):
     assert "  precision: float32 (probe: float16 output not finite, max|fp16 - fp32|" in out
     assert main(["models", str(path), "--no-load"]) == 0
     assert "  precision: auto (the executor's dtype" in capsys.readouterr().out
+
+
+def test_v1_models_says_each_models_precision_once_the_replica_answers(files):
+    stage = build_inference(config(files, {"name": "over"}, {"name": "digits"}))
+
+    async def status() -> dict:
+        return stage.status()
+
+    r = rd.Readiness(status, None, lambda: False)
+    assert r.state_of("over") == {"state": "starting"}
+    asyncio.run(r.refresh())
+    over, digits = r.state_of("over"), r.state_of("digits")
+    assert over["state"] == "ready" and over["precision"]["dtype"] == "float32"
+    assert "inf > 0.01" in over["precision"]["why"]
+    assert digits["precision"]["dtype"] == "float16"
