@@ -6,7 +6,9 @@ Serve config (every application that imports Ferry) or a bare pipeline config; w
 the default config's. For each entry: its engine and source, the input it is prepared for
 (size, channels, layout, resize, dtype), its task, its labels, its batch limits (the largest batch on
 the config's backend -- the GPU's or numpy's -- and the rows a v2 request may carry), the v2
-names it answers to, and -- unless ``--no-load`` -- whether it loads. That verdict is the
+names it answers to, and -- unless ``--no-load`` -- whether it loads and in which compute
+dtype (its ``precision``: the float16 probe's verdict and measure, where it ran on the
+backend's float16; ``pipeline/executor_precision.py``). That verdict is the
 shared check's (``pipeline/check.py``), the one ``ferry config check`` and the inference
 replica run: the entry's engine and files (``entry_problems``), then every model of the
 config loaded as the replica loads it (``check_models``: the engine built and checked, every
@@ -80,6 +82,7 @@ def describe(config: PipelineConfig, entry: Any) -> dict[str, Any]:
         "source": entry.source,
         "weights": entry.weights or ("random" if random_weights(entry) else "bundled"),
         "task": entry.task,  # None: its outputs tell it (resolved below when it loads)
+        "precision": entry.precision,  # the entry's; what it computes in when it loads, below
         "input": {
             "height": i.height,
             "width": i.width,
@@ -114,12 +117,22 @@ def checked(config: PipelineConfig, rows: list[dict[str, Any]]) -> None:
         if why is not None:
             row["error"] = why
             continue
+        row["precision"] = report.precision[entry.name].as_dict()  # dtype chosen at load
         eng = load_entry(entry).engine  # its tensors, as the replica's engine has them
         row["task"] = resolve_task(entry, model_card(entry), tuple(eng.outputs)).kind
         row["tensors"] = {
             "inputs": [_spec(t) for t in eng.inputs],
             "outputs": [_spec(t) for t in eng.outputs],
         }
+
+
+def _precision(p: str | dict[str, Any]) -> str:
+    """The compute dtype chosen at load (and why), else the entry's ``precision``."""
+    if isinstance(p, dict):
+        return p["why"]
+    if p == "auto":
+        return "auto (the executor's dtype; float16 probed against float32 when it loads)"
+    return f"{p} (the entry's)"
 
 
 def _spec(t: Any) -> dict[str, Any]:
@@ -135,6 +148,7 @@ def text(row: dict[str, Any]) -> str:
         f"  input {i['height']}x{i['width']}x{i['channels']} {i['layout']}, resize "
         f"{i['resize']}, {i['dtype']}",
         f"  task: {row['task'] or 'told by its outputs when it loads'}",
+        f"  precision: {_precision(row['precision'])}",
         f"  labels: {lab['count'] or 'none'} ({lab['from']})",
         f"  max batch: {mb['batch']} on {BACKENDS.get(mb['backend'], mb['backend'])}, "
         f"buckets {mb['buckets']}; {mb['v2_request_rows']} rows a v2 request",

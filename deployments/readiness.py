@@ -53,6 +53,7 @@ class Readiness:
         self.ready = False
         self.why = "starting: the inference deployment has not answered yet"
         self.refused: dict[str, str] = {}  # model -> why it is not served
+        self.precision: dict[str, dict[str, Any]] = {}  # model -> its compute dtype and why
         self._confirmed = float("-inf")  # when ready was last confirmed (monotonic)
         self._probe: asyncio.Task | None = None
         self._probe_since = float("-inf")  # when the probe in flight was sent (monotonic)
@@ -112,6 +113,11 @@ class Readiness:
             return
         health = status.get("health") or {}
         self.refused = dict(status.get("refused") or {})
+        self.precision = {
+            m: s["precision"]
+            for m, s in (status.get("models") or {}).items()
+            if isinstance(s, dict) and s.get("precision")
+        }
         if health.get("ready", True):
             self.ready, self.why = True, None
             self._confirmed = _now()
@@ -181,10 +187,14 @@ class Readiness:
         return err
 
     def state_of(self, model: str) -> dict[str, Any]:
-        """``/v1/models``'s view: ``ready``, ``refused`` (with the reason) or ``starting``."""
+        """``/v1/models``'s view: ``ready``, ``refused`` (with the reason) or ``starting``,
+        and the compute dtype the inference replica chose for it at load (``precision``)."""
         if model in self.refused:
             return {"state": "refused", "reason": self.refused[model]}
-        return {"state": "ready" if self.ready else "starting"}
+        out: dict[str, Any] = {"state": "ready" if self.ready else "starting"}
+        if model in self.precision:
+            out["precision"] = self.precision[model]
+        return out
 
 
 def exc_name(exc: BaseException) -> str:

@@ -231,8 +231,8 @@ class DeviceError(FerryError):
 class NonFiniteOutput(FerryError):
     """The model computed NaN or infinity for this request -- in float16 most often an
     overflow of large activations or logits. Never sent on as a score; the fields name the
-    model and the compute dtype, and serving it in float32 (``executor.dtype``) is the fix
-    to try. Not retryable: the same input gives the same output."""
+    model and the compute dtype, and serving it in float32 (the entry's ``precision``) is
+    the fix to try. Not retryable: the same input gives the same output."""
 
     http_status = 500
     retryable = False

@@ -43,6 +43,7 @@ from .executor_completion import Completions
 from .executor_graphs import BoundGraphs, warmup
 from .executor_models import ModelTable
 from .executor_modes import Mode, make_mode
+from .executor_precision import Precision
 from .executor_stats import Counters
 from .faults import Injector, resolve
 from .health import HealthConfig, ReplicaHealth, probe
@@ -110,10 +111,13 @@ class GpuExecutor:
         loaded: LoadedModel,
         max_batch: int | None = None,
         buckets: tuple[int, ...] | None = None,
+        precision: str = "auto",
     ) -> None:
         """Put a model's weights on the device and size the staging ring for it; it is run
-        at ``buckets`` (the executor's by default) up to ``max_batch``."""
-        m = self._models.build(loaded, max_batch, buckets)
+        at ``buckets`` (the executor's by default) up to ``max_batch``, in its own compute
+        dtype: ``precision`` (the entry's), else the executor's, probed where that is float16
+        (``executor_precision``)."""
+        m = self._models.build(loaded, max_batch, buckets, precision)
         with self.enqueue_lock:
             self._models.add(m)
             self.mode.fit(self._models.slot_bytes())
@@ -128,7 +132,7 @@ class GpuExecutor:
     def load_entry(self, entry: Any) -> LoadedModel:
         """Load a repository entry (``ModelConfig``) with its engine, checked at startup."""
         loaded = repository.load_entry(entry)
-        self.load(loaded, entry.max_batch, entry.buckets)  # (ModelConfig.batch's rule)
+        self.load(loaded, entry.max_batch, entry.buckets, entry.precision)  # (ModelConfig.batch)
         return loaded
 
     def unload(self, name: str) -> None:
@@ -146,6 +150,10 @@ class GpuExecutor:
 
     def engine_of(self, name: str) -> Engine:
         return self._models.get(name).engine
+
+    def precision_of(self, name: str) -> Precision:
+        """The model's compute dtype and what chose it (its entry, the executor, the probe)."""
+        return self._models.get(name).precision
 
     @property
     def ring(self) -> PinnedRing | None:
@@ -304,6 +312,7 @@ class GpuExecutor:
             bound_graphs=len(self.bound_graphs),
             staging_waits=ring.waits if ring else 0,
             weights_bytes=sum(m.weights_bytes for m in self._models.values()),
+            dtypes={m.loaded.name: m.precision.dtype for m in self._models.values()},
             faults_injected=dict(self.faults.injected),
         )
         return out

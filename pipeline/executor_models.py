@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from .engines.base import Engine, EngineContext, EnginePlan, Feed
 from .errors import InvalidInput, ModelNotFound
+from .executor_precision import Precision, choose
 from .memory import round_up
 from .models.registry import LoadedModel
 
@@ -20,10 +21,12 @@ class ServedModel:
     engine: Engine
     weights_bytes: int
     buckets: tuple[int, ...]  # the executor's, up to the model's max_batch
+    precision: Precision  # its compute dtype (its engine's context), and why
 
 
 class ModelTable:
-    """Models by name, loaded through one ``EngineContext`` at the executor's buckets."""
+    """Models by name, each loaded with its own ``EngineContext`` -- the executor's, in the
+    compute dtype chosen for it (``executor_precision.choose``) -- at the executor's buckets."""
 
     def __init__(self, ctx: EngineContext, buckets: tuple[int, ...]) -> None:
         self.ctx = ctx
@@ -31,11 +34,29 @@ class ModelTable:
         self._models: dict[str, ServedModel] = {}
 
     def build(
-        self, loaded: LoadedModel, max_batch: int | None, buckets: tuple[int, ...] | None = None
+        self,
+        loaded: LoadedModel,
+        max_batch: int | None,
+        buckets: tuple[int, ...] | None = None,
+        precision: str = "auto",
     ) -> ServedModel:
-        """Put ``loaded``'s engine on the device, checked; not yet served (``add``)."""
+        """Put ``loaded``'s engine on the device in its compute dtype (the entry's
+        ``precision``, else the executor's, probed), checked; not yet served (``add``)."""
         engine = loaded.engine
-        engine.load(self.ctx)
+        try:
+            return self._checked(loaded, choose(engine, self.ctx, precision), max_batch, buckets)
+        except BaseException:
+            engine.close()  # what it put on the device: nothing of a refused model stays
+            raise
+
+    def _checked(
+        self,
+        loaded: LoadedModel,
+        chosen: Precision,
+        max_batch: int | None,
+        buckets: tuple[int, ...] | None,
+    ) -> ServedModel:
+        engine = loaded.engine
         inputs = engine.inputs
         if len(inputs) != 1:
             raise InvalidInput(
@@ -52,13 +73,14 @@ class ModelTable:
                 max_batch=max_batch,
                 buckets=base,
             )
-        m = ServedModel(loaded, engine, engine.weights_bytes, run_at)
+        m = ServedModel(loaded, engine, engine.weights_bytes, run_at, chosen)
         logger.info(
-            "loaded %s (%s engine, %s): %.1f MB of weights",
+            "loaded %s (%s engine, %s): %.1f MB of weights, %s",
             loaded.name,
             engine.name,
             loaded.source,
             m.weights_bytes / 1e6,
+            chosen.dtype,
         )
         return m
 

@@ -233,3 +233,20 @@ def topk_image_net(classes: int = 10):
         [tensor("x", ["batch", 3, 16, 16])],
         [tensor(logits, ["batch", classes]), tensor(scores, ["batch", 3])],
     )
+
+
+def overflow_net(size: int = 8, hidden: int = 32, classes: int = 10, scale: float = 1e3):
+    """An image classifier whose activations overflow float16 (65504) and nothing else:
+    x [batch, 3, size, size] -> Flatten -> Gemm (weights ~``scale``) -> Relu -> Gemm
+    (weights ~``scale``) -> logits. On a normalised image its hidden layer reaches ~1e4-1e5
+    and its logits ~1e8: infinite in float16, exact enough in float32."""
+    b = Builder(0)
+    f = b.node("Flatten", ["x"], axis=1)
+    zeros = b.const(np.zeros(hidden, np.float32))
+    h = b.node(
+        "Relu",
+        [b.node("Gemm", [f, b.weights(hidden, 3 * size * size, scale=scale), zeros], transB=1)],
+    )
+    bias = b.const(np.zeros(classes, np.float32))
+    logits = b.node("Gemm", [h, b.weights(classes, hidden, scale=scale), bias], transB=1)
+    return b.model([tensor("x", ["batch", 3, size, size])], [tensor(logits, ["batch", classes])])

@@ -105,6 +105,13 @@ class ModelConfig(Strict):
     """Largest batch this model is run at: its buckets stop there, and its GPU batches leave
     when they hold this many rows; ``None``: its largest bucket. ``ModelBatch`` is the one
     place this is resolved."""
+    precision: Literal["auto", "float16", "float32"] = "auto"
+    """The model's compute dtype. ``auto``: the executor's (``executor.dtype``), except that
+    where that is float16 the model is probed when it loads -- one batch in float16 and in
+    float32 -- and served in float32 when its float16 output is not finite or is far from
+    float32's (``pipeline/executor_precision.py`` says how far). ``float16`` or ``float32``:
+    that dtype, no probe (an engine that computes only in float32, such as torch on the
+    CPU, stays float32)."""
     required: bool = False
     """Whether the application cannot serve without this model: refused at load (a file
     Ferry cannot run), it fails the inference replica's start -- Serve's ``DEPLOY_FAILED``

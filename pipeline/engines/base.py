@@ -6,6 +6,7 @@
     bound = engine.bind(plan, arena)             # views into Ferry's arena; no allocation
     bound.run(stream)                            # enqueue only: no allocation, no sync
     graph = bound.capture(stream)                # a CUDA graph of ``run`` (``.launch(raw)``)
+    outs = engine.trial(ctx, feed, stream)       # one probe batch in ctx.dtype, on the host
 
 ``plan`` touches no device: the input and output specs of a bucket, how many bytes of Ferry's
 arena one batch needs (inputs and outputs always live there, so Ferry's pinned ring copies
@@ -19,6 +20,10 @@ A model has its own input tensors (``inputs``: what a v2 request sends, by name)
 it classifies images, an ``image`` feed: uint8 [N, H, W, C] from Ferry's image path, which
 the engine normalises on the device before the model runs (``feed="image"``). Engines whose
 own input already is that uint8 image (the built-ins) serve both feeds with one plan.
+
+An engine's context is its model's own: the executor decides each model's compute dtype once,
+at load (``executor_precision.choose``: the entry's ``precision``, else the executor's dtype,
+probed with ``trial`` where that is float16), and loads the engine with that context.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
+
+import numpy as np
 
 from ..device import Backend, Stream
 from ..errors import InvalidInput
@@ -95,12 +102,29 @@ class BoundModel(Protocol):
     def capture(self, stream: Stream) -> Any: ...
 
 
+PROBE_SEED = 29  # the precision probe's input: the same seeded batch for every dtype
+
+
+def probe_input(spec: TensorSpec, seed: int = PROBE_SEED) -> np.ndarray:
+    """A deterministic batch of ``spec``: uniform bytes for a uint8 image, standard normal
+    values for a float tensor, small integers otherwise."""
+    rng = np.random.default_rng(seed)
+    dt = spec.np_dtype
+    if dt == np.uint8:
+        return rng.integers(0, 256, spec.shape, dtype=np.uint8)
+    if np.issubdtype(dt, np.floating):
+        return rng.standard_normal(spec.shape).astype(dt)
+    if dt == np.bool_:
+        return rng.integers(0, 2, spec.shape).astype(np.bool_)
+    return rng.integers(0, 8, spec.shape).astype(dt)
+
+
 @dataclass
 class EngineContext:
-    """What the executor hands an engine at load time."""
+    """What the executor hands an engine at load time: one model's own."""
 
     backend: Backend
-    dtype: str  # compute dtype: float16 on the GPU, float32 on the CPU
+    dtype: str  # the model's compute dtype (the executor's default: float16 on the GPU)
     target: str  # "cuda" or "host"
     max_workspace_bytes: int
     pool: Any  # the executor's pool: an engine that holds device memory of its own counts it here
@@ -153,6 +177,29 @@ class Engine(ABC):
     @abstractmethod
     def bind(self, plan: EnginePlan, arena: Any) -> BoundModel:
         """Views of the plan's tensors in ``arena`` (flat uint8, >= ``plan.arena_bytes``)."""
+
+    def dtype_in(self, ctx: EngineContext) -> str:
+        """The dtype this engine computes in when loaded with ``ctx`` (an engine that has
+        only a float32 path on some target says so)."""
+        return ctx.dtype
+
+    def trial(self, ctx: EngineContext, feed: Feed, stream: Stream) -> tuple[np.ndarray, ...]:
+        """The precision probe's run: loaded with ``ctx`` (replacing what was loaded), one
+        batch of ``probe_input`` through ``feed`` at bucket 1, outputs copied to the host.
+        Load time only: it reserves its arena from the pool and waits for the stream."""
+        self.load(ctx)
+        plan = self.plan(1, feed)
+        with ctx.pool.reserve(plan.arena_bytes) as r:
+            try:
+                bound = self.bind(plan, r.buffer)
+                stream.copy_h2d(bound.input, probe_input(plan.input_spec))
+                bound.run(stream)
+                outs = tuple(np.empty(o.shape, o.dtype) for o in bound.outputs)
+                for host, dev in zip(outs, bound.outputs, strict=True):
+                    stream.copy_d2h(host, dev)
+            finally:
+                stream.synchronize()  # the arena goes back only once the stream is done
+        return outs
 
     def close(self) -> None:  # noqa: B027 - optional for engines that hold nothing
         """Give back what the engine holds (device memory, accounted bytes)."""

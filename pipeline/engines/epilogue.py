@@ -149,6 +149,15 @@ class EpilogueEngine(Engine):
         self.ctx = ctx
         self.inner.load(ctx)
 
+    def dtype_in(self, ctx: EngineContext) -> str:
+        return self.inner.dtype_in(ctx)
+
+    def trial(self, ctx: EngineContext, feed: Feed, stream: Stream) -> tuple[Any, ...]:
+        """The model's own outputs (the precision probe compares floats, not the answer's
+        bytes)."""
+        self.ctx = ctx
+        return self.inner.trial(ctx, feed, stream)
+
     def plan(self, bucket: int, feed: Feed = "image") -> EnginePlan:
         inner = self.inner.plan(bucket, feed)
         if feed != "image":

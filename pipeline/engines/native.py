@@ -31,7 +31,14 @@ class GraphEngine(Engine):
         return self._weights_bytes
 
     def load(self, ctx: EngineContext) -> None:
+        """The weights in ``ctx.dtype``, once; loaded again in another dtype (the precision
+        probe), the old weights and plans are dropped before the new ones are made."""
+        loaded_in = self.ctx.dtype if self.ctx is not None and self.constants else None
         self.ctx = ctx
+        if loaded_in == ctx.dtype:
+            return
+        dropped = loaded_in is not None
+        self.constants, self._plans = {}, {}
         host: dict[str, Any] = {}
         for g in self.graphs.values():  # the feeds' graphs name their shared weights alike
             for k, v in g.constant_arrays(ctx.dtype).items():
@@ -40,6 +47,8 @@ class GraphEngine(Engine):
             import cupy  # optional: cupy
 
             with cupy.cuda.Device(ctx.backend.device_id):
+                if dropped:  # the other dtype's weights go back to the driver, not cached
+                    cupy.get_default_memory_pool().free_all_blocks()
                 self.constants = {k: cupy.asarray(v) for k, v in host.items()}
         else:
             self.constants = host

@@ -3,9 +3,11 @@
 Its module comes from ``torch_sources.py`` (a torchvision name, TorchScript, ``torch.export``
 archive or ``module:function``; ``declared_input`` is re-exported for the repository).
 
-On the GPU the module runs in the compute dtype (fp16; fp32 where fp16 fails at load) in
-channels-last, compiled with ``torch.compile`` (default mode, ``freezing`` on, one static
-shape per bucket; TorchScript runs as scripted). ``bind`` wraps Ferry's arena views as torch
+On the GPU the module runs in its model's compute dtype in channels-last -- fp16 by default,
+fp32 where the executor's precision probe finds that fp16 does not run, overflows or is far
+from fp32 (``pipeline/executor_precision.py``; ``trial`` runs the module eagerly, before it
+is compiled, in each dtype, and the fp32 weights come back exact from a host copy) --
+compiled with ``torch.compile`` (default mode, ``freezing`` on, one static shape per bucket; TorchScript runs as scripted). ``bind`` wraps Ferry's arena views as torch
 tensors (no copy), so the executor's pinned ring copies straight into the model's input and
 out of its outputs. ``run`` enqueues on Ferry's stream through ``torch.cuda.ExternalStream``;
 ``capture`` records it with ``torch.cuda.graph`` on that same stream (torch's private pool
@@ -20,15 +22,16 @@ model; the tensors feed casts the model's own input. On the CPU it runs eager to
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidInput, ResourceExhausted
+from ..device import Stream
+from ..errors import InvalidInput
 from ..models.registry import LoadedModel
 from ..ops.base import TensorSpec, align, workspace_view
-from .base import Engine, EngineContext, EnginePlan, Feed, ImageInput, TensorInfo
+from .base import Engine, EngineContext, EnginePlan, Feed, ImageInput, TensorInfo, probe_input
+from .torch_cuda import TorchCharge, TorchGraph
 from .torch_sources import _torch, declared_input, load_module
 
 __all__ = ["TorchEngine", "build", "declared_input"]
@@ -42,42 +45,6 @@ def build(entry: Any, image: ImageInput) -> Any:
     dtype = entry.input.dtype or "float32"
     eng = TorchEngine(entry.name, module, image, dtype, scripted)
     return LoadedModel(entry.name, None, None, random, entry.source, engine=eng)
-
-
-# ----------------------------------------------------------------------------- accounting
-
-
-class _TorchCharge:
-    """Ferry's pool counts what torch holds on the device: one accounted reservation per
-    pool, kept equal to ``torch.cuda.memory_reserved`` (weights, graph pools, cache)."""
-
-    _lock = threading.Lock()
-    _held: dict[int, Any] = {}
-
-    @classmethod
-    def sync(cls, pool: Any, device: int, what: str) -> int:
-        torch = _torch()
-        want = int(torch.cuda.memory_reserved(device))
-        with cls._lock:
-            old = cls._held.get(id(pool))
-            if old is not None and old.nbytes >= want:
-                return want
-            if old is not None:
-                old.release()
-                cls._held.pop(id(pool))
-            try:
-                cls._held[id(pool)] = pool.account(want)
-            except ResourceExhausted as exc:
-                exc.fields.update(torch_reserved_bytes=want, when=what)
-                raise
-        return want
-
-    @classmethod
-    def release(cls, pool: Any) -> None:
-        with cls._lock:
-            held = cls._held.pop(id(pool), None)
-        if held is not None:
-            held.release()
 
 
 # ----------------------------------------------------------------------------- the engine
@@ -107,6 +74,7 @@ class TorchEngine(Engine):
         self._weights_bytes = 0
         self.device: Any = None
         self.compute: Any = None
+        self._master: dict[str, Any] | None = None  # the weights as they came, while probed
 
     def _probe(self) -> tuple[tuple[TensorInfo, ...], int]:
         """Output names and shapes from one eager fp32 run of a single item on the CPU."""
@@ -155,24 +123,13 @@ class TorchEngine(Engine):
     def load(self, ctx: EngineContext) -> None:
         torch = _torch()
         self.ctx = ctx
-        m = self.module
+        m = self._to_device(ctx, self.dtype_in(ctx))
+        self._master = None  # the probe is over
         if not ctx.backend.is_cuda:
-            self.device, self.compute = torch.device("cpu"), torch.float32
             self.fn = {"image": self._image_fn(m), "tensors": self._tensor_fn(m)}
             self._weights_bytes = _nbytes(m)
             return
-        dev = self.device = torch.device("cuda", ctx.backend.device_id)
-        torch.cuda.set_device(dev)
-        self.compute = torch.float16 if ctx.dtype == "float16" else torch.float32
-        m = m.to(dev)
-        try:
-            m = m.to(self.compute)
-            with torch.inference_mode():
-                m(torch.zeros((1, *self._input.shape[1:]), device=dev, dtype=self.compute))
-        except Exception as exc:  # a graph with fp32 baked in: serve it in fp32
-            logger.warning("model %s does not run in %s (%s); fp32", self.model, self.compute, exc)
-            self.compute = torch.float32
-            m = m.to(torch.float32)
+        dev = self.device
         if not self.scripted and len(self._input.shape) == 4:
             m = m.to(memory_format=torch.channels_last)
             import torch._dynamo.config as dc  # optional: torch
@@ -185,7 +142,46 @@ class TorchEngine(Engine):
         self.module = m
         self.fn = {"image": self._image_fn(m, compiled=True), "tensors": self._tensor_fn(m, True)}
         self._weights_bytes = _nbytes(m)
-        _TorchCharge.sync(ctx.pool, dev.index, f"loading {self.model}")
+        TorchCharge.sync(ctx.pool, dev.index, f"loading {self.model}")
+
+    def _to_device(self, ctx: EngineContext, dtype: str) -> Any:
+        """The module on the context's device (the GPU, else the CPU) in ``dtype``, in place,
+        its float32 weights put back from the host copy where a float16 trial cast them."""
+        torch = _torch()
+        if ctx.backend.is_cuda:
+            dev = self.device = torch.device("cuda", ctx.backend.device_id)
+            torch.cuda.set_device(dev)
+        else:
+            dev = self.device = torch.device("cpu")
+        self.compute = torch.float16 if dtype == "float16" else torch.float32
+        m = self.module = self.module.to(dev).to(self.compute)
+        if self.compute == torch.float32 and self._master is not None:
+            with torch.no_grad():
+                for name, t in _state(m):
+                    t.copy_(self._master[name])
+        return m
+
+    # -- the precision probe (``executor_precision``): eager, before the module is compiled
+    def dtype_in(self, ctx: EngineContext) -> str:
+        return ctx.dtype if ctx.backend.is_cuda else "float32"  # the CPU path is fp32 eager
+
+    def trial(self, ctx: EngineContext, feed: Feed, stream: Stream) -> tuple[Any, ...]:
+        """One eager run of ``probe_input`` at bucket 1 in ``ctx.dtype`` (on the GPU: torch's
+        stream, waited for), its outputs on the host; the weights' host copy is taken first.
+        ``load`` then puts the module in its dtype (float32 weights exact, from that copy)."""
+        torch = _torch()
+        if self._master is None:
+            self._master = {n: t.detach().to("cpu", copy=True) for n, t in _state(self.module)}
+        self.ctx = ctx
+        m = self._to_device(ctx, ctx.dtype)
+        fn = self._image_fn(m) if feed == "image" else self._tensor_fn(m)
+        x = torch.from_numpy(probe_input(self.plan(1, feed).input_spec)).to(self.device)
+        with torch.inference_mode():
+            _, ys = _flatten(fn(x))
+            outs = tuple((y.float() if y.is_floating_point() else y).cpu().numpy() for y in ys)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()  # the trial's activations: torch holds the weights only
+        return outs
 
     def _image_fn(self, m: Any, compiled: bool = False) -> Any:
         torch = _torch()
@@ -250,7 +246,7 @@ class TorchEngine(Engine):
 
     def close(self) -> None:
         if self.ctx is not None and self.device is not None and self.device.type == "cuda":
-            _TorchCharge.release(self.ctx.pool)
+            TorchCharge.release(self.ctx.pool)
 
 
 class TorchBound:
@@ -287,7 +283,7 @@ class TorchBound:
         torch = _torch()
         with torch.cuda.stream(torch.cuda.ExternalStream(stream.raw.ptr, device=eng.device)):
             self._enqueue()
-        _TorchCharge.sync(eng.ctx.pool, eng.device.index, f"running {eng.model}")
+        TorchCharge.sync(eng.ctx.pool, eng.device.index, f"running {eng.model}")
 
     def capture(self, stream: Any) -> TorchGraph:
         torch = _torch()
@@ -302,7 +298,7 @@ class TorchBound:
         held = max(0, torch.cuda.memory_reserved(dev) - before)
         key = (self.plan.bucket, self.plan.feed)
         eng.footprints[key] = max(eng.footprints.get(key, 0), held)
-        _TorchCharge.sync(
+        TorchCharge.sync(
             eng.ctx.pool, dev.index, f"capturing {eng.model} bucket {self.plan.bucket}"
         )
         logger.info(
@@ -315,38 +311,6 @@ class TorchBound:
         return TorchGraph(g, dev)
 
 
-class TorchGraph:
-    """A torch CUDA graph that the executor launches on its raw (cupy) stream.
-
-    The launch is ``cudaGraphLaunch`` of torch's instantiated graph on that stream, straight
-    through cupy (a few microseconds), where torch has ``raw_cuda_graph_exec``; else
-    ``replay`` under ``torch.cuda.stream``, which costs tens of microseconds of Python per
-    batch -- at batch 1 the executor's host time is the limit. The direct launch skips
-    torch's per-replay bump of the random-number offsets: an inference graph draws none."""
-
-    def __init__(self, graph: Any, device: Any) -> None:
-        self.graph, self.device = graph, device
-        self._ext: tuple[int, Any] | None = None  # (raw pointer, its torch ExternalStream)
-        raw = getattr(graph, "raw_cuda_graph_exec", None)
-        self._exec = int(raw()) if raw is not None else 0
-        if self._exec:
-            from cupy.cuda import runtime  # cupy: the GPU backend, present where graphs are
-
-            self._graph_launch = runtime.graphLaunch
-
-    def launch(self, raw_stream: Any) -> None:
-        if self._exec:
-            self._graph_launch(self._exec, raw_stream.ptr)  # one cudaGraphLaunch
-            return
-        torch = _torch()
-        ext = self._ext
-        if ext is None or ext[0] != raw_stream.ptr:  # the executor pins an arena's stream
-            ext = torch.cuda.ExternalStream(raw_stream.ptr, device=self.device)
-            self._ext = ext = (raw_stream.ptr, ext)
-        with torch.cuda.stream(ext[1]):
-            self.graph.replay()
-
-
 def _flatten(y: Any) -> tuple[list[str], list[Any]]:
     """A module's output as (names, tensors): one tensor is ``logits``, a tuple or list is
     ``output_0``..., a dict keeps its keys."""
@@ -355,6 +319,11 @@ def _flatten(y: Any) -> tuple[list[str], list[Any]]:
     if isinstance(y, tuple | list):
         return [f"output_{i}" for i in range(len(y))], list(y)
     return ["logits"], [y]
+
+
+def _state(m: Any) -> list[tuple[str, Any]]:
+    """The module's parameters and buffers by name: what ``Module.to`` casts."""
+    return [*m.named_parameters(), *m.named_buffers()]
 
 
 def _nbytes(m: Any) -> int:

@@ -6,7 +6,9 @@ starts (``InferenceStage``) and by ``ferry config check`` before a deploy
 (``repository.load_entry``), puts it on the executor, plans every bucket of every feed and --
 in a replica -- warms it (runs every bucket, capturing its CUDA graphs). A model that fails
 any of it is *refused*: its reason, one line (for an ONNX file it names the node and the op),
-is recorded, what it held is given back, and the other models load on.
+is recorded, what it held is given back, and the other models load on. Each model's compute
+dtype is decided as it loads (its entry's ``precision``, else the executor's, probed where
+that is float16: ``pipeline/executor_precision.py``) and the report says which and why.
 
 The rule (README, "A model that cannot load"): a replica serves the models that load and
 answers the refused ones' routes with ``ModelUnavailable`` -- 503, no Retry-After, the
@@ -79,6 +81,7 @@ class LoadReport:
     phase: str = "loading"
     current: str | None = None
     warmup_s: dict[str, float] = field(default_factory=dict)
+    precision: dict[str, Any] = field(default_factory=dict)  # model -> its ``Precision``
 
     def problems(self) -> list[str]:
         """One line per refused model, naming it."""
@@ -102,6 +105,9 @@ class LoadReport:
             "loaded": list(self.loaded),
             "refused": dict(self.refused),
             "current": self.current,
+            "precision": {
+                n: p.as_dict() for n, p in self.precision.items() if n in self.loaded
+            },
             "why": self.unservable() if self.phase == "failed" else None,
         }
 
@@ -123,6 +129,7 @@ def load_models(
         tell(report)
         try:
             executor.load_entry(entry)
+            report.precision[entry.name] = executor.precision_of(entry.name)
             plan_every_bucket(executor, entry.name)
         except Exception as exc:
             _refuse(executor, report, entry.name, exc)

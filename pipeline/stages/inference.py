@@ -335,7 +335,10 @@ class InferenceStage:
         s = self.executor.stats()
         s["queue_depth"] = len(self.scheduler.queue)
         s["warmup_s"] = self.warmup_s
-        s["models"] = {k: {"random_weights": v} for k, v in self.random.items()}
+        s["models"] = {
+            k: {"random_weights": v, "precision": self.executor.precision_of(k).as_dict()}
+            for k, v in self.random.items()
+        }
         s["refused"] = dict(self.refused)  # model -> why it is not served
         s["health"] = self.health.snapshot()
         return s

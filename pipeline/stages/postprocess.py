@@ -66,7 +66,12 @@ class PostprocessStage:
 
     def __init__(self, config: PipelineConfig) -> None:
         self.cards = {m.name: model_card(m) for m in config.models}
-        self.dtype = config.executor.dtype  # (named in a non-finite output's error)
+        # named in a non-finite output's error: the entry's precision, else the executor's
+        # dtype (a model that ``auto`` kept in float16 passed the precision probe at load)
+        self.dtypes = {
+            m.name: config.executor.dtype if m.precision == "auto" else m.precision
+            for m in config.models
+        }
         self.tasks = TaskContext(
             {name: card.label for name, card in self.cards.items()},
             {m.name: anchors_of(m) for m in config.models},
@@ -117,8 +122,8 @@ class PostprocessStage:
                     NonFiniteOutput(
                         "the model's output is not finite (NaN or infinity)",
                         model=model,
-                        dtype=self.dtype,
-                        fix="serve it in float32: executor.dtype: float32",
+                        dtype=self.dtypes.get(model, "auto"),
+                        fix="serve it in float32: precision: float32 in the model's entry",
                     )
                 )
                 continue
