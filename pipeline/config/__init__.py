@@ -11,7 +11,7 @@ naming the values. Every field's docstring is its description in the JSON schema
 - ``deployment``: ``DeploymentOptions`` (Serve options of one stage)
 - ``models``: ``ModelConfig``, ``ModelInputConfig``
 - ``placements``: ``PLACEMENTS``, the rows ``PipelineConfig.placement`` names
-- ``stages``: ``IngressConfig``, ``PreprocessConfig``, ``TransportConfig``
+- ``stages``: ``IngressConfig``, ``PreprocessConfig``, ``TransportConfig``, ``StreamsConfig``
 - ``pipeline``: ``PipelineConfig`` (the whole application, cross-field rules), ``Settings``
 
 A leaf: the models validate shapes and values only, and import nothing of Ferry's. What
@@ -29,7 +29,7 @@ from .models import BUILTIN_ARCHS, MODEL_FILE_SUFFIXES, ModelBatch, ModelConfig,
 from .pipeline import POOL_SHARE_LIMIT, PipelineConfig, Settings
 from .placements import PLACEMENTS, Placement, PlacementName
 from .runtime import DEFAULT_BUCKETS, BatchingConfig, ExecutorConfig
-from .stages import IngressConfig, PreprocessConfig, TransportConfig
+from .stages import IngressConfig, PreprocessConfig, StreamsConfig, TransportConfig
 
 __all__ = [
     "BUILTIN_ARCHS",
@@ -54,6 +54,7 @@ __all__ = [
     "PreprocessConfig",
     "Settings",
     "Strict",
+    "StreamsConfig",
     "TransportConfig",
     "replicas_sharing_a_gpu",
 ]
