@@ -91,12 +91,14 @@ class StreamsConfig(Strict):
     (close code 1013, try again later). 0: no streams."""
     max_fps: float | None = Field(None, gt=0.0, le=1_000_000.0)
     """Frames a second the open streams of one model may declare together, per ingress
-    replica; a stream that would pass it is refused at its handshake. ``None``: no fixed
-    ceiling -- the measured capacity alone decides (``share``)."""
-    share: float = Field(0.8, gt=0.0, le=1.0)
-    """Of a model's measured capacity (the frames a second its coalescer hands on while
-    backlogged), the part streams may declare together; the rest is kept for per-request
-    traffic. Before a capacity is measured only ``max_fps`` and ``max_streams`` apply."""
+    replica (set it from a load test of the model); a stream that would pass it is refused
+    at its handshake. ``None``: no ceiling of declared rates."""
+    max_late: float = Field(0.01, ge=0.0, le=1.0)
+    """A new stream of a model is refused while more than this fraction of the frames of
+    its open streams were dropped late over the last ``late_window_s`` (the streams it
+    admitted already miss their deadlines: there is no room for one more)."""
+    late_window_s: float = Field(5.0, gt=0.0, le=600.0)
+    """The window of ``max_late``."""
     default_fps: float = Field(30.0, gt=0.0, le=1000.0)
     """A stream's rate when it declares none (``fps``)."""
     max_stream_fps: float = Field(120.0, gt=0.0, le=1000.0)

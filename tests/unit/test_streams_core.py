@@ -198,20 +198,26 @@ def test_abandon_gives_up_every_held_frame(clock):
     assert s.abandon() == 3 and all(h.cancelled for h in handles) and not s.held
 
 
-def test_the_book_admits_within_the_stream_limit_the_rate_and_the_measured_capacity():
-    book = StreamBook(StreamsConfig(max_streams=3, max_fps=50.0, share=0.5), retry_after_s=2)
-    a = book.admit("a", "digits", 30.0, None)
+def test_the_book_admits_within_the_stream_limit_the_rate_and_while_streams_meet_deadlines(
+    clock,
+):
+    cfg = StreamsConfig(max_streams=3, max_fps=50.0, max_late=0.1, late_window_s=5.0)
+    book = StreamBook(cfg, retry_after_s=2)
+    a = book.admit("a", "digits", 30.0, clock())
     with pytest.raises(QueueFull) as e:
-        book.admit("b", "digits", 30.0, None)
+        book.admit("b", "digits", 30.0, clock())
     assert e.value.reason == "stream_rate" and e.value.retry_after_s == 2
-    book.admit("b", "resnet50", 30.0, None)  # another model's rate is its own
+    book.admit("b", "resnet50", 30.0, clock())  # another model's rate is its own
+    book.frames("digits", clock(), late=2, total=10)  # 20% of digits' frames were late
     with pytest.raises(QueueFull) as e:
-        book.admit("c", "digits", 10.0, capacity_fps=60.0)  # 40 > half of 60
-    assert e.value.reason == "stream_capacity"
-    book.admit("c", "digits", 10.0, capacity_fps=100.0)
+        book.admit("c", "digits", 10.0, clock())
+    assert e.value.reason == "stream_late" and e.value.fields["late_ratio"] == 0.2
+    clock.advance(6.0)  # forgotten past the window
+    assert book.late_ratio("digits", clock()) == 0.0
+    book.admit("c", "digits", 10.0, clock())
     with pytest.raises(QueueFull) as e:
-        book.admit("d", "digits", 1.0, None)
+        book.admit("d", "digits", 1.0, clock())
     assert e.value.reason == "stream_limit"
     book.release(a)
     assert book.fps_of("digits") == 10.0
-    book.admit("d", "digits", 1.0, None)
+    book.admit("d", "digits", 1.0, clock())
