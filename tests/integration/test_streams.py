@@ -224,9 +224,11 @@ def test_a_disconnect_while_its_batch_runs_frees_everything(app):
         # a group has left the coalescer, and the stream holds its frames unanswered:
         # ResNet-50 on numpy is at work on them
         wait_books(
-            lambda b: b["streams"]
-            and b["streams"][0]["held"] > 0
-            and b["coalescers"].get("resnet50/classify", {}).get("in_flight", 0) > 0,
+            lambda b: (
+                b["streams"]
+                and b["streams"][0]["held"] > 0
+                and b["coalescers"].get("resnet50/classify", {}).get("in_flight", 0) > 0
+            ),
             "the frames never left the coalescer",
         )
         ws.transport.abort()  # gone, no close handshake
