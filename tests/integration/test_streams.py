@@ -30,6 +30,12 @@ pytestmark = pytest.mark.integration
 APP = "streams"
 WS = f"ws://127.0.0.1:{PORT}/v1/streams"
 MAX_STREAMS, MAX_FPS = 12, 100.0
+TOKEN = "stream-token"
+AUTH = {"authorization": f"Bearer {TOKEN}"}  # the same bearer token as every route
+
+
+def connect(path: str, **kw):
+    return websockets.connect(f"{WS}/{path}", additional_headers=AUTH, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +52,7 @@ def app(ray_cluster):
             "unread_s": 0.1,
             "pause_s": 1.0,
         },
+        ingress_deployment={"env_vars": {"FERRY_AUTH_TOKEN": TOKEN}},
     )
     deploy(config, name=APP)
     yield
@@ -74,7 +81,7 @@ async def play(
     """Send ``frames`` at ``fps`` then ``{"end": true}``, reading (and acknowledging) every
     message; the messages, the close code and reason."""
     msgs: list[dict] = []
-    async with websockets.connect(f"{WS}/{path}?fps={fps:g}{query}", max_size=None) as ws:
+    async with connect(f"{path}?fps={fps:g}{query}", max_size=None) as ws:
 
         async def sender() -> None:
             for f in frames:
@@ -95,7 +102,7 @@ async def play(
 
 async def refused(path: str) -> tuple[int | None, str, dict]:
     """Open a stream the service should refuse: its close code, reason and error body."""
-    async with websockets.connect(f"{WS}/{path}") as ws:
+    async with connect(path) as ws:
         body = json.loads(await ws.recv())
         with pytest.raises(websockets.ConnectionClosed):
             await ws.recv()
@@ -103,7 +110,7 @@ async def refused(path: str) -> tuple[int | None, str, dict]:
 
 
 def books() -> dict:
-    r = httpx.get(BASE + "/v1/streams", timeout=30)
+    r = httpx.get(BASE + "/v1/streams", headers=AUTH, timeout=30)
     r.raise_for_status()
     return r.json()
 
@@ -166,6 +173,9 @@ def test_a_bad_frame_gets_its_error_and_the_stream_goes_on(app):
 
 def test_streams_are_refused_at_the_handshake_with_a_reason(app):
     async def main():
+        with pytest.raises(websockets.InvalidStatus) as e:  # no token: no stream
+            await websockets.connect(f"{WS}/digits")
+        assert e.value.response.status_code in (401, 403)
         code, reason, body = await refused("nope")
         assert code == 1008 and body["type"] == "ModelNotFound", (code, reason, body)
         code, reason, body = await refused("digits?task=segment")
@@ -173,12 +183,12 @@ def test_streams_are_refused_at_the_handshake_with_a_reason(app):
         code, reason, body = await refused("digits?fps=1000")
         assert code == 1008 and body["type"] == "InvalidInput", body
         # the model's declared rates: 90 of 100 fps taken, 20 more do not fit
-        async with websockets.connect(f"{WS}/digits?fps=90"):
+        async with connect("digits?fps=90"):
             code, reason, body = await refused("digits?fps=20")
             assert code == 1013 and "stream_rate" in reason, (code, reason)
             assert body["detail"]["admitted_fps"] == 90.0, body
         # the replica's most streams
-        held = [await websockets.connect(f"{WS}/digits?fps=1") for _ in range(MAX_STREAMS)]
+        held = [await connect("digits?fps=1") for _ in range(MAX_STREAMS)]
         code, reason, body = await refused("digits?fps=1")
         assert code == 1013 and "stream_limit" in reason, (code, reason)
         for ws in held:
@@ -192,7 +202,7 @@ def test_streams_are_refused_at_the_handshake_with_a_reason(app):
 
 def test_a_slow_reader_is_paused_then_closed_and_its_slots_come_back(app):
     async def main():
-        async with websockets.connect(f"{WS}/digits?fps=20&deadline_ms=5000") as ws:
+        async with connect("digits?fps=20&deadline_ms=5000") as ws:
             for i in range(200):  # never reads, never acknowledges
                 try:
                     await ws.send(png(i))
@@ -218,7 +228,7 @@ def test_a_disconnect_while_its_batch_runs_frees_everything(app):
     photo = png(7, size=224)
 
     async def main():
-        ws = await websockets.connect(f"{WS}/resnet50?fps=5&deadline_ms=10000")
+        ws = await connect("resnet50?fps=5&deadline_ms=10000")
         for _ in range(3):
             await ws.send(photo)
         # a group has left the coalescer, and the stream holds its frames unanswered:
