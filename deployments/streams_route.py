@@ -1,5 +1,5 @@
 """Live video streams over WebSocket: ``/v1/streams/{model}`` on the ingress's ASGI app, and
-``GET /v1/streams``, the replica's book of them (``docs/streams.md``).
+``GET /v1/streams``, the replica's book of them (``docs/api.md``, Live streams).
 
 ``StreamRoute`` is pure ASGI inside the bearer-token check (``ingress_http.BearerAuth``), as
 ``ClassifyFastPath`` is: it finds the ingress replica in the scope and serves the

@@ -4,7 +4,7 @@
   ``max_batch_size``) or its oldest item waited ``max_wait_ms``; the executor pads it.
 * A high-priority lane skips the wait: a priority item leaves with the next batch at once
   (filled up with waiting normal items).
-* A frame lane (the frames of live streams, ``docs/streams.md``): each frame carries its
+* A frame lane (the frames of live streams, ``docs/api.md``, Live streams): each frame carries its
   deadline, and a batch holding frames leaves when full or at the latest start that still
   meets its earliest deadline -- that deadline less twice the measured time of the bucket it
   would run in (``BucketTimes``: one batch time to run, one of margin for the way back) --

@@ -4,7 +4,7 @@ its reader's window, and one ingress replica's book of open streams (admission).
 No asyncio, no Serve, no Starlette: times are passed in, and a frame's way downstream is an
 opaque handle (a future: ``cancel()`` gives it up) that the caller's ``withdraw`` takes back
 while it has not left the coalescer. The WebSocket route (``deployments/streams_route.py``)
-drives it; tests drive it with a fake clock. The protocol is ``docs/streams.md``'s:
+drives it; tests drive it with a fake clock. The protocol (``docs/api.md``, Live streams):
 
 * frames are numbered 0, 1, 2, ... as they arrive, and every frame gets one message, in
   frame order: its answer, its error, or -- merged with its neighbours dropped for the same

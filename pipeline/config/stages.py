@@ -84,7 +84,7 @@ class TransportConfig(Strict):
 
 
 class StreamsConfig(Strict):
-    """Live video streams over WebSocket (``/v1/streams/{model}``; ``docs/streams.md``)."""
+    """Live video streams over WebSocket (``/v1/streams/{model}``; ``docs/api.md``, Live streams)."""
 
     max_streams: int = Field(256, ge=0, le=100_000)
     """Streams one ingress replica holds open at once; one more is refused at its handshake
