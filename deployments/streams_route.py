@@ -29,13 +29,12 @@ from starlette.datastructures import QueryParams
 
 from pipeline.errors import FerryError, InvalidInput, PayloadTooLarge, RetryLater
 from pipeline.stages.messages import Encoded, RequestMeta
+from pipeline.stream_book import StreamBook, Ticket
 from pipeline.streams import (
     LATE,
     FramesDropped,
     Stream,
-    StreamBook,
     StreamMessage,
-    Ticket,
     stream_params,
 )
 
@@ -108,6 +107,7 @@ class StreamConnection:
         self.loop = asyncio.get_running_loop()
         self.wake = asyncio.Event()
         self.ending: str | None = None  # why no more frames are taken: "end", "draining"
+        self.notes: list[dict[str, Any]] = []  # messages that are no frame's, to send
         self.stream: Stream | None = None
         self.ticket: Ticket | None = None
         self.closed = False
@@ -231,7 +231,9 @@ class StreamConnection:
                 raise ValueError
         except ValueError:
             err = InvalidInput('not a stream message: {"read": n} or {"end": true}', text=text[:64])
-            self._say({"error": err.message, "type": "InvalidInput", "detail": err.public_detail()})
+            self.notes.append(
+                {"error": err.message, "type": "InvalidInput", "detail": err.public_detail()}
+            )
         self.wake.set()
 
     def _done(self, n: int, t0: float, queued: float, fut: asyncio.Future) -> None:
@@ -278,6 +280,8 @@ class StreamConnection:
             await self.wake.wait()
             self.wake.clear()
             now = self.loop.time()
+            while self.notes:  # messages that are no frame's
+                await self._send({"type": "websocket.send", "text": _json(self.notes.pop(0))})
             sent = s.take(now)
             for m in sent:
                 await self._send({"type": "websocket.send", "text": _json(m.body())})
@@ -309,9 +313,6 @@ class StreamConnection:
         self.hub.book.frames(self.model, now, late, total)
 
     # ------------------------------------------------------------------ the end
-    def _say(self, body: dict[str, Any]) -> None:
-        self.loop.create_task(self._send({"type": "websocket.send", "text": _json(body)}))
-
     async def _close(self, code: int, reason: str) -> None:
         if not self.closed:
             self.closed = True

@@ -9,6 +9,7 @@ import pytest
 
 from pipeline.config import StreamsConfig
 from pipeline.errors import DeadlineExceeded, InvalidInput, QueueFull, UnsupportedMediaType
+from pipeline.stream_book import StreamBook
 from pipeline.streams import (
     GRACE_S,
     LAG,
@@ -21,7 +22,6 @@ from pipeline.streams import (
     Outbox,
     RateGate,
     Stream,
-    StreamBook,
     StreamParams,
     stream_params,
 )
