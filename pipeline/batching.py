@@ -5,12 +5,13 @@
 * A high-priority lane skips the wait: a priority item leaves with the next batch at once
   (filled up with waiting normal items).
 * A frame lane (the frames of live streams, ``docs/api.md``, Live streams): each frame carries its
-  deadline, and a batch holding frames leaves when full or at the latest start that still
-  meets its earliest deadline -- that deadline less twice the measured time of the bucket it
-  would run in (``BucketTimes``: one batch time to run, one of margin for the way back) --
-  a dynamic timeout instead of the fixed ``max_wait_ms`` (which it keeps until its bucket is
-  measured). Frames are taken after priority items and before normal ones, so per-request
-  traffic never starves an admitted stream.
+  deadline, and a batch holding frames leaves when full, or once its oldest frame has waited
+  as long as the bucket it would run in takes (``BucketTimes``, measured), or sooner where
+  its earliest deadline needs: at that deadline less twice the bucket's time (one batch time
+  to run, one of margin for the way back) -- a dynamic timeout instead of the fixed
+  ``max_wait_ms`` (which it keeps until its bucket is measured). Frames are taken after
+  priority items and before normal ones, so per-request traffic never starves an admitted
+  stream.
 * The queue is bounded: past ``max_queue`` items, ``submit`` answers ``QueueFull`` at once.
 * An item whose deadline has passed is dropped with ``DeadlineExceeded`` before it costs
   GPU time, and one whose caller gave up (its future done) is forgotten.
@@ -224,7 +225,7 @@ class BatchQueue:
         times = []
         if include_waits:
             times.extend(q[0].enqueued + self.max_wait_s for q in self._normal.values() if q)
-            times.extend(self._frames_due(k) for k, q in self._frames.items() if q)
+            times.extend(self._frames_due(k)[0] for k, q in self._frames.items() if q)
         for lanes in self._lanes.values():
             for q in lanes.values():
                 times.extend(p.deadline for p in q if p.deadline is not None)
@@ -238,18 +239,20 @@ class BatchQueue:
         ts = [q[0].enqueued for lanes in self._lanes.values() if (q := lanes.get(key))]
         return min(ts) if ts else None
 
-    def _frames_due(self, key: str) -> float:
-        """When a batch of ``key``'s waiting frames must leave: its earliest deadline less
-        twice the measured time of the bucket the batch would run in; its oldest frame's
-        arrival plus ``max_wait_s`` while that bucket is unmeasured (or no frame has a
-        deadline)."""
+    def _frames_due(self, key: str) -> tuple[float, str]:
+        """When a batch of ``key``'s waiting frames leaves, and why: once its oldest frame has
+        waited as long as the bucket the batch would run in takes (measured: ``timeout``),
+        or sooner where its earliest deadline needs -- that deadline less twice the bucket's
+        time (``deadline``); after ``max_wait_s`` while that bucket is unmeasured."""
         fq = self._frames[key]
         n = min(self.depth(key), self.sizes.get(key, self.max_batch_size))
         est = self.times.estimate(key, self.bucket_for(n))
+        if est is None:
+            return fq[0].enqueued + self.max_wait_s, "timeout"
+        waited = fq[0].enqueued + est
         deadlines = [p.deadline for p in fq if p.deadline is not None]
-        if est is None or not deadlines:
-            return fq[0].enqueued + self.max_wait_s
-        return min(deadlines) - 2.0 * est
+        latest = min(deadlines) - 2.0 * est if deadlines else waited
+        return (latest, "deadline") if latest < waited else (waited, "timeout")
 
     def _form(self, key: str, now: float) -> Batch | None:
         if self._priority.get(key):
@@ -258,8 +261,10 @@ class BatchQueue:
             return None
         if self.depth(key) >= self.sizes.get(key, self.max_batch_size):
             return self._take(key, now, "full")
-        if self._frames.get(key) and now >= self._frames_due(key) - 1e-9:
-            return self._take(key, now, "deadline")
+        if self._frames.get(key):
+            due, why = self._frames_due(key)
+            if now >= due - 1e-9:
+                return self._take(key, now, why)
         nq = self._normal.get(key)
         if nq and now - nq[0].enqueued >= self.max_wait_s - 1e-9:  # clocks are floats
             return self._take(key, now, "timeout")

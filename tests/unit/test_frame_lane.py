@@ -1,6 +1,6 @@
 """The GPU queue's frame lane on a fake clock: frames of live streams carry deadlines, and a
-batch of them leaves at the latest start that meets its earliest deadline (a timeout from
-the measured time of its bucket), ahead of per-request traffic."""
+batch of them waits as long as its bucket takes to run (measured), no later than the latest
+start that meets its earliest deadline, ahead of per-request traffic."""
 
 from __future__ import annotations
 
@@ -35,35 +35,53 @@ def test_frames_keep_the_fixed_wait_until_their_bucket_is_measured(clock):
     assert q.next_wakeup() == pytest.approx(clock() + 0.002)  # (the deadline is later)
     clock.advance(0.002)
     (b,) = q.pop_ready(clock())
-    assert b.reason == "deadline" and [p.item for p in b.items] == ["f0"]
+    assert b.reason == "timeout" and [p.item for p in b.items] == ["f0"]
 
 
-def test_a_batch_of_frames_waits_until_its_earliest_deadline_less_twice_its_bucket_time(clock):
+def test_a_batch_of_frames_waits_as_long_as_its_bucket_takes_to_run(clock):
+    """Not the fixed 2 ms: the measured 10 ms of the bucket the batch would run in."""
     q = _queue()
-    q.times.observe("m", 2, 0.010)  # a batch of 2 takes 10 ms
+    q.times.observe("m", 2, 0.010)
+    t0 = clock()
+    q.push("f0", "m", t0, deadline=t0 + 1.0, frame=True)
+    clock.advance(0.005)
+    q.push("f1", "m", clock(), deadline=clock() + 1.0, frame=True)
+    assert q.next_wakeup() == pytest.approx(t0 + 0.010)
+    clock.advance(0.004)  # 9 ms: past the fixed wait, within the bucket's time
+    assert q.pop_ready(clock()) == []
+    clock.advance(0.001)
+    (b,) = q.pop_ready(clock())
+    assert b.reason == "timeout" and [p.item for p in b.items] == ["f0", "f1"]
+    assert b.bucket == 2
+
+
+def test_a_batch_of_frames_leaves_sooner_where_its_earliest_deadline_needs(clock):
+    """At the earliest deadline less twice its bucket's measured time."""
+    q = _queue()
+    q.times.observe("m", 2, 0.010)
     t0 = clock()
     q.push("f0", "m", t0, deadline=t0 + 0.100, frame=True)
-    clock.advance(0.005)
-    q.push("f1", "m", clock(), deadline=clock() + 0.050, frame=True)  # the earliest: t0+55ms
-    due = t0 + 0.055 - 2 * 0.010
+    clock.advance(0.001)
+    q.push("f1", "m", clock(), deadline=t0 + 0.025, frame=True)  # the earliest
+    due = t0 + 0.025 - 2 * 0.010
     assert q.next_wakeup() == pytest.approx(due)
-    clock.advance(due - clock() - 0.001)  # far past the fixed 2 ms wait: it waits on
+    clock.advance(due - clock() - 0.001)
     assert q.pop_ready(clock()) == []
     clock.advance(0.001)
     (b,) = q.pop_ready(clock())
     assert b.reason == "deadline" and [p.item for p in b.items] == ["f0", "f1"]
-    assert b.bucket == 2
 
 
-def test_a_larger_batch_is_due_earlier_its_bucket_takes_longer(clock):
+def test_a_larger_batch_waits_its_bucket_longer_time_but_no_later_than_its_deadline(clock):
     q = _queue()
     q.times.observe("m", 1, 0.001)
     q.times.observe("m", 4, 0.020)
-    q.push("f0", "m", clock(), deadline=clock() + 0.100, frame=True)
-    assert q.next_wakeup() == pytest.approx(clock() + 0.100 - 0.002)
+    q.push("f0", "m", clock(), deadline=clock() + 0.050, frame=True)
+    assert q.next_wakeup() == pytest.approx(clock() + 0.001)  # a batch of 1 runs in 1 ms
     for i in range(2):
-        q.push(f"f{i + 1}", "m", clock(), deadline=clock() + 0.100, frame=True)
-    assert q.next_wakeup() == pytest.approx(clock() + 0.100 - 0.040)  # 3 frames: bucket 4
+        q.push(f"f{i + 1}", "m", clock(), deadline=clock() + 0.050, frame=True)
+    # 3 frames run in bucket 4 (20 ms): 20 ms of wait, but the deadline needs it at 10 ms
+    assert q.next_wakeup() == pytest.approx(clock() + 0.050 - 0.040)
 
 
 def test_frames_leave_full_at_once_and_before_normal_items_priority_first(clock):
