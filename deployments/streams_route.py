@@ -27,7 +27,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.datastructures import QueryParams
 
-from pipeline.errors import FerryError, InvalidInput, PayloadTooLarge, RetryLater
+from pipeline.errors import FerryError, InvalidInput, PayloadTooLarge, RetryLater, Unavailable
 from pipeline.stages.messages import Encoded, RequestMeta
 from pipeline.stream_book import StreamBook, Ticket
 from pipeline.streams import (
@@ -244,7 +244,9 @@ class StreamConnection:
         exc = fut.exception()
         if exc is not None:
             err = unwrap(exc)
-            if not isinstance(err, FerryError):
+            if isinstance(err, asyncio.CancelledError):  # its call was (the replica stops)
+                err = Unavailable("the frame's call was cancelled", retry_after_s=1.0)
+            elif not isinstance(err, FerryError):
                 logger.error("stream %s frame %d failed: %s", self.id, n, err, exc_info=err)
                 err = FerryError("internal error")
             self.stream.failed(n, err)
