@@ -153,3 +153,25 @@ def test_a_disconnect_while_its_group_is_out_frees_everything():
     assert down.cancelled == 1  # the group out, given up by its only stream, was cancelled
     assert coalescer.in_flight == 0 and coalescer.waiting == 0
     assert not hub.open and not hub.book.open and client.close() is None
+
+
+def test_a_stop_lets_a_stream_answer_what_it_holds_then_closes_it_going_away():
+    async def main():
+        down = Downstream()
+        ingress = Ingress(down)
+        hub, client = StreamHub(ingress), Client()
+        task = _open(hub, client, b"fps=10&deadline_ms=5000")
+        client.frame(png())
+        await asyncio.sleep(0.05)
+        ingress.drain.draining = True  # deployments.stop raised the flag
+        await asyncio.sleep(1.0)  # the stream sees it (it looks every 0.5 s)
+        client.frame(png())  # not taken: the stream is ending
+        await asyncio.sleep(0.05)
+        assert not client.messages() and client.close() is None  # frame 0 is still out
+        down.gate.set()
+        await task
+        return client
+
+    client = virtual_time.run(main())
+    assert [m["frame"] for m in client.messages()] == [0]
+    assert client.close()["code"] == 1001
