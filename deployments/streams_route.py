@@ -27,16 +27,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.datastructures import QueryParams
 
+from pipeline import metrics
 from pipeline.errors import FerryError, InvalidInput, PayloadTooLarge, RetryLater, Unavailable
 from pipeline.stages.messages import Encoded, RequestMeta
 from pipeline.stream_book import StreamBook, Ticket
-from pipeline.streams import (
-    LATE,
-    FramesDropped,
-    Stream,
-    StreamMessage,
-    stream_params,
-)
+from pipeline.streams import LATE, FramesDropped, Stream, StreamMessage, stream_params
 
 from . import stream_tasks
 from .http_errors import unwrap
@@ -45,7 +40,7 @@ from .observe import ingress_of, request_id_from
 logger = logging.getLogger(__name__)
 STREAM_PATH = re.compile(r"^/v1/streams/([^/]+)$")
 LOOK_S = 0.5  # how often an idle stream looks whether the application is being stopped
-TRY_AGAIN_LATER, POLICY, GOING_AWAY, NORMAL, INTERNAL = 1013, 1008, 1001, 1000, 1011
+TRY_AGAIN_LATER, POLICY, GOING_AWAY, NORMAL = 1013, 1008, 1001, 1000
 
 
 class StreamHub:
@@ -87,12 +82,6 @@ def hub_of(scope: dict) -> StreamHub | None:
     if hub is None:
         hub = app.state.streams = StreamHub(ingress)
     return hub
-
-
-def _close_reason(text: str) -> str:
-    """A close frame's reason: at most 123 bytes of UTF-8."""
-    raw = text.encode()[:123]
-    return raw.decode("utf-8", "ignore")
 
 
 class StreamConnection:
@@ -150,6 +139,8 @@ class StreamConnection:
         refusal that a retry may pass, 1008 for one that it will not."""
         retry = isinstance(exc, RetryLater) and getattr(exc, "retryable", True)
         code = TRY_AGAIN_LATER if retry else POLICY
+        if retry:
+            metrics.count_rejected(getattr(exc, "reason", None) or "stream")
         logger.info("stream %s refused (%s): %s", self.id, code, exc)
         body = {"error": exc.message or type(exc).__name__, "type": type(exc).__name__}
         if exc.fields:
@@ -310,6 +301,10 @@ class StreamConnection:
 
     def _count(self, sent: list[StreamMessage], now: float) -> None:
         """The frames settled, late ones apart, into the book (admission's late ratio)."""
+        for m in sent:
+            if isinstance(m, FramesDropped):  # ray_ferry_rejected_total{reason="frame_late"}...
+                for _ in m.frames:
+                    metrics.count_rejected(f"frame_{m.reason}")
         late = sum(len(m.frames) for m in sent if isinstance(m, FramesDropped) and m.reason == LATE)
         total = sum(len(m.frames) if isinstance(m, FramesDropped) else 1 for m in sent)
         self.hub.book.frames(self.model, now, late, total)
@@ -319,9 +314,8 @@ class StreamConnection:
         if not self.closed:
             self.closed = True
             logger.info("stream %s closed %d: %s", self.id, code, reason)
-            await self._send(
-                {"type": "websocket.close", "code": code, "reason": _close_reason(reason)}
-            )
+            reason = reason.encode()[:123].decode("utf-8", "ignore")  # (a close frame's most)
+            await self._send({"type": "websocket.close", "code": code, "reason": reason})
 
     def _free(self) -> None:
         """Everything the stream holds comes back: its frames (withdrawn from the coalescer
