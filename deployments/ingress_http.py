@@ -1,8 +1,9 @@
 """The ingress's HTTP plumbing, apart from the deployment (``ingress.py``): the FastAPI app
 and the pure-ASGI layers around it -- metrics (outermost), JSON errors, the bearer-token
-check, and ``ClassifyFastPath``, which hands ``POST /v1/models/{model}/classify`` (nearly all
-the traffic) to the replica's handler before FastAPI's router -- and the request parsers that
-need no replica state (multipart, deadline, priority).
+check, ``ClassifyFastPath``, which hands ``POST /v1/models/{model}/classify`` (nearly all
+the traffic) to the replica's handler before FastAPI's router, and the live streams'
+WebSocket route (``streams_route.py``) -- and the request parsers that need no replica
+state (multipart, deadline, priority).
 
 (No ``from __future__ import annotations`` here: FastAPI must see real annotation objects.)
 """
@@ -21,7 +22,7 @@ from pipeline.config import Settings
 from pipeline.errors import FerryError, InvalidInput
 from pipeline.protocol.validate import finite_float
 
-from . import docs, http_errors
+from . import docs, http_errors, streams_route
 from .http_errors import error_response, request_id_of, unwrap
 from .observe import RequestMetrics, ingress_of, request_id_from
 
@@ -37,7 +38,9 @@ PUBLIC_PATHS = ("/v2/health/",)
 
 
 class BearerAuth:
-    """Pure ASGI middleware: every route but /v2/health/* needs ``Authorization: Bearer``.
+    """Pure ASGI middleware: every route but /v2/health/* needs ``Authorization: Bearer``,
+    WebSocket streams too (refused at their handshake: HTTP 401 where the server speaks
+    ASGI's ``websocket.http.response`` extension, else 403).
 
     The token is read from the replica's environment at its first request -- not at
     import: Serve pickles this app in the driver, where the variable may not be set.
@@ -57,7 +60,7 @@ class BearerAuth:
             self.expected = f"Bearer {token}".encode() if token else None
         if (
             self.expected is None
-            or scope["type"] != "http"
+            or scope["type"] not in ("http", "websocket")
             or scope["path"].startswith(PUBLIC_PATHS)
         ):
             await self.app(scope, receive, send)
@@ -67,12 +70,36 @@ class BearerAuth:
             await self.app(scope, receive, send)
             return
         rid = request_id_from(scope.get("headers") or [])
+        if scope["type"] == "websocket":
+            await _refuse_handshake(scope, receive, send, rid)
+            return
         resp = JSONResponse(
             {"error": "missing or wrong bearer token", "request_id": rid},
             status_code=401,
             headers={"www-authenticate": "Bearer"},
         )
         await resp(scope, receive, send)
+
+
+async def _refuse_handshake(scope: dict, receive: Any, send: Any, rid: str) -> None:
+    """A WebSocket handshake without the token: 401 with the JSON error where the server
+    can answer a handshake with a response, else the plain refusal (403)."""
+    await receive()  # websocket.connect
+    if "websocket.http.response" not in (scope.get("extensions") or {}):
+        await send({"type": "websocket.close", "code": 1008})
+        return
+    body = orjson.dumps({"error": "missing or wrong bearer token", "request_id": rid})
+    await send(
+        {
+            "type": "websocket.http.response.start",
+            "status": 401,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"www-authenticate", b"Bearer"),
+            ],
+        }
+    )
+    await send({"type": "websocket.http.response.body", "body": body})
 
 
 class JsonAnswer(Response):
@@ -123,6 +150,7 @@ class ClassifyFastPath:
 
 
 app.add_middleware(ClassifyFastPath)
+streams_route.install(app)  # the WebSocket route, inside the auth check
 app.add_middleware(BearerAuth)
 http_errors.install(app)  # JsonErrors: outside auth and the fast path
 app.add_middleware(RequestMetrics)  # outermost: every answer is counted, JSON 500s and 401s too

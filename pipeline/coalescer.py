@@ -21,9 +21,9 @@ from typing import Any
 from . import queue_budget
 from .errors import QueueFull
 
-# item, its future, arrival, request id, and the request's "started" flag where one request
-# brought many items (``submit_many``; None for one)
-_Entry = tuple[Any, asyncio.Future, float, str, list[bool] | None]
+# item, its future, arrival, request id, the request's "started" flag where one request
+# brought many items (``submit_many``; None for one), and whether it is a stream's frame
+_Entry = tuple[Any, asyncio.Future, float, str, list[bool] | None, bool]
 
 
 class Coalescer:
@@ -45,6 +45,11 @@ class Coalescer:
     ``budget_s``: the queue-time budget (None: none); ``on_reject(reason)`` hears of each
     request refused or dropped by it. A request whose caller gave up (its future
     cancelled) is not sent.
+
+    Frames of live streams (``submit_frame``) share the groups: admitted with their stream,
+    not one by one, never dropped by the budget (their deadline rules them), and cut into
+    the next group ahead of the requests waiting with them, so per-request traffic never
+    starves an admitted stream. One that has not left can be withdrawn (``withdraw``).
     """
 
     def __init__(
@@ -92,6 +97,25 @@ class Coalescer:
         started = [False]
         return [self._put(item, request_id, started) for item in items]
 
+    def submit_frame(self, item: Any, request_id: str = "") -> asyncio.Future:
+        """One frame of an admitted stream: no admission here, ahead of the requests in the
+        next group, never dropped by the budget. Its future (cancel it, or ``withdraw``,
+        to give it up)."""
+        return self._put(item, request_id, None, frame=True)
+
+    def withdraw(self, future: asyncio.Future) -> bool:
+        """Give up an item that has not left (its future cancelled; True); False once it
+        has left, or is done."""
+        if future.done() or not any(e[1] is future for e in self._group):
+            return False
+        future.cancel()
+        return True
+
+    @property
+    def waiting(self) -> int:
+        """Items waiting to leave (their callers have not given up)."""
+        return sum(1 for e in self._group if not e[1].done())
+
     def check(self, request_id: str = "") -> None:
         """``QueueFull`` now if a request arriving now would be refused: callers ask before
         they read a body, so a refusal costs no upload and no parsing (``submit`` asks
@@ -129,10 +153,12 @@ class Coalescer:
         if gone:
             del self._group[:gone]
 
-    def _put(self, item: Any, request_id: str, started: list[bool] | None) -> asyncio.Future:
+    def _put(
+        self, item: Any, request_id: str, started: list[bool] | None, frame: bool = False
+    ) -> asyncio.Future:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        self._group.append((item, fut, loop.time(), request_id, started))
+        self._group.append((item, fut, loop.time(), request_id, started, frame))
         if len(self._group) >= self.max_items:
             self._flush()
         elif self._timer is None and not self._due:
@@ -157,8 +183,10 @@ class Coalescer:
             return
         self._due = False
         now = asyncio.get_running_loop().time()
-        self._group = [e for e in self._group if not e[1].done() and not self._timed_out(e, now)]
-        group, self._group = self._group[: self.max_items], self._group[self.max_items :]
+        live = [e for e in self._group if not e[1].done() and not self._timed_out(e, now)]
+        live.sort(key=lambda e: not e[5])  # frames first, else in arrival order
+        group, rest = live[: self.max_items], live[self.max_items :]
+        self._group = sorted(rest, key=lambda e: e[2]) if group and group[-1][5] else rest
         if group:
             for e in group:
                 if e[4] is not None:
@@ -178,6 +206,8 @@ class Coalescer:
         """Fail a request that waited here past the budget (dropped at dispatch)."""
         waited = now - entry[2]
         if self.budget_s is None or waited <= self.budget_s or (entry[4] and entry[4][0]):
+            return False
+        if entry[5]:  # a stream's frame: its deadline rules it, not the budget
             return False
         entry[1].set_exception(
             queue_budget.timed_out(waited, self.budget_s, self.retry_after_s, entry[3], "ingress")

@@ -12,7 +12,7 @@ naming the values. Every field's docstring is its description in the JSON schema
 - ``models``: ``ModelConfig``, ``ModelInputConfig``
 - ``tasks``: ``TaskOutputConfig`` (``output:``: how a model's output is read for its task)
 - ``placements``: ``PLACEMENTS``, the rows ``PipelineConfig.placement`` names
-- ``stages``: ``IngressConfig``, ``PreprocessConfig``, ``TransportConfig``
+- ``stages``: ``IngressConfig``, ``PreprocessConfig``, ``TransportConfig``, ``StreamsConfig``
 - ``pipeline``: ``PipelineConfig`` (the whole application, cross-field rules), ``Settings``
 
 A leaf: the models validate shapes and values only, and import nothing of Ferry's. What
@@ -30,7 +30,7 @@ from .models import BUILTIN_ARCHS, MODEL_FILE_SUFFIXES, ModelBatch, ModelConfig,
 from .pipeline import POOL_SHARE_LIMIT, PipelineConfig, Settings
 from .placements import PLACEMENTS, Placement, PlacementName
 from .runtime import DEFAULT_BUCKETS, BatchingConfig, ExecutorConfig
-from .stages import IngressConfig, PreprocessConfig, TransportConfig
+from .stages import IngressConfig, PreprocessConfig, StreamsConfig, TransportConfig
 from .tasks import TASKS, TaskName, TaskOutputConfig
 
 __all__ = [
@@ -56,6 +56,7 @@ __all__ = [
     "PreprocessConfig",
     "Settings",
     "Strict",
+    "StreamsConfig",
     "TASKS",
     "TaskName",
     "TaskOutputConfig",

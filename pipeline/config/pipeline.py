@@ -16,7 +16,7 @@ from .health import HealthConfig
 from .models import ModelBatch, ModelConfig
 from .placements import PLACEMENTS, Placement, PlacementName
 from .runtime import BatchingConfig, ExecutorConfig
-from .stages import IngressConfig, PreprocessConfig, TransportConfig
+from .stages import IngressConfig, PreprocessConfig, StreamsConfig, TransportConfig
 
 POOL_SHARE_LIMIT = 0.95  # of one GPU's memory, for the pools of all replicas sharing it
 
@@ -50,6 +50,8 @@ class PipelineConfig(Strict):
     """How the inference stage forms GPU batches."""
     ingress: IngressConfig = Field(default_factory=IngressConfig)
     """The HTTP front: coalescing, body and pixel limits, timeouts."""
+    streams: StreamsConfig = Field(default_factory=StreamsConfig)
+    """Live video streams over WebSocket: admission, rates, deadlines, slow readers."""
     preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
     """Decoding and resizing: with what, on how many threads."""
     transport: TransportConfig = Field(default_factory=TransportConfig)

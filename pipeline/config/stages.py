@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from .base import Strict
 
@@ -81,3 +81,45 @@ class TransportConfig(Strict):
     """Pinned buffers the GPU preprocess stage uploads decoded images through."""
     staging_slot_bytes: int = Field(64 << 20, ge=1 << 20, le=4 << 30)
     """Size of each; a call whose decoded images do not fit is uploaded in parts."""
+
+
+class StreamsConfig(Strict):
+    """Live video streams over WebSocket (``/v1/streams/{model}``; ``docs/api.md``, Live streams)."""
+
+    max_streams: int = Field(256, ge=0, le=100_000)
+    """Streams one ingress replica holds open at once; one more is refused at its handshake
+    (close code 1013, try again later). 0: no streams."""
+    max_fps: float | None = Field(None, gt=0.0, le=1_000_000.0)
+    """Frames a second the open streams of one model may declare together, per ingress
+    replica (set it from a load test of the model); a stream that would pass it is refused
+    at its handshake. ``None``: no ceiling of declared rates."""
+    max_late: float = Field(0.01, ge=0.0, le=1.0)
+    """A new stream of a model is refused while more than this fraction of the frames of
+    its open streams were dropped late over the last ``late_window_s`` (the streams it
+    admitted already miss their deadlines: there is no room for one more)."""
+    late_window_s: float = Field(5.0, gt=0.0, le=600.0)
+    """The window of ``max_late``."""
+    default_fps: float = Field(30.0, gt=0.0, le=1000.0)
+    """A stream's rate when it declares none (``fps``)."""
+    max_stream_fps: float = Field(120.0, gt=0.0, le=1000.0)
+    """The most frames a second one stream may declare."""
+    deadline_frames: float = Field(2.0, gt=0.0, le=1000.0)
+    """A frame's deadline when the stream gives no ``deadline_ms``: this many frame intervals
+    at its rate (2 at 30 fps: 66.7 ms from the frame's arrival to its answer)."""
+    max_deadline_ms: float = Field(10_000.0, gt=0.0, le=600_000.0)
+    """The longest deadline a stream may ask for."""
+    unread_s: float = Field(2.0, gt=0.0, le=600.0)
+    """Slow readers: a stream may have this many seconds of answers at its rate (at least 8)
+    sent and not yet acknowledged (``{"read": n}``) before it is paused."""
+    pause_s: float = Field(5.0, gt=0.0, le=3600.0)
+    """How long a stream may stay paused (its frames dropped, reason ``paused``) before it is
+    closed (1008) and everything it holds is freed."""
+
+    @model_validator(mode="after")
+    def _default_rate_allowed(self) -> StreamsConfig:
+        if self.default_fps > self.max_stream_fps:
+            raise ValueError(
+                f"streams.default_fps ({self.default_fps}) exceeds streams.max_stream_fps "
+                f"({self.max_stream_fps})"
+            )
+        return self

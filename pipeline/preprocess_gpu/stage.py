@@ -30,7 +30,8 @@ import numpy as np
 
 from .. import gpu_decode, metrics
 from ..async_result import AsyncResult, CompletionWatcher
-from ..batching import Batch, BatchScheduler
+from ..batch_scheduler import BatchScheduler
+from ..batching import Batch
 from ..config import PipelineConfig
 from ..device import Backend, Event, Stream, select_backend
 from ..errors import FerryError, InvalidInput, ModelNotFound, QueueFull, TransportError

@@ -28,7 +28,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from pipeline import gpu_metrics, metrics
-from pipeline.batching import Batch, BatchScheduler
+from pipeline.batch_scheduler import BatchScheduler
+from pipeline.batching import Batch
 from pipeline.config import PipelineConfig
 from pipeline.engines.epilogue import has_epilogue
 from pipeline.errors import FerryError, ModelNotFound, QueueFull
@@ -275,8 +276,10 @@ class InferenceStage:
                         # since it joined the ingress's queue, less its decoding, counts
                         self.scheduler.clock() - waited_s(m, now_epoch, decoding_s),
                         # only a request's first row meets the budget: its own rows are not
-                        # queue ahead of one another, and once admitted none is dropped
-                        None if o in admitted else self.budget_s[model],
+                        # queue ahead of one another, and once admitted none is dropped; a
+                        # stream's frame was admitted with its stream (the frame lane)
+                        None if o in admitted or m.frame else self.budget_s[model],
+                        m.frame,
                     )
                 )
                 admitted.add(o)

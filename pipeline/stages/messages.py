@@ -219,6 +219,7 @@ class RequestMeta:
     deadline: float | None = None  # epoch seconds
     priority: bool = False
     queued: float | None = None  # epoch seconds: it joined the ingress's queue (the budget's start)
+    frame: bool = False  # a frame of an admitted live stream: its deadline, not the budget, rules
 
 
 @dataclass(frozen=True)

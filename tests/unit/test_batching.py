@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from pipeline.batching import BatchQueue, BatchScheduler
+from pipeline.batch_scheduler import BatchScheduler
+from pipeline.batching import BatchQueue
 from pipeline.errors import DeadlineExceeded, QueueFull
 
 

@@ -20,7 +20,7 @@ import weakref
 import numpy as np
 
 from pipeline.async_result import CompletionWatcher
-from pipeline.batching import BatchScheduler
+from pipeline.batch_scheduler import BatchScheduler
 from pipeline.config import PipelineConfig
 from pipeline.device import Backend, Event
 from pipeline.errors import ResourceExhausted

@@ -10,7 +10,8 @@ import pickle
 import pytest
 
 from pipeline import queue_budget
-from pipeline.batching import BatchQueue, BatchScheduler
+from pipeline.batch_scheduler import BatchScheduler
+from pipeline.batching import BatchQueue
 from pipeline.coalescer import Coalescer
 from pipeline.config import PipelineConfig
 from pipeline.errors import QueueFull
