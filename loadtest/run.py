@@ -191,7 +191,9 @@ def start_app(
     Its environment carries a run id of its own (``loadtest.procs``): ``stop_app`` ends,
     by PID, whatever it started, the HAProxy and Ray daemons that outlive it included."""
     run_id = procs.new_run_id("serve")
-    env = subprocess_env({**(extra_env or {}), procs.MARK: run_id})
+    # RAY_ADDRESS=local: a Ray of its own, even where another runs on the machine (serve run
+    # with no address joins the newest one it finds: a benchmark redeployed a test's app)
+    env = subprocess_env({"RAY_ADDRESS": "local", **(extra_env or {}), procs.MARK: run_id})
     proc = subprocess.Popen(
         [venv_bin("serve"), "run", config],
         cwd=ROOT,

@@ -301,9 +301,12 @@ needs_pa = pytest.mark.skipif(
 def run_perf_analyzer(tmp_path, model: str, *args: str) -> list[str]:
     """perf_analyzer as a Triton user runs it, its CSV rows (the header first)."""
     out = tmp_path / f"{model}.csv"
+    # -s 1000: any three windows within 11x of each other count as stable -- these tests check
+    # that perf_analyzer runs unchanged, not a rate; at -s 50 a box at load 18 gave none stable
+    # in 10 windows (exit 2), which says nothing of Ferry
     r = subprocess.run(
         [_perf_analyzer(), "-m", model, "-u", f"127.0.0.1:{PORT}", "-i", "http", *args]
-        + ["-f", str(out)],
+        + ["-s", "1000", "-f", str(out)],
         capture_output=True,
         text=True,
         timeout=240,
@@ -318,11 +321,9 @@ def run_perf_analyzer(tmp_path, model: str, *args: str) -> list[str]:
 
 @needs_pa
 def test_perf_analyzer_runs_unchanged(client, tmp_path):
-    # -s: stability within 50% (a shared 2-core machine is noisy); two levels of 1 s windows:
-    # it checks that perf_analyzer runs against Ferry unchanged, not how fast (benchmarks/)
-    rows = run_perf_analyzer(
-        tmp_path, "digits", "--concurrency-range", "1:5:4", "-p", "1000", "-s", "50"
-    )
+    # two levels of 1 s windows: it checks that perf_analyzer runs against Ferry unchanged,
+    # not how fast (benchmarks/)
+    rows = run_perf_analyzer(tmp_path, "digits", "--concurrency-range", "1:5:4", "-p", "1000")
     assert len(rows) == 1 + 2  # 1, 5
 
 
@@ -358,8 +359,6 @@ def test_perf_analyzer_sends_jpeg_bytes_to_resnet50(client, tmp_path):
         "2",
         "-p",
         "1000",
-        "-s",
-        "50",
     )
     assert len(rows) == 1 + 1
     after = client.get_inference_statistics("resnet50_encoded")["model_stats"][0]
