@@ -26,17 +26,25 @@ from __future__ import annotations
 
 import inspect
 import logging
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-from tritonclient.grpc import service_pb2_grpc
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 SERVICER = "deployments.grpc_proxy.add_inference_service"
 SERVICE = "inference.GRPCInferenceService"
 DEADLINE_KEY = "ferry-grpc-deadline"  # the client's deadline as the proxy saw it, epoch s
 
 logger = logging.getLogger(__name__)
+
+# tritonclient's modules were generated from flat .proto files, and their message classes
+# name the modules they were generated as (``grpc_service_pb2.ModelInferRequest``). Serve
+# pickles each request message from its proxy to the replica, and pickle imports a class's
+# module by that name: here (the proxy and the ingress replica import this module) it is.
+sys.modules.setdefault("grpc_service_pb2", service_pb2)
+sys.modules.setdefault("model_config_pb2", model_config_pb2)
 
 
 class DeadlineContext:

@@ -46,6 +46,8 @@ from pipeline.stages.messages import (
 )
 
 from . import drain, load_board, triton_stats
+from .grpc_service import GrpcInference
+from .grpc_stream import GrpcStream
 from .http_errors import request_id_of, unwrap
 from .ingress_http import JsonAnswer, app, deadline_of, multipart_image, priority_of
 from .ingress_route import way_down
@@ -79,7 +81,7 @@ def _stamped(results: list[Answer | FerryError], t_send: float) -> list[Answer |
 
 @serve.deployment
 @serve.ingress(app)
-class Ingress(TritonRoutes, V2Core):  # (Triton's routes: triton_routes.py; v2: v2_core.py)
+class Ingress(TritonRoutes, V2Core, GrpcInference, GrpcStream):  # (mixins: see each module)
     def __init__(
         self,
         config: dict[str, Any],
