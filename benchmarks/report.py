@@ -467,7 +467,10 @@ def render() -> str:
             out += ["### Soak (`soak.py`)", "", *soak.section(rel["soak"]), ""]
     pa = load("perf_analyzer.json")
     if pa:
-        out += ["## Triton's perf_analyzer over HTTP and gRPC, beside loadgen (`bench_perf_analyzer.py`)", ""]
+        out += [
+            "## Triton's perf_analyzer over HTTP and gRPC, beside loadgen (`bench_perf_analyzer.py`)",
+            "",
+        ]
         out += [*perf_analyzer_section(pa), ""]
     return "\n".join(out)
 
