@@ -40,9 +40,11 @@ class GrpcStream:
         self.drain.start()
         try:
             self.grpc_auth(call)
-        except Exception as exc:  # the whole stream refused: its status
+        except Exception as exc:  # the whole stream refused: its status, raised -- a stream
+            # that yields nothing never hands Serve's proxy the code set on its context, but
+            # an error raised after the code is set goes back with that code and details
             metrics.count_request("", call.route, call.fail(exc).name, "grpc")
-            return
+            raise
         answers: asyncio.Queue = asyncio.Queue()
         reader = asyncio.create_task(self._stream_read(requests, call, answers))
         try:
