@@ -251,10 +251,12 @@ def test_each_bad_request_gets_its_status_code_and_ferrys_error(client):
 TOKEN = "grpc-s3cret"
 
 
-def test_the_token_and_a_draining_app_over_grpc(client):
+def test_the_token_the_calls_deadline_and_a_draining_app_over_grpc(client):
     """On an app of its own: FERRY_AUTH_TOKEN asked as ``authorization: Bearer`` metadata
-    (health public, as /v2/health/*), then the app drained: a request shed with 503's
-    UNAVAILABLE and ``retry-after`` trailing metadata."""
+    (health public, as /v2/health/*); a default deadline of 1 us, so that a request answers
+    only where the call's own gRPC deadline reached the ingress through Serve's proxy and
+    replaced it; then the app drained: a request shed with 503's UNAVAILABLE and
+    ``retry-after`` trailing metadata."""
     from ray import serve
 
     from deployments import drain
@@ -264,6 +266,7 @@ def test_the_token_and_a_draining_app_over_grpc(client):
     cfg = cpu_config(
         models=[{"name": "digits", "arch": "digits"}],
         ingress_deployment={"env_vars": {"FERRY_AUTH_TOKEN": TOKEN}},
+        batching={"default_deadline_ms": 0.001},
     )
     serve.run(build(cfg), name=name, route_prefix="/auth")  # (beside the module's app)
     try:
@@ -276,7 +279,10 @@ def test_the_token_and_a_draining_app_over_grpc(client):
             assert e.status() == "StatusCode.UNAUTHENTICATED"
             e = refused(client.get_model_metadata, "digits", headers=headers)
             assert e.status() == "StatusCode.UNAUTHENTICATED"
-        assert client.infer("digits", [tensor(x)], headers=auth).as_numpy("logits").shape == (1, 10)
+        e = refused(client.infer, "digits", [tensor(x)], headers=auth)  # the default: 1 us
+        assert json.loads(e.message())["type"] == "DeadlineExceeded"
+        ok = client.infer("digits", [tensor(x)], headers=auth, client_timeout=120)
+        assert ok.as_numpy("logits").shape == (1, 10)  # the call's deadline, not the default
         errors: queue.Queue = queue.Queue()
         client.start_stream(callback=lambda result, error: errors.put(error), headers=to)
         try:
@@ -287,7 +293,7 @@ def test_the_token_and_a_draining_app_over_grpc(client):
         assert drain.drain_app(name, timeout_s=60)
         req = stub_request(x)
         with pytest.raises(grpc.RpcError) as e:
-            stub().ModelInfer(req, metadata=tuple(auth.items()), timeout=60)
+            stub().ModelInfer(req, metadata=tuple(auth.items()), timeout=120)
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE
         assert json.loads(e.value.details())["detail"]["reason"] == "draining"
         assert ("retry-after", "1") in tuple(e.value.trailing_metadata())
