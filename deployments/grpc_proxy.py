@@ -19,7 +19,7 @@ which the server consumes and never shows as metadata, and Serve builds the repl
 context from the metadata. So the handlers registered here are Serve's own, each wrapped to
 add the deadline it saw as one more metadata entry (``DEADLINE_KEY``, epoch seconds; a
 client's own entry of that name is dropped); the ingress makes it the request's deadline.
-This module is imported in the proxy process: it imports nothing of Ferry's.
+This module is imported in the proxy process: it imports none of the ingress's modules.
 """
 
 from __future__ import annotations
