@@ -9,7 +9,9 @@ client that sends many before reading gets them batched together; answers go bac
 are done, not necessarily in order (Triton's too: a client matches them by ``id``). A failed
 request is answered in the stream with its ``error_message`` (Ferry's JSON error) and the
 stream goes on, as Triton's does; a stream without the token is refused whole
-(UNAUTHENTICATED). The deadline of the call, where it has one, is each request's.
+(UNAUTHENTICATED). The deadline of the call, where it has one, is each request's. Every
+answer says ``triton_final_response: true``, as Triton's last answer to a request does (a
+client that asks ``enable_empty_final_response`` waits for it).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from .grpc_service import Call
 
 logger = logging.getLogger(__name__)
 STREAM_WINDOW = 64  # requests of one stream in flight at once
+FINAL = "triton_final_response"  # each request has one answer: every answer is its last
 
 
 class GrpcStream:
@@ -89,6 +92,7 @@ class GrpcStream:
         try:
             resp = await self.grpc_infer(request, one)
             metrics.observe_stage("total", model, (time.perf_counter() - one.t0) * 1e3)
+            resp.parameters[FINAL].bool_param = True
             return pb.ModelStreamInferResponse(infer_response=resp)
         except asyncio.CancelledError:
             code = grpc.StatusCode.CANCELLED
@@ -97,9 +101,8 @@ class GrpcStream:
             code, details, _ = one.answer_of(exc)
             if self._label(model) != "?":  # (statistics of a model served, as HTTP)
                 self.book.record(model, False, (time.perf_counter() - one.t0) * 1e3, None, 0)
-            return pb.ModelStreamInferResponse(
-                error_message=details,
-                infer_response=pb.ModelInferResponse(model_name=model, id=request.id),
-            )
+            resp = pb.ModelInferResponse(model_name=model, id=request.id)
+            resp.parameters[FINAL].bool_param = True
+            return pb.ModelStreamInferResponse(error_message=details, infer_response=resp)
         finally:
             metrics.count_request(self._label(model), one.route, code.name, "grpc")

@@ -113,9 +113,29 @@ def test_binary_tensors_answer_as_over_http(client):
         score, index, label = row[0].decode().split(":")
         assert int(index) == int(np.argmax(p)) == int(label)
         assert abs(float(score) - float(p.max())) < 1e-5
+    # tritonclient's other ways to call: async_infer (a callback), and its asyncio client
+    done: queue.Queue = queue.Queue()
+    client.async_infer("digits", [tensor(x)], lambda result, error: done.put((result, error)))
+    result, error = done.get(timeout=120)
+    assert error is None
+    np.testing.assert_allclose(result.as_numpy("probabilities"), probs, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(aio_probs(x), probs, rtol=1e-5, atol=1e-6)
     # numbers for a UINT8 input are taken as pixels, as over HTTP
     f = client.infer("digits", [tensor(x.astype(np.float32), datatype="FP32")])
     np.testing.assert_allclose(f.as_numpy("probabilities"), probs, rtol=1e-5, atol=1e-6)
+
+
+def aio_probs(x: np.ndarray) -> np.ndarray:
+    import asyncio
+
+    import tritonclient.grpc.aio as ta
+
+    async def main():
+        async with ta.InferenceServerClient(URL) as c:
+            assert await c.is_model_ready("digits")
+            return (await c.infer("digits", [tensor(x)])).as_numpy("probabilities")
+
+    return asyncio.run(main())
 
 
 def stub():
@@ -199,8 +219,13 @@ def test_a_stream_of_100_requests_is_answered_request_for_request(client):
     x = digits(100, seed=5)
     client.start_stream(callback=lambda result, error: answers.put((result, error)))
     try:
-        for i in range(100):
-            client.async_stream_infer("digits", [tensor(x[i : i + 1])], request_id=f"s{i}")
+        for i in range(100):  # (half of them as a client of decoupled models asks)
+            client.async_stream_infer(
+                "digits",
+                [tensor(x[i : i + 1])],
+                request_id=f"s{i}",
+                enable_empty_final_response=i % 2 == 1,
+            )
         client.async_stream_infer("no_such_model", [tensor(x[:1])], request_id="bad")
     finally:
         client.stop_stream()  # returns once the server has closed the stream: all answered
@@ -210,7 +235,9 @@ def test_a_stream_of_100_requests_is_answered_request_for_request(client):
         if error is not None:
             errors.append(error)
         else:
-            got[result.get_response().id] = result.as_numpy("probabilities")[0]
+            answer = result.get_response()
+            assert answer.parameters["triton_final_response"].bool_param
+            got[answer.id] = result.as_numpy("probabilities")[0]
     assert sorted(got) == sorted(f"s{i}" for i in range(100))
     expected = http_probs(x)
     for i in (0, 42, 99):
