@@ -4,14 +4,15 @@ Ray Serve 2.60's gRPC proxy carries bidirectional streams: the proxy keeps the c
 stream, and the ingress method iterates over its requests (each fetched from the proxy by a
 Ray call) while it yields answers (each sent on as it comes). Each request of a stream is a
 ``ModelInfer`` of its own -- the same core, coalescer, deadline and statistics
-(``GrpcInference.grpc_infer``) -- and up to ``STREAM_WINDOW`` of them run at once, so a
-client that sends many before reading gets them batched together; answers go back as they
-are done, not necessarily in order (Triton's too: a client matches them by ``id``). A failed
-request is answered in the stream with its ``error_message`` (Ferry's JSON error) and the
-stream goes on, as Triton's does; a stream without the token is refused whole
-(UNAUTHENTICATED). The deadline of the call, where it has one, is each request's. Every
-answer says ``triton_final_response: true``, as Triton's last answer to a request does (a
-client that asks ``enable_empty_final_response`` waits for it).
+(``GrpcInference.grpc_infer``) -- and up to ``STREAM_WINDOW`` of them are read ahead of
+their answers' yield, so a client that sends many before reading gets them batched together
+(and a consumer that takes no answers stops the reading, instead of piling them up);
+answers go back as they are done, not necessarily in order (Triton's too: a client matches
+them by ``id``). A failed request is answered in the stream with its ``error_message``
+(Ferry's JSON error) and the stream goes on, as Triton's does; a stream without the token is
+refused whole (UNAUTHENTICATED). The deadline of the call, where it has one, is each
+request's. Every answer says ``triton_final_response: true``, as Triton's last answer to a
+request does (a client that asks ``enable_empty_final_response`` waits for it).
 """
 
 from __future__ import annotations
@@ -49,24 +50,29 @@ class GrpcStream:
             metrics.count_request("", call.route, call.fail(exc).name, "grpc")
             raise
         answers: asyncio.Queue = asyncio.Queue()
-        reader = asyncio.create_task(self._stream_read(requests, call, answers))
+        window = asyncio.Semaphore(STREAM_WINDOW)  # requests read whose answer is not yet out
+        reader = asyncio.create_task(self._stream_read(requests, call, answers, window))
         try:
             while (message := await answers.get()) is not None:
                 yield message
+                window.release()  # (answers not taken hold their slots: no pile-up)
         finally:
             reader.cancel()
 
-    async def _stream_read(self, requests: Any, call: Call, answers: asyncio.Queue) -> None:
-        """Read the stream's requests, at most ``STREAM_WINDOW`` unanswered at once, each
-        answered into ``answers``; None there once all are answered (or the stream broke)."""
-        window = asyncio.Semaphore(STREAM_WINDOW)
+    async def _stream_read(
+        self, requests: Any, call: Call, answers: asyncio.Queue, window: asyncio.Semaphore
+    ) -> None:
+        """Read the stream's requests while ``window`` lets it (a slot each, given back once
+        its answer is out), each answered into ``answers``; None there once all are answered
+        (or the stream broke)."""
         running: set[asyncio.Task] = set()
 
         def done(task: asyncio.Task) -> None:
-            window.release()
             running.discard(task)
             if not task.cancelled() and task.exception() is None:
                 answers.put_nowait(task.result())
+            else:
+                window.release()
 
         n = 0
         try:
