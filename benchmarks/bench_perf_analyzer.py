@@ -1,13 +1,17 @@
-"""Triton's perf_analyzer against Ferry, beside Ferry's own load generator, same requests,
-same concurrency.
+"""Triton's perf_analyzer against Ferry over HTTP and gRPC side by side, beside Ferry's own
+load generator, same requests, same concurrency.
 
     python benchmarks/bench_perf_analyzer.py [--config serve_config.gpu.yaml]
-        [--concurrency 16,64] [--seconds 4] [--out benchmarks/results/perf_analyzer.json]
+        [--concurrency 16,64] [--seconds 4] [--protocols http,grpc]
+        [--ports 8000,9000] [--out benchmarks/results/perf_analyzer.json]
 
-Starts the config with ``serve run`` (HAProxy and Serve's throughput-optimized mode, as
-bench_e2e), then for each workload and concurrency runs ``perf_analyzer`` exactly as a
-Triton user would, and ``benchmarks/loadgen.py`` (aiohttp, closed loop) sending the same
-v2 request body:
+Starts the config with ``serve run`` on a Ray of its own (HAProxy and Serve's
+throughput-optimized mode, as bench_e2e; ``--ports`` runs a copy of the config on other HTTP
+and gRPC ports), then for each workload and concurrency runs ``perf_analyzer`` exactly as a
+Triton user would, once per protocol (``-i http``, ``-i grpc``: one row each, with its
+``protocol``, taken one after the other at the same level), and over HTTP
+``benchmarks/loadgen.py`` (aiohttp, closed loop) sending the same v2 request body. A gRPC
+row's ``vs_http`` is its inferences/s over the HTTP row's of the same level:
 
 * ``digits``: ``perf_analyzer -m digits -i http`` with its default random input (one UINT8
   8x8x1 tensor a request, binary); loadgen posts that request, binary.
@@ -16,7 +20,7 @@ v2 request body:
   loadgen posts the same binary request. Beside it, loadgen's ``/v1/models/resnet50/classify``
   with that JPEG as the raw body: Ferry's own route for the same work.
 
-Each row has both figures and ``ratio`` = perf_analyzer's inferences/s over loadgen's. The
+An HTTP row has both figures and ``ratio`` = perf_analyzer's inferences/s over loadgen's. The
 binary: ``$FERRY_PERF_ANALYZER``, else ``~/.cache/perf-analyzer/pa``, else the packed copy
 in ``.pa/`` (``bash scripts/pack_perf_analyzer.sh``: xz'd, with libcudart and libb64)
 unpacked to /tmp.
@@ -38,6 +42,7 @@ import time
 from typing import Any
 
 import numpy as np
+import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -45,11 +50,27 @@ sys.path.insert(0, ROOT)
 from benchmarks import loadgen  # noqa: E402
 from benchmarks.common import commit, machine, today, write_json  # noqa: E402
 from benchmarks.e2e_systems import FERRY_ENV  # noqa: E402
+from benchmarks.report import perf_analyzer_section  # noqa: E402
 from loadtest.corpus import corpus  # noqa: E402
 from loadtest.run import start_app, stop_app, wait_ok  # noqa: E402
 
-HOST = "127.0.0.1:8000"
-BASE = f"http://{HOST}"
+HTTP_PORT, GRPC_PORT = 8000, 9000  # the shipped configs' (--ports: others)
+PROTOCOLS = ("http", "grpc")
+
+
+def config_on_ports(config: str, http: int, grpc: int, tmp: str) -> str:
+    """``config`` itself where it serves on ``http`` and ``grpc`` already; else a copy of it
+    in ``tmp`` that does (the shipped configs carry their pipeline config inline)."""
+    raw = yaml.safe_load(open(config))
+    grpc_opts = raw.get("grpc_options") or {}
+    if raw.get("http_options", {}).get("port") == http and grpc_opts.get("port") == grpc:
+        return config
+    raw.setdefault("http_options", {})["port"] = http
+    raw["grpc_options"] = {**grpc_opts, "port": grpc}
+    out = os.path.join(tmp, os.path.basename(config))
+    with open(out, "w") as f:
+        yaml.safe_dump(raw, f, sort_keys=False)
+    return out
 
 
 def perf_analyzer() -> str:
@@ -110,11 +131,20 @@ def v2_body(
 
 
 def run_pa(
-    pa: str, model: str, n: int, args: argparse.Namespace, extra: list[str], tmp: str
+    pa: str,
+    model: str,
+    n: int,
+    args: argparse.Namespace,
+    extra: list[str],
+    tmp: str,
+    protocol: str = "http",
 ) -> dict[str, Any]:
-    out = os.path.join(tmp, f"{model}_{n}.csv")
-    cmd = [pa, "-m", model, "-u", HOST, "-i", "http", "--concurrency-range", str(n)]
+    """perf_analyzer at concurrency ``n`` over ``protocol`` (``-i http`` or ``-i grpc``)."""
+    out = os.path.join(tmp, f"{model}_{n}_{protocol}.csv")
+    port = args.http_port if protocol == "http" else args.grpc_port
+    cmd = [pa, "-m", model, "-u", f"127.0.0.1:{port}", "-i", protocol, "--concurrency-range"]
     cmd += [
+        str(n),
         "-p",
         str(int(args.pa_window_ms)),
         "-s",
@@ -149,28 +179,14 @@ def run_loadgen(
     return {k: r[k] for k in ("img_s", "p50_ms", "p99_ms", "errors", "loadgen_procs")}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--config", default="serve_config.gpu.yaml")
-    ap.add_argument("--concurrency", default="16,64")
-    ap.add_argument("--seconds", type=float, default=4.0, help="loadgen's measured seconds a level")
-    ap.add_argument("--pa-window-ms", type=float, default=2000, help="perf_analyzer's -p")
-    ap.add_argument("--pa-stability", type=int, default=25, help="perf_analyzer's -s (percent)")
-    ap.add_argument("--no-haproxy", action="store_true", help="Serve's default proxy")
-    ap.add_argument("--workloads", default="digits,resnet50_encoded")
-    ap.add_argument("--out", default="benchmarks/results/perf_analyzer.json")
-    args = ap.parse_args()
-    pa = perf_analyzer()
-    levels = [int(c) for c in args.concurrency.split(",")]
+def workloads(tmp: str) -> dict[str, tuple[list[str], tuple[bytes, int]]]:
+    """Each workload's perf_analyzer arguments and loadgen's request (body, header length)."""
     jpeg = corpus("chelsea").bodies[0]
     digits = np.random.default_rng(0).integers(0, 256, 64, dtype=np.uint8).tobytes()
-    tmp = tempfile.mkdtemp(prefix="bench_pa_")
     element = len(jpeg).to_bytes(4, "little") + jpeg  # a BYTES element, serialised
     with open(os.path.join(tmp, "jpeg.json"), "w") as f:
         json.dump({"data": [{"image_bytes": {"b64": base64.b64encode(element).decode()}}]}, f)
-    work = {
+    return {
         "digits": (
             [],
             v2_body(
@@ -188,13 +204,76 @@ def main() -> int:
             ),
         ),
     }
+
+
+def level_rows(
+    pa: str, name: str, n: int, work: tuple, args: argparse.Namespace, tmp: str
+) -> list[dict[str, Any]]:
+    """One workload at one concurrency: a row per protocol, one after the other."""
+    extra, (body, hl) = work
+    base = f"http://127.0.0.1:{args.http_port}"
+    url = f"{base}/v2/models/{name}/infer"
+    rows: list[dict[str, Any]] = []
+    for protocol in args.protocols.split(","):
+        row: dict[str, Any] = {"model": name, "protocol": protocol, "concurrency": n}
+        row["perf_analyzer"] = run_pa(pa, name, n, args, extra, tmp, protocol)
+        if protocol == "http":
+            row["loadgen"] = run_loadgen(url, body, "application/octet-stream", n, args, hl)
+            if name == "resnet50_encoded":  # Ferry's own route, the same JPEG
+                jpeg = corpus("chelsea").bodies[0]
+                row["loadgen_v1_classify"] = run_loadgen(
+                    f"{base}/v1/models/resnet50/classify", jpeg, "image/jpeg", n, args, None
+                )
+            got, ours = row["perf_analyzer"].get("infer_s"), row["loadgen"]["img_s"]
+            row["ratio"] = round(got / ours, 3) if got and ours else None
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    by = {r["protocol"]: r["perf_analyzer"].get("infer_s") for r in rows}
+    for r in rows:
+        if r["protocol"] == "grpc" and by.get("grpc") and by.get("http"):
+            r["vs_http"] = round(by["grpc"] / by["http"], 3)
+    return rows
+
+
+def arguments() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--config", default="serve_config.gpu.yaml")
+    ap.add_argument("--concurrency", default="16,64")
+    ap.add_argument("--seconds", type=float, default=4.0, help="loadgen's measured seconds a level")
+    ap.add_argument("--pa-window-ms", type=float, default=2000, help="perf_analyzer's -p")
+    ap.add_argument("--pa-stability", type=int, default=25, help="perf_analyzer's -s (percent)")
+    ap.add_argument("--no-haproxy", action="store_true", help="Serve's default proxy")
+    ap.add_argument("--workloads", default="digits,resnet50_encoded")
+    ap.add_argument("--protocols", default="http,grpc", help="perf_analyzer's -i, in order")
+    ap.add_argument("--ports", default=f"{HTTP_PORT},{GRPC_PORT}", help="HTTP,gRPC")
+    ap.add_argument("--out", default="benchmarks/results/perf_analyzer.json")
+    args = ap.parse_args()
+    args.http_port, args.grpc_port = (int(p) for p in args.ports.split(","))
+    if not set(args.protocols.split(",")) <= set(PROTOCOLS):
+        ap.error(f"--protocols: of {', '.join(PROTOCOLS)}")
+    return args
+
+
+def main() -> int:
+    args = arguments()
+    pa = perf_analyzer()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    tmp = tempfile.mkdtemp(prefix="bench_pa_")
+    work = workloads(tmp)
+    jpeg = corpus("chelsea").bodies[0]
+    base = f"http://127.0.0.1:{args.http_port}"
+    config = config_on_ports(os.path.join(ROOT, args.config), args.http_port, args.grpc_port, tmp)
     log = os.path.join(tmp, "serve.log")
     t0 = time.time()
-    proc = start_app(os.path.join(ROOT, args.config), log, {} if args.no_haproxy else FERRY_ENV)
+    # a Ray of its own (RAY_ADDRESS=local): never a cluster someone started on this machine
+    env = {"RAY_ADDRESS": "local", **({} if args.no_haproxy else FERRY_ENV)}
+    proc = start_app(config, log, env)
     rows: list[dict[str, Any]] = []
     try:
         up = wait_ok(
-            f"{BASE}/v1/models/resnet50/classify",
+            f"{base}/v1/models/resnet50/classify",
             600,
             proc,
             jpeg,
@@ -207,51 +286,41 @@ def main() -> int:
         startup = round(time.time() - t0, 1)
         print(f"up in {startup} s", flush=True)
         for name in args.workloads.split(","):
-            extra, (body, hl) = work[name]
-            url = f"{BASE}/v2/models/{name}/infer"
+            _, (body, hl) = work[name]
+            headers = {"inference-header-content-length": str(hl)}
+            url = f"{base}/v2/models/{name}/infer"  # warm-up
             loadgen.run(
-                url,
-                body,
-                "application/octet-stream",
-                16,
-                2,
-                warmup=0.5,
-                extra_headers={"inference-header-content-length": str(hl)},
+                url, body, "application/octet-stream", 16, 2, warmup=0.5, extra_headers=headers
             )
             for n in levels:
-                row: dict[str, Any] = {"model": name, "concurrency": n}
-                row["perf_analyzer"] = run_pa(pa, name, n, args, extra, tmp)
-                row["loadgen"] = run_loadgen(url, body, "application/octet-stream", n, args, hl)
-                if name == "resnet50_encoded":  # Ferry's own route, the same JPEG
-                    row["loadgen_v1_classify"] = run_loadgen(
-                        f"{BASE}/v1/models/resnet50/classify", jpeg, "image/jpeg", n, args, None
-                    )
-                got, ours = row["perf_analyzer"].get("infer_s"), row["loadgen"]["img_s"]
-                row["ratio"] = round(got / ours, 3) if got and ours else None
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+                rows += level_rows(pa, name, n, work[name], args, tmp)
     finally:
         stop(proc)
+    write(args, startup, rows)
+    return 0
+
+
+def write(args: argparse.Namespace, startup: float, rows: list[dict[str, Any]]) -> None:
     write_json(
         args.out,
         {
-            "benchmark": "perf_analyzer against Ferry beside Ferry's loadgen, same v2 requests",
+            "benchmark": "perf_analyzer over HTTP and gRPC against Ferry beside Ferry's loadgen, "
+            "same v2 requests",
             "date": today(),
             "commit": commit(),
             "machine": machine(),
             "config": args.config,
             "startup_s": startup,
-            "perf_analyzer": "tritonclient 2.34.0's binary, HTTP, closed loop at each concurrency",
-            "loadgen": "benchmarks/loadgen.py (aiohttp), closed loop, the same request body",
-            "ratio": "perf_analyzer inferences/s over loadgen img/s (1 image a request)",
+            "perf_analyzer": "tritonclient 2.34.0's binary, closed loop at each concurrency, "
+            "-i http and -i grpc (each row's protocol) one after the other",
+            "loadgen": "benchmarks/loadgen.py (aiohttp, HTTP), closed loop, the same request body",
+            "ratio": "perf_analyzer inferences/s over loadgen img/s (1 image a request, HTTP)",
+            "vs_http": "a gRPC row's perf_analyzer inferences/s over the HTTP row's, same level",
             "rows": rows,
         },
     )
-    from benchmarks.report import perf_analyzer_section
-
     print("\n".join(perf_analyzer_section(json.load(open(args.out)))))
     print(f"wrote {args.out}")
-    return 0
 
 
 if __name__ == "__main__":

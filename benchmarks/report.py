@@ -472,7 +472,10 @@ def render() -> str:
             out += ["### Soak (`soak.py`)", "", *soak.section(rel["soak"]), ""]
     pa = load("perf_analyzer.json")
     if pa:
-        out += ["## Triton's perf_analyzer beside loadgen (`bench_perf_analyzer.py`)", ""]
+        out += [
+            "## Triton's perf_analyzer over HTTP and gRPC, beside loadgen (`bench_perf_analyzer.py`)",
+            "",
+        ]
         out += [*perf_analyzer_section(pa), ""]
     return "\n".join(out)
 
@@ -663,28 +666,35 @@ def headline_section() -> list[str]:
 
 
 def perf_analyzer_section(pa: dict) -> list[str]:
-    """perf_analyzer.json: both generators' figures for the same v2 requests, and the ratio."""
-    rows = [
-        {
-            "model": r["model"],
-            "conc": r["concurrency"],
-            "pa": r["perf_analyzer"].get("infer_s", "failed"),
-            "pa_p99": r["perf_analyzer"].get("p99_ms", ""),
-            "lg": r["loadgen"]["img_s"],
-            "lg_p99": r["loadgen"]["p99_ms"],
-            "ratio": r["ratio"],
-            "v1": r.get("loadgen_v1_classify", {}).get("img_s", ""),
-        }
-        for r in pa["rows"]
-    ]
+    """perf_analyzer.json: perf_analyzer's figures over each protocol (a row without one is
+    HTTP: the runs before gRPC), loadgen's for the same v2 requests over HTTP, the ratios."""
+    rows = []
+    for r in pa["rows"]:
+        lg = r.get("loadgen") or {}
+        rows.append(
+            {
+                "model": r["model"],
+                "protocol": r.get("protocol", "http"),
+                "conc": r["concurrency"],
+                "pa": r["perf_analyzer"].get("infer_s", "failed"),
+                "pa_p99": r["perf_analyzer"].get("p99_ms", ""),
+                "lg": lg.get("img_s", ""),
+                "lg_p99": lg.get("p99_ms", ""),
+                "ratio": r.get("ratio", ""),
+                "vs_http": r.get("vs_http", ""),
+                "v1": r.get("loadgen_v1_classify", {}).get("img_s", ""),
+            }
+        )
     cols = [
         ("model", "model"),
+        ("protocol", "protocol"),
         ("concurrency", "conc"),
         ("perf_analyzer infer/s", "pa"),
         ("its p99 ms", "pa_p99"),
         ("loadgen img/s", "lg"),
         ("its p99 ms", "lg_p99"),
         ("ratio", "ratio"),
+        ("gRPC / HTTP", "vs_http"),
         ("loadgen v1 classify img/s", "v1"),
     ]
     return [

@@ -6,7 +6,8 @@
     ferry metrics-url [--address ADDR]   # the running cluster's metrics endpoint(s)
 
 ``config check`` takes a Serve config file (``serve run`` / ``serve deploy``; checked with
-``ray.serve.schema.ServeDeploySchema``, as ``serve deploy`` does, then every application
+``ray.serve.schema.ServeDeploySchema``, as ``serve deploy`` does, its ``grpc_options``
+checked to serve Ferry's gRPC service (``deployments.grpc_proxy``), then every application
 that imports ``deployments.app:build_app`` is validated with Ferry's ``PipelineConfig``,
 checked by ``pipeline.check.check`` -- its engines and files, ``gpus: auto`` as ``--gpus``
 GPUs -- and built, without starting Ray) or a bare pipeline config (YAML or JSON: the fields
@@ -22,6 +23,7 @@ fails. It lives here, not in ``pipeline/``, because ``pipeline/`` never imports
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from typing import Any
 
@@ -37,6 +39,7 @@ from pipeline.placement import Cluster
 from .cli_metrics import main as metrics_url_main
 from .cli_models import main as models_main
 from .config_file import FERRY_APP, app_args, base_dir_of, read
+from .grpc_proxy import SERVICE, SERVICER
 
 
 def _errors(exc: Exception) -> str:
@@ -121,7 +124,37 @@ def check_file(path: str, gpus: int = 1, load: bool = True) -> list[str]:
             raise
         except Exception as exc:
             raise ValueError(f"{where}: Ferry's pipeline config:\n{_errors(exc)}") from None
-    return lines
+    return lines + [_grpc(raw, path)]
+
+
+def _grpc(raw: dict[str, Any], path: str) -> str:
+    """The gRPC line of a Serve config: Ferry's service on ``grpc_options.port`` (its
+    servicer function imports; the port is not HTTP's), or why there is no gRPC. Serve starts
+    its gRPC server only where ``grpc_servicer_functions`` names a function."""
+    opts = raw.get("grpc_options") or {}
+    named = list(opts.get("grpc_servicer_functions") or [])
+    port = opts.get("port", 9000)
+    if SERVICER not in named:
+        if named or "port" in opts:
+            return (
+                f"note: {path}: grpc_options does not name {SERVICER}: Ferry's "
+                f"{SERVICE} is not served over gRPC"
+            )
+        return (
+            f"ok: {path}: HTTP only (grpc_options.grpc_servicer_functions: [{SERVICER}] adds gRPC)"
+        )
+    if port == (raw.get("http_options") or {}).get("port", 8000):
+        raise ValueError(f"{path}: grpc_options.port {port} is HTTP's port too")
+    for name in named:
+        module, _, attr = name.rpartition(".")
+        try:
+            if not callable(getattr(importlib.import_module(module), attr)):
+                raise TypeError("not callable")
+        except Exception as exc:
+            raise ValueError(
+                f"{path}: grpc_options.grpc_servicer_functions: {name}: {exc}"
+            ) from None
+    return f"ok: {path}: gRPC on port {port} ({SERVICE}: tritonclient.grpc, perf_analyzer -i grpc)"
 
 
 def _config(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ never fails, whatever the error's fields hold.
 
 import logging
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -30,19 +31,47 @@ def request_id_of(request: Request) -> str:
     return rid
 
 
-def error_response(exc: BaseException, request_id: str) -> JSONResponse:
-    """Ferry's error answer: JSON ``{"error", "type", "request_id", "detail"}`` with the
-    status of the error's class; anything that is not a ``FerryError`` is a 500 (a bug),
-    logged with the request id the body carries. Building it never fails: field values are
-    made JSON-safe (NaN, deep lists, huge integers) first."""
+@dataclass(frozen=True)
+class ErrorAnswer:
+    """Ferry's answer to a failed request, before its transport: the HTTP status of the
+    error's class (gRPC maps it to a status code: ``grpc_service``), the JSON body
+    ``{"error", "type", "request_id", "detail"}``, the Retry-After of a 503 that a retry can
+    help (seconds, as sent), and whether the connection closes (HTTP)."""
+
+    status: int
+    body: dict[str, Any]
+    retry_after: str | None = None
+    closes: bool = False
+
+
+def error_answer(exc: BaseException, request_id: str) -> ErrorAnswer:
+    """The answer to ``exc``: a ``FerryError``'s status, message and fields; anything else
+    a 500 (a bug), logged with the request id the body carries; 408, 413, 503 and 504
+    counted as rejections. Never fails: field values are made JSON-safe (NaN, deep lists,
+    huge integers) first, and a failure to build it is the last resort's fixed 500."""
     try:
-        return _error_response(exc, request_id)
+        return _error_answer(exc, request_id)
+    except Exception:  # the last resort: a fixed body
+        logger.exception("building the error answer of %s failed", request_id)
+        return ErrorAnswer(500, {"error": "internal error", "request_id": request_id})
+
+
+def error_response(exc: BaseException, request_id: str) -> JSONResponse:
+    """Ferry's error answer over HTTP (``error_answer``) as a JSON response."""
+    a = error_answer(exc, request_id)
+    headers = {}
+    if a.retry_after is not None:
+        headers["retry-after"] = a.retry_after
+    if a.closes:
+        headers["connection"] = "close"
+    try:
+        return JSONResponse(a.body, status_code=a.status, headers=headers)
     except Exception:  # the last resort: a fixed body
         logger.exception("building the error response of %s failed", request_id)
         return JSONResponse({"error": "internal error", "request_id": request_id}, 500)
 
 
-def _error_response(exc: BaseException, request_id: str) -> JSONResponse:
+def _error_answer(exc: BaseException, request_id: str) -> ErrorAnswer:
     if isinstance(exc, FerryError):
         status = exc.http_status
         body: dict[str, Any] = {
@@ -56,17 +85,15 @@ def _error_response(exc: BaseException, request_id: str) -> JSONResponse:
         status = 500
         body = {"error": "internal error", "request_id": request_id}
         logger.error("request %s failed: %s", request_id, exc, exc_info=exc)
-    headers = {}
+    retry_after = None
     if status == 503 and getattr(exc, "retryable", True):  # a refused model's 503 is not
         retry = exc.retry_after_s if isinstance(exc, QueueFull | Unavailable) else 1.0
-        headers["retry-after"] = str(max(1, round(retry)) if math.isfinite(retry) else 1)
-    if getattr(exc, "closes_connection", False):
-        headers["connection"] = "close"
+        retry_after = str(max(1, round(retry)) if math.isfinite(retry) else 1)
     if status in (408, 413, 503, 504):
         metrics.count_rejected(
             {408: "slow_client", 413: "too_large", 503: "overloaded", 504: "deadline"}[status]
         )
-    return JSONResponse(body, status_code=status, headers=headers)
+    return ErrorAnswer(status, body, retry_after, getattr(exc, "closes_connection", False))
 
 
 def _scope_request_id(scope: dict) -> str:

@@ -14,7 +14,6 @@ inference stage in this very process (``one_process``). The
 image's decode plan travels with its bytes, so no stage reads its header again.
 """
 
-import asyncio
 import logging
 import time
 from typing import Any
@@ -28,11 +27,9 @@ from pipeline import metrics
 from pipeline.coalescer import Coalescer
 from pipeline.config import PipelineConfig
 from pipeline.errors import (
-    DeadlineExceeded,
     FerryError,
     InvalidInput,
     ModelNotFound,
-    Unavailable,
 )
 from pipeline.models.repository import model_card
 from pipeline.protocol import encoded as triton_encoded
@@ -49,6 +46,8 @@ from pipeline.stages.messages import (
 )
 
 from . import drain, load_board, triton_stats
+from .grpc_service import GrpcInference
+from .grpc_stream import GrpcStream
 from .http_errors import request_id_of, unwrap
 from .ingress_http import JsonAnswer, app, deadline_of, multipart_image, priority_of
 from .ingress_route import way_down
@@ -56,26 +55,34 @@ from .readiness import Readiness
 from .task_routes import TaskRoutes
 from .triton_routes import TritonRoutes
 from .uploads import UploadGate
+from .v2_core import V2Core, finish
 
 logger = logging.getLogger(__name__)
-# past a request's deadline, how long the ingress still waits for the stage holding it to
-# answer (its own 504) before it answers 503 itself (Ingress._await)
-DEADLINE_GRACE_S = 1.0
 
 
-def _finish(result: Answer | BaseException, t0: float, queued: float) -> dict[str, Any]:
-    """Raise a request's own error; else its answer as sent on, its timings complete
-    (``Timings.report``: from its arrival at ``t0`` and its hand-over to the coalescer at
-    ``queued``, perf_counter seconds, to now)."""
-    if isinstance(result, BaseException):
-        raise result
-    now, wall = time.perf_counter(), time.time()
-    return result.body(result.timings.report(t0 * 1e3, queued * 1e3, now * 1e3, wall * 1e3))
+def _stamped(results: list[Answer | FerryError], t_send: float) -> list[Answer | FerryError]:
+    """Each answer stamped with when its group left the coalescer (``t_send``, perf_counter
+    s) and, where a Serve call reached the replica that answered (which stamped the
+    ``Hop``), when that call left (wall clock, as that replica stamps its arrival).
+
+    (A function of this module on purpose. The class below travels to its replicas by value
+    -- its name here is the deployment, not the class -- and a method of it that calls a
+    function of this module makes the replica import this module; that import is what
+    makes Serve's class-based view of the routes there, including ``TritonRoutes``' and the
+    other mixins', whose functions travel by reference. Without it their routes take
+    ``self`` as a query parameter: 400.)"""
+    wall_call = t_send + time.time() - time.perf_counter()
+    for r in results:
+        if isinstance(r, Answer):
+            r.timings.left_coalescer = t_send * 1e3
+            if r.timings.hop is not None:
+                r.timings.hop.sent = wall_call * 1e3
+    return results
 
 
 @serve.deployment
 @serve.ingress(app)
-class Ingress(TritonRoutes, TaskRoutes):  # (deployments/triton_routes.py, task_routes.py)
+class Ingress(TritonRoutes, TaskRoutes, V2Core, GrpcInference, GrpcStream):  # (mixins: each module)
     def __init__(
         self,
         config: dict[str, Any],
@@ -182,46 +189,12 @@ class Ingress(TritonRoutes, TaskRoutes):  # (deployments/triton_routes.py, task_
         return await self._answers(model, self.down.tensors(model, rows, meta, specs), t_send)
 
     async def _answers(self, model: str, pending: Any, t_send: float) -> list[Answer | FerryError]:
-        """The answers of a group, each stamped with when the group left the coalescer and,
-        where a Serve call reached the replica that answered (which stamped the ``Hop``),
-        when that call left (wall clock, as the replica stamps its arrival)."""
+        """The answers of a group, stamped (``_stamped``)."""
         try:
             results = await pending
         except BaseException as exc:  # (a model refused at load: its 503, not a retry)
             raise self.readiness.explain(model, unwrap(exc)) from None
-        wall_call = t_send + time.time() - time.perf_counter()
-        for r in results:  # a loop, not a comprehension: Serve pickles these methods by value
-            if isinstance(r, Answer):
-                r.timings.left_coalescer = t_send * 1e3
-                if r.timings.hop is not None:
-                    r.timings.hop.sent = wall_call * 1e3
-        return results
-
-    async def _await(self, coro: Any, request_id: str, deadline: float | None) -> Any:
-        """The answer of a request handed downstream, waited for at most ``request_timeout_s``
-        and, where it has a deadline (epoch s), until ``DEADLINE_GRACE_S`` after it. The stage
-        that holds it answers its own 504 when the deadline passes in its queue; no answer at
-        all by then means the stage is gone or wedged (a node lost under the call, which Ray
-        reports only after its health checks fail, ~15 s): 503 with Retry-After, not a hang."""
-        timeout = self.cfg.ingress.request_timeout_s
-        if deadline is not None:
-            timeout = min(timeout, max(0.0, deadline - time.time()) + DEADLINE_GRACE_S)
-        try:  # (asyncio.timeout, not wait_for: no task per request)
-            async with asyncio.timeout(timeout):
-                return await coro
-        except asyncio.TimeoutError:
-            if deadline is not None and timeout < self.cfg.ingress.request_timeout_s:
-                raise Unavailable(
-                    "no answer from downstream by the request's deadline",
-                    request_id=request_id,
-                    waited_s=round(timeout, 3),
-                    retry_after_s=self.cfg.batching.retry_after_s,
-                ) from None
-            raise DeadlineExceeded(
-                "no answer in time",
-                timeout_s=self.cfg.ingress.request_timeout_s,
-                request_id=request_id,
-            ) from None
+        return _stamped(results, t_send)
 
     # ------------------------------------------------------------------ v1
     @app.post("/v1/models/{model}/classify")
@@ -284,7 +257,7 @@ class Ingress(TritonRoutes, TaskRoutes):  # (deployments/triton_routes.py, task_
         )
         ask = ImageRequest(item, spec, meta)
         result = await self._await(coalescer.submit(ask, rid), rid, meta.deadline)
-        body = _finish(result, t0, queued)  # (observe.RequestMetrics counts it and its total)
+        body = finish(result, t0, queued)  # (observe.RequestMetrics counts it and its total)
         self.book.record(model, True, body["timings_ms"]["total"], body["timings_ms"], 1)
         return body
 
@@ -302,17 +275,6 @@ class Ingress(TritonRoutes, TaskRoutes):  # (deployments/triton_routes.py, task_
         """Answered at once, with why when not ready (``deployments/readiness.py``)."""
         self.drain.start()
         return JSONResponse(*await self.readiness.server())
-
-    async def _signature(self, model: str) -> v2.Signature:
-        """The model's own tensors, from the engine the inference stage loaded (asked once)."""
-        self._model(model)
-        self.readiness.check(model)  # refused at load: 503, the reason, no retry
-        if model not in self._signatures:
-            got = await self.down.signatures()
-            self._signatures.update({m: v2.Signature(*io) for m, io in got.items()})
-            if model not in got:
-                await self.readiness.not_loaded(model)
-        return self._signatures[model]
 
     @app.get("/v2/models/{model}")
     async def model_metadata(self, model: str) -> dict[str, Any]:
@@ -336,61 +298,23 @@ class Ingress(TritonRoutes, TaskRoutes):  # (deployments/triton_routes.py, task_
             return await self._infer(model, request)
 
     async def _infer(self, model: str, request: Request) -> Response:
+        """The HTTP half of a v2 infer request (JSON, and the binary tensor extension); the
+        rest is the one v2 core both fronts call (``v2_core.V2Core``)."""
         t0 = time.perf_counter()
         rid = request_id_of(request)
-        base = self._v2_model(model)
-        sig = await self._signature(base)
-        encoded = model in self.encoded_views
-        task = await self.view_task(base) if encoded else None  # its answers: BYTES outputs
-        coalescer = self._coalescer(base, "classify") if encoded else self._coalescer(model, "v2")
-        coalescer.check(rid)  # refused before its body is read
+        target = await self.v2_target(model, rid)  # refused before its body is read
         body = await self.uploads.read(request, self.cfg.ingress.max_body_bytes)
         hl = header_int(request.headers.get(v2.HEADER_LEN), "Inference-Header-Content-Length")
         rows = self.cfg.request_rows  # they form GPU batches of up to the model's max_batch
-        if encoded:  # JPEG/PNG files, each checked from its header before any decoding
-            names = (triton_encoded.TASK_OUTPUT[task.kind],) if task else sig.output_names
-            req: Any = triton_encoded.parse(body, hl, names, rows)
-            ic = self.cfg.ingress
-            images = triton_encoded.checked(  # planned once: the plans travel with the bytes
-                req.images,
-                lambda d: Encoded.checked(
-                    d, None, self.targets[base], ic.max_pixels, ic.max_image_work_bytes
-                ),
-            )
+        if target.encoded:  # JPEG/PNG files, each checked from its header before decoding
+            req: Any = triton_encoded.parse(body, hl, target.output_names, rows)
         else:
-            req = v2.parse_infer(body, hl, sig, rows)
+            req = v2.parse_infer(body, hl, target.sig, rows)
         opts = triton.request_options(body if hl is None else body[:hl], time.time())
-        queued = time.perf_counter()
-        meta = RequestMeta(
-            rid,
-            opts.deadline or deadline_of(request, self.cfg.batching.default_deadline_ms),
-            opts.priority_high or priority_of(request),
-            # one budget from here to the GPU queue -- but a request of many images waits
-            # here behind its own, so each of its calls meets the budget for its own wait
-            time.time() if not encoded or len(images) == 1 else None,
+        deadline = opts.deadline or deadline_of(request, self.cfg.batching.default_deadline_ms)
+        priority = opts.priority_high or priority_of(request)
+        result = await self.v2_infer(target, req, opts, rid, deadline, priority, t0)
+        payload, headers = triton.encode(
+            model, result.id, result.outputs, result.binary, result.params
         )
-        spec = PostSpec("v2", outputs=req.outputs, names=tuple(o.name for o in sig.outputs))
-        if encoded:  # every image by the classify path, batched with the rest
-            specs = self.view_specs(task, req, images) if task else [spec] * len(images)
-            futs = coalescer.submit_many(  # admitted as one request
-                [ImageRequest(item, s, meta) for item, s in zip(images, specs, strict=True)], rid
-            )
-            done = triton_encoded.answer(futs, self.view_finish(task, req, t0, queued, _finish))
-            result = await self._await(done, rid, meta.deadline)
-        else:
-            ask = TensorRequest(req.images, meta, spec)
-            answer = await self._await(coalescer.submit(ask, rid), rid, meta.deadline)
-            result = _finish(answer, t0, queued)
-        total = result["timings_ms"]["total"]
-        self.book.record(model, True, total, result["timings_ms"], len(req.images))
-        extra = {
-            "request_id": rid,
-            "random_weights": result["random_weights"],
-            "batch_size": result["batch_size"],
-            "timings_ms": result["timings_ms"],
-        }
-        outputs = dict(result["outputs"])
-        for name, k in opts.classification.items() if task is None else ():  # Triton's
-            outputs[name] = triton.classify(outputs[name], k, self.cards[base].label)
-        payload, headers = triton.encode(model, req.id, outputs, req.binary_outputs, extra)
         return Response(payload, headers=headers)

@@ -182,6 +182,12 @@ def multipart_image(body: bytes, content_type: str) -> tuple[bytes, str | None]:
 
 def deadline_of(request: Request, default_ms: float | None) -> float | None:
     raw = request.headers.get("x-deadline-ms") or request.query_params.get("deadline_ms")
+    return deadline_in(raw, default_ms)
+
+
+def deadline_in(raw: str | None, default_ms: float | None) -> float | None:
+    """The deadline (epoch s) of an ``X-Deadline-Ms`` value (HTTP's header or query, gRPC's
+    metadata), else ``default_ms`` from now (None: none)."""
     if raw is None:
         return None if default_ms is None else time.time() + default_ms / 1e3
     ms = finite_float(raw, "X-Deadline-Ms", 0.0, 3_600_000.0)

@@ -119,8 +119,10 @@ def _make(m: Any) -> dict[str, Any]:
         ),
         "requests": m.Counter(
             "ferry_requests_total",
-            "HTTP requests answered, by model (empty: not a model's route), route and status code",
-            tag_keys=("model", "route", "code"),
+            "Requests answered, by model (empty: not a model's route), route, status code and "
+            "protocol (http: the route's template and HTTP status; grpc: the method and gRPC "
+            "status name)",
+            tag_keys=("model", "route", "code", "protocol"),
         ),
         **_device_metrics(m),
     }
@@ -295,7 +297,10 @@ def count_rejected(reason: str) -> None:
     _put("rejected", "inc", 1, (("reason", reason),))
 
 
-def count_request(model: str, route: str, code: int) -> None:
-    """One HTTP answer: ``model`` the path's model ("" for other routes), ``route`` its
-    template (``/v1/models/{model}/classify``), ``code`` the status."""
-    _put("requests", "inc", 1, (("model", model), ("route", route), ("code", str(code))))
+def count_request(model: str, route: str, code: int | str, protocol: str = "http") -> None:
+    """One answer: ``model`` the request's model ("" for other routes), ``route`` its
+    template (``/v1/models/{model}/classify``) or gRPC method
+    (``/inference.GRPCInferenceService/ModelInfer``), ``code`` the HTTP status or the gRPC
+    status name (``INVALID_ARGUMENT``), ``protocol`` ``http`` or ``grpc``."""
+    tags = (("model", model), ("route", route), ("code", str(code)), ("protocol", protocol))
+    _put("requests", "inc", 1, tags)

@@ -63,8 +63,9 @@ class EncodedRequest:
     params: dict[str, Any] = field(default_factory=dict)  # the request's own ``parameters``
 
 
-def _elements(binary: memoryview, n: int) -> list[bytes]:
-    """BYTES in the binary extension: ``n`` of (4-byte little-endian length, bytes)."""
+def elements(binary: memoryview, n: int) -> list[bytes]:
+    """BYTES serialised as Triton does (the binary extension's part, gRPC's
+    ``raw_input_contents``): ``n`` of (4-byte little-endian length, bytes)."""
     out, at = [], 0
     for i in range(n):
         if at + 4 > len(binary):
@@ -108,30 +109,18 @@ def _from_json(data: Any, n: int) -> list[bytes]:
 def parse(
     body: bytes, header_length: int | None, output_names: tuple[str, ...], max_images: int
 ) -> EncodedRequest:
-    """A v2 infer request to an encoded view: its images, as the client sent them."""
+    """A v2 infer request to an encoded view (JSON, and the binary tensor extension): its
+    images, as the client sent them."""
     head, binary = v2.split_body(body, header_length)
     req = json_loads(head)
     if not isinstance(req, dict) or not isinstance(req.get("inputs"), list):
         raise InvalidInput("a request needs exactly one input tensor", inputs=[INPUT])
     t = object_list(req["inputs"], "inputs", 1, 1)[0]
-    v2.check_name("input", t.get("name"), [INPUT])
-    if t.get("datatype") != "BYTES":
-        raise InvalidInput(
-            "this model takes encoded images as BYTES (its model without the suffix "
-            f"{SUFFIX!r} takes tensors)",
-            datatype=str(t.get("datatype"))[:16],
-            expected="BYTES",
-        )
-    shape = shape_of(t.get("shape"), "input")
-    if len(shape) not in (1, 2) or (len(shape) == 2 and shape[1] != 1):
-        raise InvalidInput("input shape must be [N, 1] (or [N])", shape=list(shape))
-    n = shape[0]
-    if not 1 <= n <= max_images:
-        raise InvalidInput("batch size out of range", batch=n, max_batch=max_images)
+    n = input_rows(t.get("name"), t.get("datatype"), t.get("shape"), max_images)
     params = params_of(t, "inputs[0]")
     if "binary_data_size" in params:
         v2.binary_size(params, binary)
-        images = _elements(binary, n)
+        images = elements(binary, n)
     else:
         if t.get("data") is None:
             raise InvalidInput("input has neither data nor binary_data_size")
@@ -139,6 +128,26 @@ def parse(
     outputs, binary_out = v2.requested(req.get("outputs"), output_names)
     rid = optional_str(req.get("id"), "id")
     return EncodedRequest(rid, images, outputs, binary_out, params_of(req, "request"))
+
+
+def input_rows(name: Any, datatype: Any, shape: Any, max_images: int) -> int:
+    """What a request says of the view's one input, checked (its name, BYTES, a shape of
+    ``[N, 1]`` or ``[N]``, 1 to ``max_images`` rows): N. Every transport's parser calls this."""
+    v2.check_name("input", name, [INPUT])
+    if datatype != "BYTES":
+        raise InvalidInput(
+            "this model takes encoded images as BYTES (its model without the suffix "
+            f"{SUFFIX!r} takes tensors)",
+            datatype=str(datatype)[:16],
+            expected="BYTES",
+        )
+    shape = shape_of(shape, "input")
+    if len(shape) not in (1, 2) or (len(shape) == 2 and shape[1] != 1):
+        raise InvalidInput("input shape must be [N, 1] (or [N])", shape=list(shape))
+    n = shape[0]
+    if not 1 <= n <= max_images:
+        raise InvalidInput("batch size out of range", batch=n, max_batch=max_images)
+    return n
 
 
 def checked(images: list[bytes], check: Callable[[bytes], Any]) -> list[Any]:

@@ -264,8 +264,21 @@ def request_options(head: bytes, now: float) -> RequestOptions:
         req = json.loads(head)
     except ValueError:
         return RequestOptions()
-    params = req.get("parameters") if isinstance(req, dict) else None
-    params = params if isinstance(params, dict) else {}
+    if not isinstance(req, dict):
+        return RequestOptions()
+    params = req.get("parameters")
+    outputs = [
+        (o.get("name"), o.get("parameters") if isinstance(o, dict) else None)
+        for o in req.get("outputs") or []
+        if isinstance(o, dict)
+    ]
+    return options(params if isinstance(params, dict) else {}, outputs, now)
+
+
+def options(params: dict[str, Any], outputs: list[tuple[Any, Any]], now: float) -> RequestOptions:
+    """A request's options from its ``parameters`` (``priority``, ``timeout``) and its
+    outputs' (name, ``parameters``) (``classification``), as plain values -- whatever the
+    transport (JSON, protobuf's ``InferParameter``) carried them in."""
     prio = params.get("priority")
     if prio is not None and (type(prio) is not int or prio < 0):
         raise InvalidInput("parameters.priority must be a non-negative integer", priority=str(prio))
@@ -278,8 +291,7 @@ def request_options(head: bytes, now: float) -> RequestOptions:
             )
         deadline = now + timeout / 1e6
     classes: dict[str, int] = {}
-    for o in req.get("outputs") or []:
-        p = o.get("parameters") if isinstance(o, dict) else None
+    for name, p in outputs:
         k = p.get("classification") if isinstance(p, dict) else None
         if k is None:
             continue
@@ -287,7 +299,7 @@ def request_options(head: bytes, now: float) -> RequestOptions:
             raise InvalidInput(
                 "parameters.classification must be an integer in [1, 1000]", k=str(k)
             )
-        classes[str(o.get("name"))] = k
+        classes[str(name)] = k
     return RequestOptions(prio == 1, deadline, classes)
 
 
@@ -318,6 +330,23 @@ def flat(params: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def output_tensor(arr: np.ndarray) -> tuple[str, np.ndarray]:
+    """An answer's tensor as the protocol sends it: (datatype, values) -- FP32, or BYTES for
+    an object array of bytes (the classification extension's strings)."""
+    if arr.dtype == object:
+        return "BYTES", arr
+    return "FP32", np.ascontiguousarray(arr, dtype="<f4")
+
+
+def raw_bytes(datatype: str, arr: np.ndarray) -> bytes:
+    """A tensor's raw form (the binary extension, gRPC's ``raw_output_contents``): its
+    little-endian values, or for BYTES each element as a 4-byte little-endian length and its
+    bytes."""
+    if datatype == "BYTES":
+        return b"".join(len(x).to_bytes(4, "little") + x for x in arr.ravel())
+    return arr.tobytes()
+
+
 def encode(
     model: str,
     request_id: str | None,
@@ -325,27 +354,20 @@ def encode(
     binary: frozenset[str],
     params: dict[str, Any] | None = None,
 ) -> tuple[bytes, dict[str, str]]:
-    """The response body and headers: FP32 tensors, and BYTES ones (object arrays of bytes;
-    binary form: each element a 4-byte little-endian length and its bytes)."""
+    """The response body and headers (HTTP): each tensor as ``output_tensor`` makes it, in
+    JSON or, where asked, binary (``raw_bytes``)."""
     outs, blobs = [], []
-    for name, arr in tensors.items():
-        is_bytes = arr.dtype == object
-        if not is_bytes:
-            arr = np.ascontiguousarray(arr, dtype="<f4")
-        o: dict[str, Any] = {
-            "name": name,
-            "datatype": "BYTES" if is_bytes else "FP32",
-            "shape": list(arr.shape),
-        }
+    for name, given in tensors.items():
+        datatype, arr = output_tensor(given)
+        o: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(arr.shape)}
         if name in binary:
-            if is_bytes:
-                b = b"".join(len(x).to_bytes(4, "little") + x for x in arr.ravel())
-            else:
-                b = arr.tobytes()
+            b = raw_bytes(datatype, arr)
             o["parameters"] = {"binary_data_size": len(b)}
             blobs.append(b)
+        elif datatype == "BYTES":
+            o["data"] = [x.decode() for x in arr.ravel()]
         else:
-            o["data"] = [x.decode() for x in arr.ravel()] if is_bytes else arr.ravel().tolist()
+            o["data"] = arr.ravel().tolist()
         outs.append(o)
     resp: dict[str, Any] = {"model_name": model, "model_version": VERSION, "outputs": outs}
     if request_id is not None:

@@ -99,7 +99,8 @@ def binary_size(params: dict[str, Any], binary: memoryview) -> int:
 def parse_infer(
     body: bytes, header_length: int | None, sig: Signature, max_batch: int
 ) -> InferRequest:
-    """Decode a v2 infer request and check it against the model's own input tensor."""
+    """Decode a v2 infer request (JSON, and the binary tensor extension) and check it against
+    the model's own input tensor."""
     head, binary = split_body(body, header_length)
     req = json_loads(head)
     names = [i.name for i in sig.inputs]
@@ -110,20 +111,76 @@ def parse_infer(
     ):
         raise InvalidInput("a request needs exactly one input tensor", inputs=names)
     t = object_list(req["inputs"], "inputs", 1, 1)[0]
-    check_name("input", t.get("name"), names)
-    own = sig.inputs[0]
-    shape = shape_of(t.get("shape"), "input")
-    dt_name = t.get("datatype")
-    if not isinstance(dt_name, str) or dt_name not in DTYPES:
-        raise InvalidInput("unknown or unsupported datatype", datatype=dt_name)
-    own_dt = NAMES[np.dtype(own.dtype).name]
-    if dt_name != own_dt and not (own_dt == "UINT8" and dt_name in PIXELS_AS):
+    shape, dt_name, own_dt = input_spec(t.get("name"), t.get("datatype"), t.get("shape"), sig)
+    params = params_of(t, "inputs[0]")
+    if "binary_data_size" in params:
+        binary_size(params, binary)
+        arr = from_bytes(binary, shape, dt_name)
+    else:
+        data = t.get("data")
+        if data is None:
+            raise InvalidInput("input has neither data nor binary_data_size")
+        if not isinstance(data, list):
+            raise InvalidInput("input data must be a list", got=type(data).__name__)
+        arr = from_values(data, shape, dt_name)
+    outputs, binary_out = requested(req.get("outputs"), sig.output_names)
+    rid = optional_str(req.get("id"), "id")
+    return InferRequest(rid, model_input(arr, own_dt, sig, max_batch), outputs, binary_out)
+
+
+def input_spec(name: Any, datatype: Any, shape: Any, sig: Signature) -> tuple[tuple, str, str]:
+    """What a request says of its one input, checked against the model's own: a name it has,
+    a shape (``validate.shape_of``), a datatype the protocol knows and the input takes;
+    (shape, the datatype, the model's own datatype). Every transport's parser calls this."""
+    check_name("input", name, [i.name for i in sig.inputs])
+    shape = shape_of(shape, "input")
+    if not isinstance(datatype, str) or datatype not in DTYPES:
+        raise InvalidInput("unknown or unsupported datatype", datatype=datatype)
+    own_dt = NAMES[np.dtype(sig.inputs[0].dtype).name]
+    if datatype != own_dt and not (own_dt == "UINT8" and datatype in PIXELS_AS):
         raise InvalidInput(
-            "datatype does not match the model's input", datatype=dt_name, expected=own_dt
+            "datatype does not match the model's input", datatype=datatype, expected=own_dt
         )
-    arr = _tensor_of(t, shape, dt_name, binary)
-    want = tuple(own.shape[1:])
-    if len(shape) != len(own.shape) or tuple(shape[1:]) != want:
+    return shape, datatype, own_dt
+
+
+def from_bytes(raw: bytes | memoryview, shape: tuple, dt_name: str) -> np.ndarray:
+    """An input's values from its raw little-endian bytes (a 400 where their count does not
+    match the shape and datatype); no copy."""
+    dt = DTYPES[dt_name]
+    count = element_count(shape)
+    if len(raw) != count * dt.itemsize:
+        raise InvalidInput(
+            "byte count does not match the shape and datatype",
+            bytes=len(raw),
+            expected=count * dt.itemsize,
+            shape=shape,
+            datatype=dt_name,
+        )
+    return np.frombuffer(raw, dtype=dt, count=count).reshape(shape)
+
+
+def from_values(data: Any, shape: tuple, dt_name: str) -> np.ndarray:
+    """An input's values from a list of numbers (JSON ``data``, gRPC's typed contents); a 400
+    where they do not fit the datatype or their count does not match the shape."""
+    try:
+        arr = np.asarray(data, dtype=DTYPES[dt_name])
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+        raise InvalidInput(
+            "input data does not fit its datatype", datatype=dt_name, detail=str(exc)[:200]
+        ) from None
+    if arr.size != element_count(shape):
+        raise InvalidInput(
+            "number of elements does not match the shape", elements=int(arr.size), shape=shape
+        )
+    return arr.reshape(shape)
+
+
+def model_input(arr: np.ndarray, own_dt: str, sig: Signature, max_batch: int) -> np.ndarray:
+    """An input's values as the model takes them: its shape but the batch the model's, a
+    batch of 1 to ``max_batch`` rows, numbers sent for a UINT8 input rounded to pixels."""
+    shape, want = arr.shape, tuple(sig.inputs[0].shape[1:])
+    if len(shape) != len(sig.inputs[0].shape) or tuple(shape[1:]) != want:
         raise InvalidInput(
             "input shape does not match the model's input", shape=shape, expected=[-1, *want]
         )
@@ -131,46 +188,7 @@ def parse_infer(
         raise InvalidInput("batch size out of range", batch=shape[0], max_batch=max_batch)
     if own_dt == "UINT8" and arr.dtype != np.uint8:
         arr = _as_pixels(arr)
-    outputs, binary_out = requested(req.get("outputs"), sig.output_names)
-    rid = optional_str(req.get("id"), "id")
-    return InferRequest(rid, np.ascontiguousarray(arr), outputs, binary_out)
-
-
-def _tensor_of(t: dict[str, Any], shape: list[int], dt_name: str, binary: bytes) -> np.ndarray:
-    """An input's values in its shape and datatype: from the binary part, or its JSON
-    ``data`` (a 400 where they do not match the shape and datatype)."""
-    dt = DTYPES[dt_name]
-    count = element_count(shape)
-    params = params_of(t, "inputs[0]")
-    if "binary_data_size" in params:
-        size = binary_size(params, binary)
-        if size != count * dt.itemsize:
-            raise InvalidInput(
-                "byte count does not match the shape and datatype",
-                bytes=size,
-                expected=count * dt.itemsize,
-                shape=shape,
-                datatype=dt_name,
-            )
-        arr = np.frombuffer(binary, dtype=dt, count=count).reshape(shape)
-    else:
-        data = t.get("data")
-        if data is None:
-            raise InvalidInput("input has neither data nor binary_data_size")
-        if not isinstance(data, list):
-            raise InvalidInput("input data must be a list", got=type(data).__name__)
-        try:
-            arr = np.asarray(data, dtype=dt)
-        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
-            raise InvalidInput(
-                "input data does not fit its datatype", datatype=dt_name, detail=str(exc)[:200]
-            ) from None
-        if arr.size != count:
-            raise InvalidInput(
-                "number of elements does not match the shape", elements=int(arr.size), shape=shape
-            )
-        arr = arr.reshape(shape)
-    return arr
+    return np.ascontiguousarray(arr)
 
 
 def _as_pixels(arr: np.ndarray) -> np.ndarray:

@@ -1,13 +1,15 @@
 """One local Ray cluster for the whole integration session; each module deploys its app.
 
-Serve listens on 127.0.0.1:8123 here (8000 is left to the serve_config.yaml test).
+Serve listens on 127.0.0.1:8123 here (8000 is left to the serve_config.yaml test), and its
+gRPC proxy, serving Ferry's inference.GRPCInferenceService, on 9123 (``helpers.GRPC_PORT``).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tests.integration.helpers import PORT
+from deployments.grpc_proxy import SERVICER
+from tests.integration.helpers import GRPC_PORT, PORT
 
 
 @pytest.fixture(scope="session")
@@ -16,7 +18,10 @@ def ray_cluster():
     from ray import serve
 
     ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
-    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    serve.start(
+        http_options={"host": "127.0.0.1", "port": PORT},
+        grpc_options={"port": GRPC_PORT, "grpc_servicer_functions": [SERVICER]},
+    )
     yield
     serve.shutdown()
     ray.shutdown()

@@ -10,6 +10,8 @@ import numpy as np
 
 PORT = int(os.environ.get("FERRY_TEST_PORT", "8123"))
 BASE = f"http://127.0.0.1:{PORT}"
+# Serve's gRPC proxy (Ferry's inference.GRPCInferenceService): 1000 above the HTTP port
+GRPC_PORT = int(os.environ.get("FERRY_TEST_GRPC_PORT", str(PORT + 1000)))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 

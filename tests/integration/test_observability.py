@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from pipeline.imaging import encode_jpeg, encode_png
-from tests.integration.helpers import BASE, ROOT, cpu_config, photos
+from tests.integration.helpers import BASE, GRPC_PORT, ROOT, cpu_config, photos
 
 pytestmark = pytest.mark.integration
 APP = "obs"
@@ -66,10 +66,11 @@ def total(series, name: str, **labels) -> float:
 
 
 def traffic() -> dict[str, int]:
-    """v1 classify (JPEG, PNG), v2 infer, a 413 and a 404: what the scrape must show."""
+    """v1 classify (JPEG, PNG), v2 infer over HTTP and gRPC, a 413 and a 404 (and gRPC's
+    NOT_FOUND): what the scrape must show."""
     rng = np.random.default_rng(0)
     digit = rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)
-    n = {"v1": 0, "v2_items": 0, "v2": 0}
+    n = {"v1": 0, "v2_items": 0, "v2": 0, "grpc": 0, "grpc_items": 0}
     with httpx.Client(base_url=BASE, timeout=60) as c:
         for img in list(photos().values())[:2]:
             for body, ct in (
@@ -109,6 +110,7 @@ def traffic() -> dict[str, int]:
             headers={"content-type": "image/png"},
         )
         assert r.status_code == 404
+    grpc_traffic(rng, n)
     return n
 
 
@@ -116,7 +118,7 @@ def complete(series, n: dict[str, int]) -> bool:
     """Every count the tests read has reached the traffic's, in every process that exports
     one (ingress, preprocess, inference: each on its own clock -- CI on b515a13 scraped the
     ingress's and inference's numbers before the preprocess replica's first export)."""
-    items = n["v1"] + n["v2_items"]
+    items = n["v1"] + n["v2_items"] + n["grpc_items"]
     at_least = [
         (
             "ray_ferry_requests_total",
@@ -129,14 +131,37 @@ def complete(series, n: dict[str, int]) -> bool:
         (
             "ray_ferry_stage_latency_ms_count",
             {"stage": "total", "model": "digits"},
-            n["v1"] + n["v2"],
+            n["v1"] + n["v2"] + n["grpc"],
         ),
         ("ray_ferry_stage_latency_ms_count", {"stage": "preprocess", "model": "digits"}, n["v1"]),
         ("ray_ferry_stage_latency_ms_count", {"stage": "gpu", "model": "digits"}, items),
         ("ray_ferry_stage_latency_ms_count", {"stage": "queue", "model": "digits"}, items),
         ("ray_ferry_batch_items_total", {"model": "digits"}, items),
+        (
+            "ray_ferry_requests_total",
+            {"protocol": "grpc", "model": "digits", "code": "OK"},
+            n["grpc"],
+        ),
+        ("ray_ferry_requests_total", {"protocol": "grpc", "code": "NOT_FOUND"}, 1),
     ]
     return all(total(series, name, application=APP, **lab) >= v for name, lab, v in at_least)
+
+
+def grpc_traffic(rng: np.random.Generator, n: dict[str, int]) -> None:
+    """Two ModelInfer through Serve's gRPC proxy, and one to a model not served."""
+    import tritonclient.grpc as tg
+    from tritonclient.utils import InferenceServerException
+
+    c = tg.InferenceServerClient(f"127.0.0.1:{GRPC_PORT}")
+    for batch in (2, 1):
+        x = tg.InferInput("image", [batch, 8, 8, 1], "UINT8")
+        x.set_data_from_numpy(rng.integers(0, 255, (batch, 8, 8, 1), dtype=np.uint8))
+        c.infer("digits", [x])
+        n["grpc"] += 1
+        n["grpc_items"] += batch
+    with pytest.raises(InferenceServerException):
+        c.infer("nosuch", [x])
+    c.close()
 
 
 @pytest.fixture(scope="module")
@@ -195,9 +220,9 @@ def test_requests_are_counted_by_model_route_and_code_with_serves_labels(scraped
             stage="total",
             model="digits",
         )
-        == n["v1"] + n["v2"]
+        == n["v1"] + n["v2"] + n["grpc"]
     )
-    items = n["v1"] + n["v2_items"]
+    items = n["v1"] + n["v2_items"] + n["grpc_items"]
     assert (
         total(
             series, "ray_ferry_stage_latency_ms_count", application=APP, stage="gpu", model="digits"
@@ -230,6 +255,19 @@ def test_requests_are_counted_by_model_route_and_code_with_serves_labels(scraped
     batches = total(series, "ray_ferry_batches_total", application=APP, model="digits")
     assert 1 <= batches <= items
     assert total(series, "ray_ferry_stage_duration_us_total", application=APP, stage="gpu") > 0
+
+
+def test_grpc_answers_are_counted_with_their_protocol_method_and_status(scraped):
+    series, n = scraped
+    grpc = {"application": APP, "protocol": "grpc"}
+    method = "/inference.GRPCInferenceService/ModelInfer"
+    ok = total(series, "ray_ferry_requests_total", **grpc, model="digits", route=method, code="OK")
+    assert ok == n["grpc"]
+    missing = {"model": "?", "route": method, "code": "NOT_FOUND"}
+    assert total(series, "ray_ferry_requests_total", **grpc, **missing) == 1
+    assert total(series, "ray_ferry_requests_total", **grpc) == ok + 1  # every gRPC answer
+    http = total(series, "ray_ferry_requests_total", application=APP, protocol="http")
+    assert http + ok + 1 == total(series, "ray_ferry_requests_total", application=APP)
 
 
 def test_gauges_are_per_replica_from_the_start(scraped):

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from deployments import cli
+from deployments.grpc_proxy import SERVICER
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -97,3 +98,33 @@ def test_a_missing_model_file_fails_the_check_without_loading(tmp_path, capsys):
     assert (
         "Ferry's pipeline config" in err and f"model 'm': source file not found: {missing}" in err
     )
+
+
+def test_the_shipped_configs_serve_grpc_and_the_check_says_where(capsys):
+    for name in ("serve_config.yaml", "serve_config.gpu.yaml", "serve_config.gpu2.yaml"):
+        assert cli.main(["config", "check", "--no-load", os.path.join(ROOT, name)]) == 0
+        last = capsys.readouterr().out.splitlines()[-1]
+        assert last.startswith("ok: ") and "gRPC on port 9000" in last, last
+
+
+@pytest.mark.parametrize(
+    "grpc_options, rc, says",
+    [
+        (None, 0, "HTTP only"),
+        ({"port": 9100}, 0, "is not served over gRPC"),
+        ({"port": 8000, "grpc_servicer_functions": [SERVICER]}, 1, "is HTTP's port too"),
+        (
+            {"port": 9100, "grpc_servicer_functions": [SERVICER, "deployments.nope.add_x"]},
+            1,
+            "deployments.nope.add_x",
+        ),
+    ],
+)
+def test_grpc_options_are_checked(tmp_path, capsys, grpc_options, rc, says):
+    raw = yaml.safe_load(open(os.path.join(ROOT, "serve_config.yaml")))
+    raw.pop("grpc_options")
+    if grpc_options is not None:
+        raw["grpc_options"] = grpc_options
+    got = cli.main(["config", "check", "--no-load", _write(tmp_path, "g.yaml", raw)])
+    out = capsys.readouterr()
+    assert got == rc and says in out.out + out.err
