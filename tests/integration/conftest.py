@@ -17,7 +17,15 @@ def ray_cluster():
     import ray
     from ray import serve
 
-    ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    # address="local": a Ray of the session's own, never one a `ray start` left on the machine
+    # (ray.init() with no address joins that one, or fails on it)
+    ray.init(
+        address="local",
+        num_cpus=6,
+        include_dashboard=False,
+        log_to_driver=False,
+        ignore_reinit_error=True,
+    )
     serve.start(
         http_options={"host": "127.0.0.1", "port": PORT},
         grpc_options={"port": GRPC_PORT, "grpc_servicer_functions": [SERVICER]},

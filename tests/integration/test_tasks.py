@@ -217,3 +217,34 @@ def test_v2_answers_a_task_models_encoded_view_in_bytes_outputs(app):
 
 def pixels_of(data: bytes) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(data)))
+
+
+def test_grpc_answers_a_task_models_encoded_view_as_over_http(app):
+    """The same view over Serve's gRPC proxy (one v2 core for both fronts): the boxes of two
+    images as JSON BYTES rows, the options in the request's parameters; a filtered image as
+    its own bytes (raw contents: no base64)."""
+    import json
+
+    import tritonclient.grpc as tg
+
+    from tests.integration.helpers import GRPC_PORT
+
+    c = tg.InferenceServerClient(f"127.0.0.1:{GRPC_PORT}")
+    try:
+        meta = c.get_model_metadata("yolo_encoded", as_json=True)
+        assert [(o["name"], o["datatype"]) for o in meta["outputs"]] == [("boxes", "BYTES")]
+        pngs = [encode_png(tm.squares_image(s)) for s in ([(1, 1, "green")], [(3, 0, "red")])]
+        x = tg.InferInput("image_bytes", [2, 1], "BYTES")
+        x.set_data_from_numpy(np.array(pngs, dtype=object).reshape(2, 1))
+        r = c.infer("yolo_encoded", [x], parameters={"score_threshold": 0.5})
+        got = [[b["box"] for b in json.loads(row[0])["boxes"]] for row in r.as_numpy("boxes")]
+        assert got == [[[16, 16, 32, 32]], [[0, 48, 16, 64]]]
+        img = np.random.default_rng(4).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+        x = tg.InferInput("image_bytes", [1, 1], "BYTES")
+        x.set_data_from_numpy(np.array([encode_png(img)], dtype=object).reshape(1, 1))
+        r = c.infer("filter_encoded", [x], parameters={"accept": "image/png"})
+        png = r.as_numpy("image")[0, 0]
+        assert png.startswith(b"\x89PNG")
+        assert np.abs(pixels_of(png).astype(int) - tm.filter_reference(img)).max() <= 1
+    finally:
+        c.close()
