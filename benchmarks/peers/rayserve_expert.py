@@ -52,6 +52,23 @@ def resized_size(h: int, w: int, short: int = SHORT_SIDE) -> tuple[int, int]:
     return max(short, int(short * h / w)), short
 
 
+def decode_on_gpu(torch: Any, bodies: list[bytes]) -> list[Any]:
+    """CHW uint8 images on the GPU, one batched nvJPEG call; a body it refuses is None."""
+    from torchvision.io import ImageReadMode, decode_jpeg  # optional: torchvision
+
+    datas = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in bodies]
+    try:
+        return list(decode_jpeg(datas, mode=ImageReadMode.RGB, device="cuda"))
+    except (RuntimeError, ValueError):  # one bad image fails the batch: one by one
+        out = []
+        for d in datas:
+            try:
+                out.append(decode_jpeg(d, mode=ImageReadMode.RGB, device="cuda"))
+            except (RuntimeError, ValueError):
+                out.append(None)
+        return out
+
+
 class ExpertCore:
     """The replica's work without Serve: JPEG bodies in, top-5 classes out."""
 
@@ -123,21 +140,7 @@ class ExpertCore:
             return self.model(self.inputs[bucket])
 
     def _decode(self, bodies: list[bytes]) -> list[Any]:
-        """CHW uint8 images on the GPU, one batched nvJPEG call; a body it refuses is None."""
-        torch = self.torch
-        from torchvision.io import ImageReadMode, decode_jpeg
-
-        datas = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in bodies]
-        try:
-            return list(decode_jpeg(datas, mode=ImageReadMode.RGB, device="cuda"))
-        except (RuntimeError, ValueError):  # one bad image fails the batch: one by one
-            out = []
-            for d in datas:
-                try:
-                    out.append(decode_jpeg(d, mode=ImageReadMode.RGB, device="cuda"))
-                except (RuntimeError, ValueError):
-                    out.append(None)
-            return out
+        return decode_on_gpu(self.torch, bodies)
 
     def _fill(self, images: list[Any], x: Any) -> None:
         """Resize (antialiased), crop and normalise into ``x[:len(images)]``, one call per

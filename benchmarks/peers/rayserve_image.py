@@ -51,7 +51,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from benchmarks.image_workload import QUALITY, UNET_PATH, UNET_SIZE
-from benchmarks.peers.rayserve_expert import MEAN, STD, bucket_of
+from benchmarks.peers.rayserve_expert import MEAN, STD, bucket_of, decode_on_gpu
 from tests.models.tasks import unet  # torch only when called
 
 BUCKETS = (8, 16, 32, 64)
@@ -217,21 +217,7 @@ class ImageCore:
             return self.net(self.inputs[bucket])
 
     def _decode(self, bodies: list[bytes]) -> list[Any]:
-        """CHW uint8 frames on the GPU, one batched nvJPEG call; a body it refuses is None."""
-        torch = self.torch
-        from torchvision.io import ImageReadMode, decode_jpeg  # optional: torchvision
-
-        datas = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in bodies]
-        try:
-            return list(decode_jpeg(datas, mode=ImageReadMode.RGB, device="cuda"))
-        except (RuntimeError, ValueError):  # one bad image fails the batch: one by one
-            out = []
-            for d in datas:
-                try:
-                    out.append(decode_jpeg(d, mode=ImageReadMode.RGB, device="cuda"))
-                except (RuntimeError, ValueError):
-                    out.append(None)
-            return out
+        return decode_on_gpu(self.torch, bodies)  # a body nvJPEG refuses is None
 
     def _encode(self, frames: list[Any]) -> list[bytes]:
         """The frames as JPEGs, encoded on the GPU in one call, to the host in one copy."""
