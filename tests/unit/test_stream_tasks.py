@@ -7,12 +7,15 @@ the real stream route on the virtual-time loop."""
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 
 import numpy as np
 import pytest
 
 from deployments import stream_tasks
 from deployments.streams_route import StreamHub
+from loadtest import streams as load
 from pipeline.errors import InvalidInput, NotAcceptable, PayloadTooLarge
 from pipeline.imaging import encode_jpeg
 from pipeline.stages.messages import Answer, Encoded, Timings
@@ -191,3 +194,25 @@ def test_json_tasks_answer_one_text_message_a_frame():
         assert [(m["frame"], m["height"], m["width"]) for m in wire] == [(0, 64, 64), (1, 32, 48)]
     wire = virtual_time.run(main("seg", b""))  # a mask: a PNG, header then bytes
     assert wire[0]["media_type"] == "image/png" and wire[1] == b"64x64 image/png"
+
+
+class FakeSocket:
+    """A client's socket as the load generator reads it: the messages given, then the close."""
+
+    def __init__(self, messages: list[str | bytes]) -> None:
+        self.messages, self.sent = messages, []
+
+    async def __aiter__(self):
+        for m in self.messages:
+            yield m
+
+    async def send(self, text: str) -> None:
+        self.sent.append(text)
+
+
+def test_the_load_generator_counts_an_image_answer_once_and_skips_its_bytes():
+    st = load.StreamStats(sent_at=[time.perf_counter()] * 3)
+    header = json.dumps({"frame": 0, "media_type": "image/png", "bytes": 3})
+    ws = FakeSocket([header, b"PNG", json.dumps({"dropped": [1, 2], "reason": "late"})])
+    asyncio.run(load._read(ws, st))
+    assert (st.answered, st.errors, st.dropped, len(st.latency_ms)) == (1, 0, {"late": 2}, 1)
