@@ -19,10 +19,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.errors import InvalidInput
+from pipeline.errors import FerryError, InvalidInput, Unavailable
 from pipeline.stages.messages import Answer, Encoded, ImageRequest, PostSpec, RequestMeta
 from pipeline.tasks.options import PARAMS, TaskOptions, check_work, for_image, parse_options
 from pipeline.tasks.spec import Task
+
+from .http_errors import unwrap
 
 STREAM_PARAMS = frozenset({"task", "format", "fps", "deadline_ms"})  # the stream's own terms
 IMAGE_FORMATS = {"jpeg": "image/jpeg", "png": "image/png", "webp": "image/webp"}
@@ -31,6 +33,10 @@ COALESCER = "classify"  # the ingress's coalescer every v1 image route's images 
 
 @dataclass(frozen=True)
 class StreamTask:
+    """One task as streams serve it: its formats and its route's own parameters, and how
+    the handshake reads them (``read``: the ``PostSpec`` of every frame for classify, the
+    route's ``TaskOptions`` for the others)."""
+
     name: str
     formats: tuple[str, ...]  # the ``format`` values it offers
     default_format: str | None  # without ``format``; None: each frame's own (image)
@@ -136,11 +142,31 @@ def _named(model_task: Task, query: Mapping[str, str]) -> StreamTask:
     return task
 
 
+async def _model_task(ingress: Any, model: str) -> Task:
+    """The model's task as its routes resolve it (``TaskRoutes.task_of``: its outputs, asked
+    of the inference stage once); where that ask fails without a Ferry error (a stage being
+    replaced), a refusal a retry may pass (1013), not a broken handshake."""
+    try:
+        return await ingress.task_of(model)
+    except FerryError:
+        raise
+    except Exception as exc:
+        err = unwrap(exc)
+        if isinstance(err, FerryError):
+            raise err from None
+        raise Unavailable(
+            "the model's task could not be asked of the inference stage",
+            model=model,
+            cause=type(err).__name__,
+            retry_after_s=ingress.cfg.batching.retry_after_s,
+        ) from None
+
+
 async def plan_of(ingress: Any, model: str, query: Mapping[str, str]) -> FramePlan:
     """The stream's task (``task``; the model's own by default, resolved as its routes
     resolve it) and what its frames carry; 400 naming what is wrong (a model of another
     task names its route), 406 for an image format without an encoder."""
-    model_task = await ingress.task_of(model)  # (task_routes.TaskRoutes: asked once)
+    model_task = await _model_task(ingress, model)
     task = _named(model_task, query)
     ingress.check_route(model, task.name)
     fmt = query.get("format") or task.default_format

@@ -16,7 +16,7 @@ import pytest
 from deployments import stream_tasks
 from deployments.streams_route import StreamHub
 from loadtest import streams as load
-from pipeline.errors import InvalidInput, NotAcceptable, PayloadTooLarge
+from pipeline.errors import InvalidInput, NotAcceptable, PayloadTooLarge, Unavailable
 from pipeline.imaging import encode_jpeg
 from pipeline.stages.messages import Answer, Encoded, Timings
 from pipeline.streams import FrameAnswer, Outbox, Stream, StreamParams
@@ -89,6 +89,17 @@ def test_an_image_format_without_an_encoder_is_not_acceptable(monkeypatch):
     monkeypatch.setattr(options, "available_media_types", lambda: ("image/jpeg", "image/png"))
     with pytest.raises(NotAcceptable):
         plan("filter", format="webp")
+
+
+def test_a_task_the_inference_stage_cannot_tell_now_is_a_refusal_to_retry():
+    ingress = Ingress(Downstream())
+
+    async def lost(model: str):
+        raise RuntimeError("the inference replica is being replaced")
+
+    ingress._signature = lost
+    with pytest.raises(Unavailable, match="could not be asked"):
+        asyncio.run(stream_tasks.plan_of(ingress, "filter", {}))
 
 
 def test_each_frames_spec_comes_from_its_own_size_and_format():
