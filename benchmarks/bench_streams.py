@@ -3,7 +3,7 @@
 
     python benchmarks/bench_streams.py --config serve_config.yaml --port 8423 \\
         --model digits --streams 1,4,8,16 --fps 10 --seconds 10 --size 64x64 \\
-        [--label "CPU only"] [--out benchmarks/results/streams.json]
+        [--query "task=image&format=jpeg"] [--label "CPU only"] [--out benchmarks/results/streams.json]
 
     # on one H200 (issue 34's goal): serve_config.gpu.yaml, 640x360 JPEG at 30 fps
     python benchmarks/bench_streams.py --config serve_config.gpu.yaml --model resnet50 \\
@@ -50,6 +50,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     w, h = (int(x) for x in a.size.lower().split("x"))
     frames = streams.frames_corpus(w, h)
     query = f"fps={a.fps:g}" + (f"&deadline_ms={a.deadline_ms:g}" if a.deadline_ms else "")
+    query += f"&{a.query}" if a.query else ""
     url = f"ws://127.0.0.1:{a.port}/v1/streams/{a.model}?{query}"
     with tempfile.TemporaryDirectory() as tmp:
         # a Ray of its own: without an address ``serve run`` joins the newest Ray started
@@ -78,6 +79,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         "date": today(),
         "config": os.path.relpath(os.path.abspath(a.config), ROOT),
         "model": a.model,
+        "query": a.query or None,
         "frames": f"{w}x{h} JPEG, a pan across scikit-image's astronaut, 30 frames cycled",
         "deadline_ms": a.deadline_ms or "the service's default (streams.deadline_frames)",
         "rest_s_between_levels": a.rest_s,
@@ -95,6 +97,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--size", default="64x64")
     ap.add_argument("--deadline-ms", type=float, default=None)
+    ap.add_argument("--query", default="", help="the stream's other terms: task=image&format=jpeg")
     ap.add_argument("--procs", type=int, default=1)
     ap.add_argument(
         "--rest-s", type=float, default=6.0, help="pause before each level (streams.late_window_s)"

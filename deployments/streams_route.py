@@ -31,7 +31,7 @@ from pipeline import metrics
 from pipeline.errors import FerryError, InvalidInput, PayloadTooLarge, RetryLater, Unavailable
 from pipeline.stages.messages import Encoded, RequestMeta
 from pipeline.stream_book import StreamBook, Ticket
-from pipeline.streams import LATE, FramesDropped, Stream, StreamMessage, stream_params
+from pipeline.streams import LATE, FrameAnswer, FramesDropped, Stream, StreamMessage, stream_params
 
 from . import stream_tasks
 from .http_errors import unwrap
@@ -108,7 +108,7 @@ class StreamConnection:
         self.ingress.drain.start()
         try:
             with self.ingress.drain.work(self.id):  # a stop waits for the stream to settle
-                self._open()
+                await self._open()
                 await self._send({"type": "websocket.accept"})
                 logger.info("stream %s opened: %s %s", self.id, self.model, self.query)
                 await self._serve()
@@ -120,14 +120,14 @@ class StreamConnection:
         finally:
             self._free()
 
-    def _open(self) -> None:
+    async def _open(self) -> None:
         """Check the stream's terms and admit it, or raise why not."""
         ing = self.ingress
         ing._model(self.model)  # 404's ModelNotFound: no such model
         ing.readiness.check(self.model)  # refused at load: its reason
-        self.task, self.spec = stream_tasks.task_of(ing, self.model, self.query)
+        self.plan = await stream_tasks.plan_of(ing, self.model, self.query)
         self.params = stream_params(self.query, ing.cfg.streams)
-        self.coalescer = ing._coalescer(self.model, self.task.coalescer)
+        self.coalescer = ing._coalescer(self.model, stream_tasks.COALESCER)
         self.coalescer.check(self.id)  # the queue budget: none while it is overloaded now
         now = self.loop.time()
         self.ticket = self.hub.book.admit(self.id, self.model, self.params.fps, now)
@@ -194,6 +194,7 @@ class StreamConnection:
             image = Encoded.checked(
                 data, None, self.ingress.targets[self.model], ic.max_pixels, ic.max_image_work_bytes
             )
+            spec = self.plan.spec_for(image)  # from this frame's size: its answer's 413
         except FerryError as exc:  # this frame's error; the stream goes on
             self.stream.bad(n, exc)
             return
@@ -201,7 +202,7 @@ class StreamConnection:
             return
         deadline_s = self.params.deadline_s
         meta = RequestMeta(f"{self.id}/{n}", wall + deadline_s, False, wall, frame=True)
-        fut = stream_tasks.ask(self.ingress, self.model, self.task, image, meta, self.spec)
+        fut = stream_tasks.ask(self.ingress, self.model, image, meta, spec)
         self.stream.hold(n, fut, now + deadline_s)
         fut.add_done_callback(partial(self._done, n, t0, time.perf_counter()))
         self.loop.call_at(now + deadline_s, self._expire, n)
@@ -246,7 +247,7 @@ class StreamConnection:
             timings = answer.timings.report(
                 t0 * 1e3, queued * 1e3, time.perf_counter() * 1e3, time.time() * 1e3
             )
-            self.stream.answered(n, self.task.fields(answer, timings))
+            self.stream.answered(n, *stream_tasks.fields(answer, timings))
         self.wake.set()
 
     def _expire(self, n: int) -> None:
@@ -276,8 +277,10 @@ class StreamConnection:
             while self.notes:  # messages that are no frame's
                 await self._send({"type": "websocket.send", "text": _json(self.notes.pop(0))})
             sent = s.take(now)
-            for m in sent:
+            for m in sent:  # an image's or a mask's bytes right after its header
                 await self._send({"type": "websocket.send", "text": _json(m.body())})
+                if isinstance(m, FrameAnswer) and m.media is not None:
+                    await self._send({"type": "websocket.send", "bytes": m.media})
             if sent:
                 self._count(sent, now)
             if s.paused_since is not None and pause_timer is None:
@@ -333,7 +336,8 @@ class StreamConnection:
         return {
             "id": self.id,
             "model": self.model,
-            "task": self.task.name,
+            "task": self.plan.task.name,
+            "format": self.plan.format,
             "fps": self.params.fps,
             "deadline_ms": round(self.params.deadline_s * 1e3, 3),
             "frames": s.next_n,

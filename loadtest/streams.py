@@ -104,6 +104,8 @@ async def _read(ws: Any, st: StreamStats) -> None:
     """Every message, each frame's latency, a receipt every ``RECEIPT_EVERY`` frames."""
     last_receipt = -1
     async for raw in ws:
+        if isinstance(raw, bytes):  # an image's or a mask's bytes, right after its header
+            continue
         now = time.perf_counter()
         m = orjson.loads(raw)
         if "dropped" in m:

@@ -9,7 +9,8 @@ drives it; tests drive it with a fake clock. The protocol (``docs/api.md``, Live
 
 * frames are numbered 0, 1, 2, ... as they arrive, and every frame gets one message, in
   frame order: its answer, its error, or -- merged with its neighbours dropped for the same
-  reason -- ``{"dropped": [numbers], "reason": ...}``;
+  reason -- ``{"dropped": [numbers], "reason": ...}``; an answer that is an image or a
+  mask is its JSON header followed at once by the encoded bytes (``FrameAnswer``);
 * **bounded lag**: a stream holds at most ``max_held`` frames (what its deadline covers at
   its rate); a frame that arrives when it holds them all makes room by dropping the oldest
   frame that has not started (``lag``; the new frame itself when every held one has
@@ -74,13 +75,19 @@ def stream_params(query: Mapping[str, str], cfg: StreamsConfig) -> StreamParams:
 @dataclass(frozen=True)
 class FrameAnswer:
     """A frame's answer: the task's result fields as its own route answers them
-    (``top_k`` for classify), ``timings_ms`` among them."""
+    (``top_k`` for classify, boxes for detect), ``timings_ms`` among them. An answer that
+    is an encoded image or mask (``media``) is two messages on the wire, one right after
+    the other: this JSON header -- its fields (``media_type`` among them) and ``bytes``,
+    the media's length -- then the media as one binary message."""
 
     frame: int
     fields: Mapping[str, Any]
+    media: bytes | None = None
 
     def body(self) -> dict[str, Any]:
-        return {"frame": self.frame, **self.fields}
+        if self.media is None:
+            return {"frame": self.frame, **self.fields}
+        return {"frame": self.frame, **self.fields, "bytes": len(self.media)}
 
 
 @dataclass(frozen=True)
@@ -236,10 +243,10 @@ class Stream:
         self.counts.errors += 1
         self.outbox.put(FrameError(n, error))
 
-    def answered(self, n: int, fields: Mapping[str, Any]) -> None:
+    def answered(self, n: int, fields: Mapping[str, Any], media: bytes | None = None) -> None:
         if self.held.pop(n, None) is not None:
             self.counts.answered += 1
-            self.outbox.put(FrameAnswer(n, fields))
+            self.outbox.put(FrameAnswer(n, fields, media))
 
     def failed(self, n: int, error: FerryError) -> None:
         """Frame ``n``'s error from downstream: a deadline that passed on the way (or the

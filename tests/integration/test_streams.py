@@ -1,13 +1,15 @@
 """Live video streams through the real service: a local Ray cluster, the real Serve app on the
 CPU (the four-stage placement), real WebSockets through Serve's proxy.
 
-The goal of issue 34 on the CPU default: 8 streams of 10 fps of 64x64 frames, every frame
-answered in order or reported dropped. The test model is ``digits`` (8x8 input: the frames
-are resized to it) until the filter model of issue 33 lands. Then the edges: refusals at
-the handshake, a bad frame, a slow reader, a disconnect while a batch runs -- each stream
-gone leaves nothing behind in the replica's books (its streams, the coalescers, the
-inference queue and pool). No test bounds wall-clock time: they wait on what the service
-says (its messages, its books), with generous liveness limits only.
+The goal of issue 34 on the CPU default: 8 streams of 10 fps of 64x64 frames through the
+test filter model (issue 33's fixed ONNX filter), every frame answered in order -- each
+answer, a PNG, numpy's filter to a grey level -- or reported dropped. Then the other tasks
+and the edges: a detection stream whose boxes are exact at each frame's own size, a frame
+whose answer would not fit (its 413; the stream goes on), refusals at the handshake, a bad
+frame, a slow reader, a disconnect while a batch runs -- each stream gone leaves nothing
+behind in the replica's books (its streams, the coalescers, the inference queue and pool).
+No test bounds wall-clock time: they wait on what the service says (its messages, its
+books), with generous liveness limits only.
 """
 
 from __future__ import annotations
@@ -24,9 +26,13 @@ import pytest
 import websockets
 from PIL import Image
 
-from tests.integration.helpers import BASE, PORT, cpu_config, deploy, undeploy
+from pipeline.imaging import encode_jpeg, encode_png
+from tests.integration.helpers import BASE, PORT, cpu_config, deploy, png_header_claiming, undeploy
+from tests.models import tasks as tm
 
 pytestmark = pytest.mark.integration
+torch = pytest.importorskip("torch")  # (the detection head; the filter is ONNX)
+onnx = pytest.importorskip("onnx")
 APP = "streams"
 WS = f"ws://127.0.0.1:{PORT}/v1/streams"
 MAX_STREAMS, MAX_FPS = 12, 100.0
@@ -39,12 +45,32 @@ def connect(path: str, **kw):
 
 
 @pytest.fixture(scope="module")
-def app(ray_cluster):
+def app(ray_cluster, tmp_path_factory):
+    d = tmp_path_factory.mktemp("stream_models")
+    onnx.save(tm.filter_onnx(64), str(d / "filter.onnx"))
+    torch.jit.trace(tm.yolo_squares(), torch.zeros(1, 3, 64, 64)).save(str(d / "yolo.pt"))
+    (d / "colours.txt").write_text("red\ngreen\n")
     config = cpu_config(
         models=[
             {"name": "digits", "arch": "digits"},
             {"name": "resnet50", "arch": "resnet50", "buckets": [1]},  # slow on numpy
-        ],
+            # tests/integration/test_tasks.py's filter (an image model, told by its outputs)
+            # and detection head
+            {
+                "name": "filter",
+                "engine": "onnx",
+                "source": str(d / "filter.onnx"),
+                "input": {"resize": "stretch"},
+            },
+            {
+                "name": "yolo",
+                "engine": "torch",
+                "source": str(d / "yolo.pt"),
+                "task": "detect",
+                "labels": str(d / "colours.txt"),
+                "input": {"height": 64, "width": 64, "mean": [0.0] * 3, "std": [1.0] * 3},
+            },
+        ],  # fmt: skip
         streams={
             "max_streams": MAX_STREAMS,
             "max_fps": MAX_FPS,
@@ -91,8 +117,14 @@ async def play(
 
         async def reader() -> None:
             async for raw in ws:
-                m = json.loads(raw)
-                msgs.append(m)
+                if isinstance(raw, bytes):  # an image's bytes: right after its header
+                    assert msgs and msgs[-1].get("bytes") == len(raw), msgs[-1:]
+                    msgs[-1]["media"] = raw
+                else:
+                    msgs.append(json.loads(raw))
+                m = msgs[-1]
+                if "bytes" in m and "media" not in m:
+                    continue  # (its bytes come next)
                 if receipts and ("frame" in m or "dropped" in m):
                     await ws.send(json.dumps({"read": covered(m)[-1]}))
 
@@ -136,13 +168,16 @@ def idle(b: dict) -> bool:
     )
 
 
-def test_eight_streams_of_ten_fps_every_frame_answered_in_order_or_reported_dropped(app):
+def test_eight_filter_streams_of_ten_fps_every_frame_answered_in_order_or_reported_dropped(app):
     n_frames = 30
-    corpus = [png(i) for i in range(n_frames)]
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 256, (64, 64, 3), dtype=np.uint8) for _ in range(n_frames)]
+    corpus = [encode_png(x) for x in images]
+    want = [tm.filter_reference(x).astype(int) for x in images]
 
     async def main():
         return await asyncio.gather(
-            *(play("digits", corpus, 10, "&deadline_ms=1500&top_k=3") for _ in range(8))
+            *(play("filter", corpus, 10, "&deadline_ms=1500&format=png") for _ in range(8))
         )
 
     results = asyncio.run(main())
@@ -153,13 +188,38 @@ def test_eight_streams_of_ten_fps_every_frame_answered_in_order_or_reported_drop
         assert numbers == list(range(n_frames)), numbers  # each once, in order
         for m in msgs:
             if "frame" in m:
-                assert "error" not in m, m
-                assert len(m["top_k"]) == 3 and m["timings_ms"]["total"] > 0
+                assert m["media_type"] == "image/png" and m["timings_ms"]["total"] > 0, m
+                got = np.asarray(Image.open(io.BytesIO(m["media"])))
+                assert np.abs(got.astype(int) - want[m["frame"]]).max() <= 1, m["frame"]
                 answered += 1
             else:
                 assert m["reason"] in ("late", "lag", "rate", "paused"), m
     assert answered > 0
     wait_books(idle, "the streams left something behind")
+
+
+def test_a_detection_stream_answers_exact_boxes_at_each_frames_own_size(app):
+    one = tm.squares_image([(0, 0, "red"), (2, 3, "green")])
+    two = np.asarray(Image.fromarray(tm.squares_image([(3, 1, "green")])).resize((128, 128), 0))
+    msgs, code, _ = asyncio.run(
+        play("yolo", [encode_png(one), encode_png(two), encode_png(one)], 5, "&deadline_ms=5000")
+    )  # (no task named: the model's own, detect)
+    assert code == 1000 and [covered(m) for m in msgs] == [[0], [1], [2]], msgs
+    boxes = [[(b["box"], b["label"]) for b in m["boxes"]] for m in msgs]
+    first = [([0, 0, 16, 16], "red"), ([48, 32, 64, 48], "green")]  # each square once (NMS)
+    assert boxes == [first, [([32, 96, 64, 128], "green")], first], msgs
+    assert [(m["height"], m["width"]) for m in msgs] == [(64, 64), (128, 128), (64, 64)]
+
+
+def test_a_frame_whose_answer_would_not_fit_gets_its_413_and_the_stream_goes_on(app):
+    img = np.random.default_rng(5).integers(0, 256, (80, 96, 3), dtype=np.uint8)
+    frames = [encode_png(img[:64, :64]), png_header_claiming(6000, 6000), encode_jpeg(img)]
+    msgs, code, _ = asyncio.run(play("filter", frames, 5, "&deadline_ms=5000&task=image"))
+    assert code == 1000 and [covered(m) for m in msgs] == [[0], [1], [2]], msgs
+    assert msgs[0]["media_type"] == "image/png"  # each frame's own format (no format asked)
+    assert msgs[1]["type"] == "PayloadTooLarge" and msgs[1]["detail"]["hint"] == "size=model"
+    assert msgs[2]["media_type"] == "image/jpeg"
+    assert np.asarray(Image.open(io.BytesIO(msgs[2]["media"]))).shape == (80, 96, 3)
 
 
 def test_a_bad_frame_gets_its_error_and_the_stream_goes_on(app):
@@ -178,8 +238,8 @@ def test_streams_are_refused_at_the_handshake_with_a_reason(app):
         assert e.value.response.status_code == 401  # (Serve's proxy speaks the extension)
         code, reason, body = await refused("nope")
         assert code == 1008 and body["type"] == "ModelNotFound", (code, reason, body)
-        code, reason, body = await refused("digits?task=segment")
-        assert code == 1008 and "not served on streams yet" in body["error"], body
+        code, reason, body = await refused("digits?task=segment")  # a model of another task
+        assert code == 1008 and body["detail"]["task"] == "classify", body
         code, reason, body = await refused("digits?fps=1000")
         assert code == 1008 and body["type"] == "InvalidInput", body
         # the model's declared rates: 90 of 100 fps taken, 20 more do not fit

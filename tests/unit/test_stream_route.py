@@ -6,105 +6,11 @@ deadline, and a disconnect while a group is out."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import io
-import json
-from types import SimpleNamespace
 
-import numpy as np
-from PIL import Image
-
-from deployments.streams_route import StreamConnection, StreamHub
-from pipeline.coalescer import Coalescer
-from pipeline.config import PipelineConfig
-from pipeline.errors import ModelNotFound
-from pipeline.models.repository import model_card
-from pipeline.stages.messages import Answer, Timings
+from deployments.streams_route import StreamHub
 from tests.unit import virtual_time
-
-
-class Downstream:
-    """The coalescer's downstream: each group waits for the gate; cancelled ones noted."""
-
-    def __init__(self) -> None:
-        self.gate = asyncio.Event()
-        self.groups: list[int] = []
-        self.cancelled = 0
-
-    async def __call__(self, items: list) -> list:
-        self.groups.append(len(items))
-        try:
-            await self.gate.wait()
-        except asyncio.CancelledError:
-            self.cancelled += 1
-            raise
-        return [Answer(Timings(), batch_size=len(items), top_k=[]) for _ in items]
-
-
-class Ingress:
-    """What the route reads of an ingress replica."""
-
-    def __init__(self, down: Downstream) -> None:
-        self.cfg = PipelineConfig.model_validate({"models": [{"name": "digits", "arch": "digits"}]})
-        self.models = {"digits": self.cfg.models[0]}
-        self.cards = {"digits": model_card(self.cfg.models[0])}
-        self.targets = {"digits": self.cards["digits"].target()}
-        self.readiness = SimpleNamespace(check=lambda m: None)
-        self.drain = SimpleNamespace(
-            draining=False, start=lambda: None, work=lambda rid: contextlib.nullcontext()
-        )
-        self.down = SimpleNamespace(status=self._status)
-        self._coalescers = {("digits", "classify"): Coalescer(down, 0.001, 16, max_in_flight=1)}
-
-    async def _status(self) -> dict:
-        return {"queue_depth": 0, "pool": {}}
-
-    def _model(self, name: str) -> str:
-        if name not in self.models:
-            raise ModelNotFound("no such model", model=name)
-        return name
-
-    def _coalescer(self, model: str, kind: str) -> Coalescer:
-        return self._coalescers[(model, kind)]
-
-
-def png() -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(np.full((16, 16), 255, np.uint8)).save(buf, format="PNG")
-    return buf.getvalue()
-
-
-class Client:
-    """The ASGI side of one WebSocket: what the client sends, what the route sent."""
-
-    def __init__(self) -> None:
-        self.inbox: asyncio.Queue = asyncio.Queue()
-        self.sent: list[dict] = []
-        self.inbox.put_nowait({"type": "websocket.connect"})
-
-    async def receive(self) -> dict:
-        return await self.inbox.get()
-
-    async def send(self, message: dict) -> None:
-        self.sent.append(message)
-
-    def frame(self, data: bytes) -> None:
-        self.inbox.put_nowait({"type": "websocket.receive", "bytes": data})
-
-    def text(self, body: dict) -> None:
-        self.inbox.put_nowait({"type": "websocket.receive", "text": json.dumps(body)})
-
-    def messages(self) -> list[dict]:
-        return [json.loads(m["text"]) for m in self.sent if m["type"] == "websocket.send"]
-
-    def close(self) -> dict | None:
-        return next((m for m in self.sent if m["type"] == "websocket.close"), None)
-
-
-def _open(hub: StreamHub, client: Client, query: bytes) -> asyncio.Task:
-    scope = {"type": "websocket", "path": "/v1/streams/digits", "query_string": query}
-    conn = StreamConnection(hub, "digits", scope, client.receive, client.send)
-    return asyncio.ensure_future(conn.run())
+from tests.unit.stream_fakes import Client, Downstream, Ingress, png
+from tests.unit.stream_fakes import open_stream as _open
 
 
 def test_a_frame_held_up_in_the_coalescer_past_its_deadline_is_dropped_late():
