@@ -12,6 +12,21 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under pytest-xdist (pyproject's addopts: ``-n 2``) one worker runs every integration
+    test, in collection order -- they share one local Ray, its ports and README's port 8000
+    -- while the other runs the unit and benchmark tests beside them. (A scheduler of our
+    own: xdist's ``loadgroup`` renames node ids, which pytest 9 no longer reads.)"""
+    from xdist.scheduler import LoadScopeScheduling  # only ever called under xdist
+
+    class IntegrationTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "integration" if nodeid.startswith("tests/integration/") else nodeid
+
+    return IntegrationTogether(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     from pipeline.device import cuda_available
 
