@@ -24,12 +24,18 @@ from collections import defaultdict
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def ray_processes() -> dict[int, str]:
+def ray_processes(run_id: str | None = None) -> dict[int, str]:
+    """Ray's processes (by title) and Serve's HAProxy: pid -> kind; with ``run_id``, only
+    those a run marked (``loadtest.procs``: other Ray clusters on the machine left out)."""
     import psutil
+
+    from loadtest import procs
 
     out = {}
     for p in psutil.process_iter(["pid", "cmdline", "name"]):
         try:
+            if run_id is not None and p.environ().get(procs.MARK) != run_id:
+                continue
             cmd = " ".join(p.info["cmdline"] or [])
         except (psutil.Error, TypeError):
             continue

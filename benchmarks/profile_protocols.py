@@ -29,34 +29,20 @@ import time
 from typing import Any
 
 import httpx
-import psutil
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.bench_e2e import FERRY_ENV  # noqa: E402
 from benchmarks.bench_perf_analyzer import config_on_ports, perf_analyzer, stop  # noqa: E402
 from benchmarks.common import commit, machine, today, write_json  # noqa: E402
-from benchmarks.profile_pipeline import cpu_times, per_thread, thread_cpu_times  # noqa: E402
-from loadtest import procs  # noqa: E402
+from benchmarks.e2e_systems import FERRY_ENV  # noqa: E402
+from benchmarks.profile_pipeline import (  # noqa: E402
+    cpu_times,
+    per_thread,
+    ray_processes,
+    thread_cpu_times,
+)
 from loadtest.run import start_app, wait_ok  # noqa: E402
-
-
-def own_processes(run_id: str) -> dict[int, str]:
-    """This run's Ray processes (by title) and its HAProxy: pid -> kind."""
-    out = {}
-    for p in psutil.process_iter(["pid", "cmdline", "name"]):
-        try:
-            if p.environ().get(procs.MARK) != run_id:
-                continue
-            cmd = " ".join(p.info["cmdline"] or [])
-        except (psutil.Error, TypeError):
-            continue
-        if cmd.startswith("ray::"):
-            out[p.info["pid"]] = cmd.split()[0].removeprefix("ray::")
-        elif "haproxy" in (p.info["name"] or ""):
-            out[p.info["pid"]] = "haproxy"
-    return out
 
 
 def answered(base: str, model: str) -> int:
@@ -124,7 +110,7 @@ def main() -> int:
         if not wait_ok(f"http://127.0.0.1:{args.http_port}/v2/health/ready", 600, proc):
             print(open(os.path.join(tmp, "serve.log")).read()[-3000:])
             return 1
-        pids = own_processes(proc.ferry_run_id)
+        pids = ray_processes(proc.ferry_run_id)
         idle0 = cpu_times(pids)
         time.sleep(args.idle_s)  # what each process burns without load, taken off below
         idle = {k: (v - idle0.get(k, 0.0)) / args.idle_s for k, v in cpu_times(pids).items()}
