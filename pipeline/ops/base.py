@@ -158,6 +158,33 @@ class Op:
         return f"<op {self.name}>"
 
 
+class XpOp(Op):
+    """An op written once for numpy and cupy: ``run_xp(xp, ...)`` is its one code path, run
+    with numpy on the host and with cupy (on the op's stream: ``Op.commit`` enters it)."""
+
+    def run_xp(
+        self, xp: Any, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any
+    ) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def _run_host(
+        self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any
+    ) -> None:
+        self.run_xp(np, plan, inputs, outputs, workspace)
+
+    def _run_cuda(
+        self,
+        plan: OpPlan,
+        inputs: Sequence[Any],
+        outputs: Sequence[Any],
+        workspace: Any,
+        stream: Stream,
+    ) -> None:
+        import cupy  # optional: cupy, the GPU backend
+
+        self.run_xp(cupy, plan, inputs, outputs, workspace)
+
+
 # --------------------------------------------------------------------------- helpers for ops
 
 

@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidInput
-from .base import FLOAT_DTYPES, Op, OpPlan, TensorSpec, check_tensor, workspace_view
+from .base import FLOAT_DTYPES, OpPlan, TensorSpec, XpOp, check_tensor, workspace_view
 
 
-class Denormalize(Op):
+class Denormalize(XpOp):
     """``x`` float [N, C, H, W] (``layout="nchw"``) or [N, H, W, C] -> uint8 [N, H, W, C]."""
 
     name = "denormalize"
@@ -52,22 +52,10 @@ class Denormalize(Op):
             detail=(layout, scale, shift, tmp),
         )
 
-    def _run_host(
-        self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any
+    def run_xp(
+        self, xp: Any, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any
     ) -> None:
-        denormalize(np, plan, inputs[0], outputs[0], workspace)
-
-    def _run_cuda(
-        self,
-        plan: OpPlan,
-        inputs: Sequence[Any],
-        outputs: Sequence[Any],
-        workspace: Any,
-        stream: Any,
-    ) -> None:
-        import cupy  # optional: cupy
-
-        denormalize(cupy, plan, inputs[0], outputs[0], workspace)
+        denormalize(xp, plan, inputs[0], outputs[0], workspace)
 
 
 def denormalize(xp: Any, plan: OpPlan, x: Any, y: Any, workspace: Any) -> None:

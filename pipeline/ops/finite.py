@@ -12,13 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from ..errors import InvalidInput
-from .base import FLOAT_DTYPES, Op, OpPlan, TensorSpec, check_dtype, workspace_view
+from .base import FLOAT_DTYPES, OpPlan, TensorSpec, XpOp, check_dtype, workspace_view
 
 
-class AllFinite(Op):
+class AllFinite(XpOp):
     name = "all_finite"
 
     def _plan(self, specs: tuple[TensorSpec, ...], attrs: dict[str, Any]) -> OpPlan:
@@ -38,22 +36,10 @@ class AllFinite(Op):
             detail=flags,
         )
 
-    def _run_host(
-        self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any
+    def run_xp(
+        self, xp: Any, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any
     ) -> None:
-        all_finite(np, plan, inputs[0], outputs[0], workspace)
-
-    def _run_cuda(
-        self,
-        plan: OpPlan,
-        inputs: Sequence[Any],
-        outputs: Sequence[Any],
-        workspace: Any,
-        stream: Any,
-    ) -> None:
-        import cupy  # optional: cupy
-
-        all_finite(cupy, plan, inputs[0], outputs[0], workspace)
+        all_finite(xp, plan, inputs[0], outputs[0], workspace)
 
 
 def all_finite(xp: Any, plan: OpPlan, x: Any, y: Any, workspace: Any) -> None:

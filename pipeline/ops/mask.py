@@ -16,12 +16,12 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidInput
-from .base import FLOAT_DTYPES, Op, OpPlan, TensorSpec, align, check_tensor, workspace_view
+from .base import FLOAT_DTYPES, Op, OpPlan, TensorSpec, XpOp, align, check_tensor, workspace_view
 
 MAX_CLASSES = 256
 
 
-class ArgmaxMask(Op):
+class ArgmaxMask(XpOp):
     """``x`` scores [N, C, H, W] (``layout="nchw"``) or [N, H, W, C] -> uint8 [N, H, W], the
     highest-scoring class of each pixel (the first one on a tie)."""
 
@@ -49,22 +49,10 @@ class ArgmaxMask(Op):
             detail=(1 if layout == "nchw" else 3, idx),
         )
 
-    def _run_host(
-        self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any
+    def run_xp(
+        self, xp: Any, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any
     ) -> None:
-        argmax_mask(np, plan, inputs[0], outputs[0], workspace)
-
-    def _run_cuda(
-        self,
-        plan: OpPlan,
-        inputs: Sequence[Any],
-        outputs: Sequence[Any],
-        workspace: Any,
-        stream: Any,
-    ) -> None:
-        import cupy  # optional: cupy
-
-        argmax_mask(cupy, plan, inputs[0], outputs[0], workspace)
+        argmax_mask(xp, plan, inputs[0], outputs[0], workspace)
 
 
 def argmax_mask(xp: Any, plan: OpPlan, x: Any, y: Any, workspace: Any) -> None:

@@ -24,15 +24,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from ..errors import InvalidInput
-from .base import Op, OpPlan, TensorSpec, check_tensor
+from .base import OpPlan, TensorSpec, XpOp, check_tensor
 
 MAX_CANDIDATES = 4096
 
 
-class BatchedNms(Op):
+class BatchedNms(XpOp):
     name = "batched_nms"
     n_inputs = (3, 3)
 
@@ -77,22 +75,10 @@ class BatchedNms(Op):
             detail=(iou, thr, k, m),
         )
 
-    def _run_host(
-        self, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any
+    def run_xp(
+        self, xp: Any, plan: OpPlan, inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any
     ) -> None:
-        batched_nms(np, plan.detail, *inputs, *outputs)
-
-    def _run_cuda(
-        self,
-        plan: OpPlan,
-        inputs: Sequence[Any],
-        outputs: Sequence[Any],
-        workspace: Any,
-        stream: Any,
-    ) -> None:
-        import cupy  # optional: cupy
-
-        batched_nms(cupy, plan.detail, *inputs, *outputs)
+        batched_nms(xp, plan.detail, *inputs, *outputs)
 
 
 def _overlaps(xp: Any, b: Any) -> Any:
