@@ -239,8 +239,10 @@ def worker(args: Any) -> int:
     return 0
 
 
-def run_models(args: Any, models: list[str], save: Any) -> None:
-    """Waves of ``--jobs`` processes: all build at once, then each times alone in turn."""
+def run_models(args: Any, models: list[str], save: Any) -> list[str]:
+    """Waves of ``--jobs`` processes: all build at once, then each times alone in turn; the
+    models whose process failed."""
+    failed: list[str] = []
     env = dict(os.environ)
     if args.jobs > 1:
         env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "4")  # the processes share the cores
@@ -276,6 +278,9 @@ def run_models(args: Any, models: list[str], save: Any) -> None:
                 if rc == 0:
                     with open(f"{tmp}/{name}.json") as f:
                         save(json.load(f))
+                else:
+                    failed.append(name)
+    return failed
 
 
 def _ints(s: str) -> list[int]:
@@ -345,10 +350,12 @@ def main(argv: list[str] | None = None) -> int:
     if os.path.exists(args.out) and not args.no_merge:
         with open(args.out) as f:
             doc = json.load(f)
-    run_models(args, models, lambda part: _merge(doc, part, args))
+    failed = run_models(args, models, lambda part: _merge(doc, part, args))
     if doc["rows"]:
         print(table(doc["rows"], COLS))
-    return 0
+    if failed:
+        print(f"FAILED: {', '.join(failed)} (their logs above)", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

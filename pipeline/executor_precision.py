@@ -27,8 +27,9 @@ relative to the largest output, not to each value, so logits near zero, whose re
 is large under any rounding, do not trip it. Top-1 agreement is not used: on one random
 input a classifier's top two are often a rounding apart.
 
-Trials run float32 first, so a model kept in float16 is loaded as it was left; a model
-served in float32 is loaded once more. Each load replaces the engine's weights (one copy on
+Trials run float32 first, so a model kept in float16 is loaded as it was left (an engine
+whose trial is not its load -- torch's trials run eagerly, its load compiles -- is loaded
+once more in float16); a model served in float32 is loaded once more. Each load replaces the engine's weights (one copy on
 the device at a time), and each trial's arena (bucket 1) is given back at once.
 """
 
@@ -147,6 +148,8 @@ def choose(engine: Engine, ctx: EngineContext, precision: str) -> Precision:
             "model %s serves in float32, not float16: %s", engine.model, verdict.reason()
         )
     else:
+        if not engine.trial_loads:
+            engine.load(half)
         logger.info("model %s serves in float16: %s", engine.model, verdict.reason())
     return verdict
 

@@ -13,6 +13,8 @@
 #   bash scripts/gpu_check.sh 3   # the image workload (issue 33): bench_e2e --workload image's
 #                                 #   smoke, ferry_image and rayserve_image_8, answers checked
 #                                 #   (--strict) | its peer's GPU test and its CPU tests
+#   bash scripts/gpu_check.sh 1t  # part 1's tests alone: tests/gpu | the 13-model test's first
+#                                 #   half, then bench_models' smoke (a rerun after a fix)
 #   bash scripts/gpu_check.sh collect DIR [DIR ...] > benchmarks/results/gpu_tests.txt
 #
 # On the device tool: make the bundle (GPU_DECODE=1), carry .devwhl, set FERRY_COMMIT (its
@@ -40,14 +42,18 @@ COMMIT=${FERRY_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 } > "$RESULT"
 T0=$(date +%s)
 
-# pytest with one result line a test (-rA), the lines kept in $RESULT
+# pytest with one result line a test, the lines kept in $RESULT: -v prints each test's line as
+# it ends, so a run cut by its limit still says which tests finished and how
 tests() {  # tests LIMIT_S LOG ARGS...
   local limit=$1 log="$OUT/logs/$2"; shift 2
-  timeout "$limit" python3 -m pytest -q -p no:cacheprovider -o addopts= --timeout 280 -rA "$@" \
-    > "$log" 2>&1
+  timeout "$limit" python3 -m pytest -v -p no:cacheprovider -o addopts= --timeout 280 -rfE \
+    --durations=12 "$@" > "$log" 2>&1
   local rc=$?
-  grep -E "^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) " "$log" | cut -c1-240 >> "$RESULT"
-  [ $rc = 124 ] && echo "TIMEOUT pytest $* (after ${limit} s; the tests above it finished)" >> "$RESULT"
+  grep -E "^[^ ]+::[^ ]+ (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)" "$log" \
+    | sed -E 's/^([^ ]+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS).*/\2 \1/' | cut -c1-240 >> "$RESULT"
+  [ $rc = 124 ] && echo "TIMEOUT pytest $* (after ${limit} s; the tests above it finished)" \
+    "running: $(grep -E '::' "$log" | tail -1 | cut -c1-160)" >> "$RESULT"
+  grep -E "^(FAILED|ERROR) " "$log" | cut -c1-300 | sed 's/^/#   /' >> "$RESULT"
   grep -E "^FAILED: the test run left" "$log" >> "$RESULT"  # the suite's orphan check
   grep -E "[0-9]+ (passed|failed|error)" "$log" | tail -1 | sed 's/^/# /' >> "$RESULT"
   clean
@@ -83,10 +89,14 @@ kernel_smokes() {  # the benchmarks without a Serve app: seconds each
   smoke bench_engine.py 60 python3 benchmarks/bench_engine.py --seconds 0.3 --batches 1,8 --out "$SMOKE/engine.json"
   smoke bench_decode.py 60 python3 benchmarks/bench_decode.py --seconds 0.3 --batch 8 --threads 1 --out "$SMOKE/decode.json"
   smoke bench_onnx.py 90 python3 benchmarks/bench_onnx.py --seconds 0.3 --batches 8 --out "$SMOKE/onnx.json"
-  smoke bench_models.py 120 python3 benchmarks/bench_models.py --models resnet18 --batches 8 --seconds 0.3 --jobs 1 --no-merge --out "$SMOKE/models.json"
+  models_smoke
   smoke profile_inference.py 120 python3 benchmarks/profile_inference.py --groups 8 --calls 4 --seconds 1 --out "$SMOKE/profile_inference.json"
 }
 zoo_then_kernels() { zoo_lane; kernel_smokes; }
+models_smoke() {
+  smoke bench_models.py 120 python3 benchmarks/bench_models.py --models resnet18 --batches 8 --seconds 0.3 --jobs 1 --no-merge --out "$SMOKE/models.json"
+}
+zoo_then_models() { FERRY_ZOO_PART=1/2 tests 300 "zoo_part1.log" "$ZOO" -s; models_smoke; }
 serve_smokes() {  # the benchmarks that start a Serve app on port 8000: one after the other
   export RAY_SERVE_ENABLE_HA_PROXY=1
   smoke bench_e2e.py 300 python3 benchmarks/bench_e2e.py --systems ferry,rayserve_expert_4 --corpus chelsea --clients 16 --seconds 2 --warmup 1 --out "$SMOKE/e2e.json" --log-dir "$OUT/logs"
@@ -103,7 +113,7 @@ serve_smokes() {  # the benchmarks that start a Serve app on port 8000: one afte
     echo "SKIPPED benchmarks/bench_transport.py (NCCL between two GPUs; this machine has one)" >> "$RESULT"
   fi
 }
-gpu_tests() { tests 480 tests_part1.log tests/gpu --deselect "$ZOO"; }
+gpu_tests() { tests 540 tests_part1.log tests/gpu --deselect "$ZOO"; }
 # The image workload: each system comes up as the full measurement's does (the U-Net compiled
 # per batch size in each of 8 replicas: its start-up time is the line's), answers 16 clients
 # for 3 s, and must answer every request with a JPEG of its frame's size (--strict: exit 1
@@ -118,10 +128,14 @@ image_tests() {
 }
 case "$PART" in
   1) lane a gpu_tests & lane b zoo_then_kernels & wait ;;
+  1t) lane a gpu_tests & lane b zoo_then_models & wait ;;
   2) lane a serve_smokes & lane b zoo_lane & wait ;;
   3) lane a image_smoke & lane b image_tests & wait ;;
-  *) echo "usage: $0 1|2|3|collect DIR..." >&2; exit 2 ;;
+  *) echo "usage: $0 1|1t|2|3|collect DIR..." >&2; exit 2 ;;
 esac
 cat "$OUT"/lane_a.txt "$OUT"/lane_b.txt >> "$RESULT"
 echo "# part $PART took $(( $(date +%s) - T0 )) s" >> "$RESULT"
+# the device tool brings back at most 8 files: the logs and smoke outputs as one archive
+tar czf "$OUT/gpu_check_${PART}_logs.tgz" -C "$OUT" logs smoke && rm -rf "$OUT/logs" "$OUT/smoke" \
+  "$OUT"/lane_a.txt "$OUT"/lane_b.txt
 cat "$RESULT"

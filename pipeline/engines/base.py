@@ -134,6 +134,10 @@ class Engine(ABC):
     """One model behind the two-phase contract. Subclasses live one to a file."""
 
     name: ClassVar[str] = "engine"
+    trial_loads: ClassVar[bool] = True
+    """Whether ``trial`` leaves the engine loaded as ``load`` would (the default trial loads
+    then runs); an engine whose trial runs something else (torch: eager, not compiled) is
+    loaded once more in the dtype the probe keeps."""
 
     def __init__(self, model: str) -> None:
         self.model = model

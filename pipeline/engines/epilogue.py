@@ -149,6 +149,10 @@ class EpilogueEngine(Engine):
         self.ctx = ctx
         self.inner.load(ctx)
 
+    @property
+    def trial_loads(self) -> bool:  # type: ignore[override]
+        return self.inner.trial_loads
+
     def dtype_in(self, ctx: EngineContext) -> str:
         return self.inner.dtype_in(ctx)
 

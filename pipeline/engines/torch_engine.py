@@ -52,6 +52,7 @@ def build(entry: Any, image: ImageInput) -> Any:
 
 class TorchEngine(Engine):
     name = "torch"
+    trial_loads = False  # its trials run the module eagerly; ``load`` compiles it
 
     def __init__(
         self, model: str, module: Any, image: ImageInput, input_dtype: str, scripted: bool

@@ -241,7 +241,10 @@ class Scripted(Engine):
         raise NotImplementedError
 
     def trial(self, ctx, feed, stream):
-        self.load(ctx)
+        if self.trial_loads:
+            self.load(ctx)
+        else:  # as torch's: an eager run of the weights in ctx's dtype, not the served form
+            self.ctx = ctx
         self.trials.append((ctx.dtype, feed))
         x = probe_input(TensorSpec((1, 4), "float32"))
         if ctx.dtype == "float32":
@@ -269,6 +272,26 @@ def test_the_probe_runs_float32_then_float16_and_reloads_only_to_change(out16, s
     assert eng.trials[0][1] == "tensors"  # no image feed: its own tensors
     if isinstance(out16, Exception):
         assert p.failed == "RuntimeError: no half kernel"
+    ex.close()
+
+
+@pytest.mark.parametrize(
+    ("out16", "served", "loads"),
+    [
+        (1.0, "float16", ["float16"]),  # kept: loaded once, in float16 (the trials load nothing)
+        (1.5, "float32", ["float32"]),
+        (RuntimeError("no half kernel"), "float32", ["float32"]),
+    ],
+)
+def test_an_engine_whose_trial_is_not_its_load_is_loaded_in_the_kept_dtype(out16, served, loads):
+    """The torch engine's trials run eagerly; only ``load`` compiles (without it a model the
+    probe kept in float16 was served unloaded: on the H200, 'no attribute fn' at warm-up)."""
+    ex = GpuExecutor(PipelineConfig().executor.model_copy(update={"backend": "numpy"}))
+    ctx = EngineContext(ex.backend, "float16", "host", 1 << 20, ex.pool)
+    eng = Scripted(out16)
+    eng.trial_loads = False
+    p = choose(eng, ctx, "auto")
+    assert (p.dtype, eng.loads, eng.ctx.dtype) == (served, loads, served)
     ex.close()
 
 
