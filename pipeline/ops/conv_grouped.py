@@ -240,83 +240,59 @@ class Conv2dGrouped(Op):
         x, w, b = inputs[0], inputs[1], inputs[2]
         res = inputs[3] if len(inputs) == 4 else None
         out = outputs[0]
-        act, a, bb = plan.attr("act"), plan.attr("alpha", 0.0), plan.attr("beta", 0.0)
-        i32 = np.int32
         if g.depthwise:
-            kern = _cuda.kernel(SOURCE, "dwconv_nhwc", x.dtype)
-            total = int(out.size)
-            _cuda.launch(
-                kern,
-                total,
-                (
-                    x,
-                    w,
-                    b,
-                    res if res is not None else out,
-                    out,
-                    np.int64(total),
-                    i32(g.h),
-                    i32(g.w),
-                    i32(g.c),
-                    i32(g.kh),
-                    i32(g.kw),
-                    i32(g.sh),
-                    i32(g.sw),
-                    i32(g.pt),
-                    i32(g.pl),
-                    i32(g.dh),
-                    i32(g.dw),
-                    i32(g.oh),
-                    i32(g.ow),
-                    i32(res is not None),
-                    i32(ACTIVATIONS[act]),
-                    np.float32(a),
-                    np.float32(bb),
-                ),
-            )
+            _depthwise_cuda(plan, g, x, w, b, res, out)
             return
-        dt = x.dtype
-        item = dt.itemsize
-        ktot = g.kh * g.kw * g.c
-        cg, cog = g.c // g.groups, g.cout // g.groups
-        kg = g.kh * g.kw * cg
-        cols = workspace_view(workspace, 0, (g.rows_per_chunk, ktot), dt)
-        kern = _cuda.kernel(SOURCE, "im2col_grouped", dt)
-        geo = (
-            i32(g.h),
-            i32(g.w),
-            i32(g.c),
-            i32(g.kh),
-            i32(g.kw),
-            i32(g.sh),
-            i32(g.sw),
-            i32(g.pt),
-            i32(g.pl),
-            i32(g.dh),
-            i32(g.dw),
-            i32(g.oh),
-            i32(g.ow),
-            i32(g.groups),
-        )
-        cols_ptr, w_ptr, out_ptr = _cuda.ptr(cols), _cuda.ptr(w), _cuda.ptr(out)
-        for row0 in range(0, g.m, g.rows_per_chunk):
-            rows = min(g.rows_per_chunk, g.m - row0)
-            _cuda.launch(kern, rows * ktot, (x, cols, np.int64(row0), np.int64(rows), *geo))
-            for gi in range(g.groups):
-                _cuda.gemm_rowmajor(
-                    stream,
-                    cols_ptr + gi * kg * item,
-                    w_ptr + gi * kg * cog * item,
-                    out_ptr + (row0 * g.cout + gi * cog) * item,
-                    rows,
-                    cog,
-                    kg,
-                    dt,
-                    lda=ktot,
-                    ldb=cog,
-                    ldc=g.cout,
-                )
+        _grouped_cuda(g, x, w, out, workspace, stream)
         run_epilogue(plan, out, b, res, cuda=True)
+
+
+def _geometry(g: Geo) -> tuple[np.int32, ...]:
+    """The kernels' shared geometry arguments: input, kernel, stride, padding, dilation, output."""
+    return tuple(
+        np.int32(v)
+        for v in (g.h, g.w, g.c, g.kh, g.kw, g.sh, g.sw, g.pt, g.pl, g.dh, g.dw, g.oh, g.ow)
+    )
+
+
+def _depthwise_cuda(plan: OpPlan, g: Geo, x: Any, w: Any, b: Any, res: Any, out: Any) -> None:
+    """One thread an output element, bias, residual and activation fused in."""
+    act, a, bb = plan.attr("act"), plan.attr("alpha", 0.0), plan.attr("beta", 0.0)
+    kern = _cuda.kernel(SOURCE, "dwconv_nhwc", x.dtype)
+    total = int(out.size)
+    tail = (np.int32(res is not None), np.int32(ACTIVATIONS[act]), np.float32(a), np.float32(bb))
+    args = (x, w, b, res if res is not None else out, out, np.int64(total), *_geometry(g), *tail)
+    _cuda.launch(kern, total, args)
+
+
+def _grouped_cuda(g: Geo, x: Any, w: Any, out: Any, workspace: Any, stream: Any) -> None:
+    """im2col of a chunk of output rows into the workspace, then one GEMM a group over it."""
+    dt = x.dtype
+    item = dt.itemsize
+    ktot = g.kh * g.kw * g.c
+    cg, cog = g.c // g.groups, g.cout // g.groups
+    kg = g.kh * g.kw * cg
+    cols = workspace_view(workspace, 0, (g.rows_per_chunk, ktot), dt)
+    kern = _cuda.kernel(SOURCE, "im2col_grouped", dt)
+    geo = (*_geometry(g), np.int32(g.groups))
+    cols_ptr, w_ptr, out_ptr = _cuda.ptr(cols), _cuda.ptr(w), _cuda.ptr(out)
+    for row0 in range(0, g.m, g.rows_per_chunk):
+        rows = min(g.rows_per_chunk, g.m - row0)
+        _cuda.launch(kern, rows * ktot, (x, cols, np.int64(row0), np.int64(rows), *geo))
+        for gi in range(g.groups):
+            _cuda.gemm_rowmajor(
+                stream,
+                cols_ptr + gi * kg * item,
+                w_ptr + gi * kg * cog * item,
+                out_ptr + (row0 * g.cout + gi * cog) * item,
+                rows,
+                cog,
+                kg,
+                dt,
+                lda=ktot,
+                ldb=cog,
+                ldc=g.cout,
+            )
 
 
 CONV2D_GROUPED = Conv2dGrouped()
