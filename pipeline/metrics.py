@@ -15,18 +15,26 @@ up while another Python thread runs waits up to the switch interval (5 ms) to ge
 measured in a replica with one busy Python thread beside it, one ``Histogram.observe``
 took 4.4 ms of the caller's time against 3.2 us alone. On the event loop that wait was a
 stall of every request in the replica; on the flushing thread it delays only the metrics.
-Gauges keep their last value per flush and counters their sum (one record each); every
-histogram observation is recorded. Past ``MAX_PENDING`` records waiting, new ones are
-dropped and counted (``ferry_metrics_dropped_total``), so a stuck exporter cannot grow the
-replica's memory.
+Gauges keep their last value per flush and counters their sum (one record each).
 
-Ray's histograms export a ``_sum`` computed from bucket midpoints, not the observed values;
-exact totals come from counters beside them: ``ferry_stage_duration_us_total`` (every
-observed stage time, summed) and ``ferry_batch_items_total`` / ``ferry_batches_total``.
+Histograms are kept here (``Histograms``: per label set, a running count per bucket and the
+exact sum) and exported as Prometheus reads a histogram -- ``<name>_bucket{le=...}``
+(cumulative), ``<name>_count`` and ``<name>_sum``, each a Ray gauge set to the running total
+(a Ray counter would be named ``..._total``) -- so a flush makes a bounded number of Ray
+calls (label sets x buckets) whatever the request rate. Recording each observation
+through Ray (about 5 a request: a request's total and each item's preprocess, queue, gpu and
+postprocess times) cost 17% more CPU per request in the one-process replica on two cores,
+most of it GIL hand-offs between the flushing thread and the event loop (benchmarks/
+RESULTS.md, "Histograms kept in the replica"). ``histogram_quantile`` reads these series as
+it reads Ray's own histograms; the ``_sum`` is exact (Ray's is estimated from bucket
+midpoints). Past ``MAX_PENDING`` records waiting, new ones are dropped and counted
+(``ferry_metrics_dropped_total``), so a stuck exporter cannot grow the replica's memory; the
+histograms' cells are bounded by their label sets.
 """
 
 from __future__ import annotations
 
+import bisect
 import collections
 import logging
 import threading
@@ -42,6 +50,8 @@ logger = logging.getLogger(__name__)
 LATENCY_BOUNDARIES_MS = [0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
 BATCH_BOUNDARIES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 
+HISTOGRAMS = {"stage": LATENCY_BOUNDARIES_MS, "batch": BATCH_BOUNDARIES}
+"""The histograms kept in the replica (``Histograms``), by record name, and their bounds."""
 FLUSH_S = 0.5
 MAX_PENDING = 100_000
 
@@ -63,7 +73,6 @@ def _get() -> dict[str, Any] | None:
     if _metrics is not None:
         return _metrics
     try:
-
         if not ray.is_initialized():
             return None
     except Exception:  # pragma: no cover - ray missing
@@ -81,12 +90,13 @@ def _make(m: Any) -> dict[str, Any]:
     name with Ray's ``ray_`` prefix (``ray_ferry_stage_latency_ms_bucket``, ...)."""
     model = ("model",)
     return {
-        "stage": m.Histogram(
+        **_histogram(
+            m,
+            "stage",
             "ferry_stage_latency_ms",
             "Time one item spent in a pipeline stage (each item of a batch or group "
             "observed once; stage total: a request from arrival to its answer)",
-            boundaries=LATENCY_BOUNDARIES_MS,
-            tag_keys=("stage", "model"),
+            ("stage", "model"),
         ),
         "stage_us": m.Counter(
             "ferry_stage_duration_us_total",
@@ -94,11 +104,12 @@ def _make(m: Any) -> dict[str, Any]:
             "is estimated from its buckets)",
             tag_keys=("stage", "model"),
         ),
-        "batch": m.Histogram(
+        **_histogram(
+            m,
+            "batch",
             "ferry_batch_size",
             "Items in a GPU batch (before padding to its bucket)",
-            boundaries=BATCH_BOUNDARIES,
-            tag_keys=model,
+            model,
         ),
         "batches": m.Counter("ferry_batches_total", "GPU batches run", tag_keys=model),
         "batch_items": m.Counter(
@@ -126,6 +137,62 @@ def _make(m: Any) -> dict[str, Any]:
         ),
         **_device_metrics(m),
     }
+
+
+def _histogram(m: Any, key: str, name: str, text: str, tags: tuple) -> dict[str, Any]:
+    """The three series Prometheus reads as histogram ``name`` (``Histograms`` sets them):
+    gauges holding the replica's running totals, since Ray names a counter ``..._total``."""
+    return {
+        f"{key}_bucket": m.Gauge(
+            f"{name}_bucket", f"{text}: observations at or below le", tag_keys=(*tags, "le")
+        ),
+        f"{key}_count": m.Gauge(f"{name}_count", f"{text}: observations", tag_keys=tags),
+        f"{key}_sum": m.Gauge(f"{name}_sum", f"{text}: the observed values summed", tag_keys=tags),
+    }
+
+
+class Histograms:
+    """Observations counted per (record name, label set) by bucket, with their exact sum,
+    from any thread, as running totals since the process started; ``drain`` sets the label
+    sets observed since the last drain on Ray's gauges: cumulative buckets, count and sum,
+    as Prometheus' histogram has them (``rate`` and ``histogram_quantile`` read them; a
+    replica's restart is a counter reset to them)."""
+
+    def __init__(self, bounds: dict[str, list[float]] = HISTOGRAMS) -> None:
+        self.bounds = bounds
+        self._cells: dict[tuple, list[float]] = {}
+        self._dirty: set[tuple] = set()
+        self._lock = threading.Lock()
+
+    def observe(self, name: str, value: float, tags: tuple = (), n: int = 1) -> None:
+        bounds = self.bounds[name]
+        i = bisect.bisect_left(bounds, value)  # the first bucket whose le holds the value
+        key = (name, tags)
+        with self._lock:
+            cell = self._cells.get(key)
+            if cell is None:
+                cell = self._cells[key] = [0] * (len(bounds) + 1) + [0.0]
+            cell[i] += n
+            cell[-1] += value * n
+            self._dirty.add(key)
+
+    def drain(self, sinks: dict[str, Any]) -> int:
+        """Export the label sets observed since the last drain; the number of Ray calls."""
+        with self._lock:
+            dirty, self._dirty = self._dirty, set()
+            cells = {k: list(self._cells[k]) for k in dirty}
+        calls = 0
+        for (name, tags), cell in cells.items():
+            base = dict(tags)
+            les = [*(repr(float(b)) for b in self.bounds[name]), "+Inf"]
+            below = 0
+            for le, count in zip(les, cell[:-1], strict=True):
+                below += count
+                sinks[f"{name}_bucket"].set(below, tags={**base, "le": le})
+            sinks[f"{name}_count"].set(below, tags=base or None)
+            sinks[f"{name}_sum"].set(cell[-1], tags=base or None)
+            calls += len(les) + 2
+        return calls
 
 
 def _device_metrics(m: Any) -> dict[str, Any]:
@@ -164,15 +231,23 @@ class Buffer:
         self.sinks = sinks
         self.max_pending = max_pending
         self.pending: collections.deque = collections.deque()
+        self.histograms = Histograms()
         self.dropped = 0
         self._flush_lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
     def put(self, name: str, op: str, value: float, tags: tuple = ()) -> None:
+        if op == "observe":
+            self.histograms.observe(name, value, tags)
+            return
         if len(self.pending) >= self.max_pending:
             self.dropped += 1
             return
         self.pending.append((name, op, value, tags))
+
+    def observe(self, name: str, value: float, tags: tuple = (), n: int = 1) -> None:
+        """``n`` observations of ``value`` (a batch's items, each the batch's time)."""
+        self.histograms.observe(name, value, tags, n)
 
     def flush(self) -> int:
         """Hand every waiting record to its metric; the number of Ray calls made."""
@@ -180,23 +255,17 @@ class Buffer:
             n = len(self.pending)
             last: dict[tuple, float] = {}  # gauges: the last value per (name, tags)
             sums: dict[tuple, float] = {}  # counters: the sum per (name, tags)
-            observed: list[tuple] = []
             for _ in range(n):
                 name, op, value, tags = self.pending.popleft()
                 if op == "set":
                     last[(name, tags)] = value
-                elif op == "inc":
-                    sums[(name, tags)] = sums.get((name, tags), 0.0) + value
                 else:
-                    observed.append((name, value, tags))
+                    sums[(name, tags)] = sums.get((name, tags), 0.0) + value
             dropped, self.dropped = self.dropped, 0
             if dropped:
                 sums[("dropped", ())] = sums.get(("dropped", ()), 0.0) + dropped
                 logger.warning("%d metric records dropped: the exporter fell behind", dropped)
-            calls = 0
-            for name, value, tags in observed:
-                self.sinks[name].observe(value, tags=dict(tags) if tags else None)
-                calls += 1
+            calls = self.histograms.drain(self.sinks)
             for (name, tags), value in last.items():
                 self.sinks[name].set(value, tags=dict(tags) if tags else None)
                 calls += 1
@@ -226,17 +295,25 @@ class Buffer:
 _buffer: Buffer | None = None
 
 
-def _put(name: str, op: str, value: float, tags: tuple = ()) -> None:
+def _buffered() -> Buffer | None:
+    """This process's buffer, made (and its thread started) at the first record; None
+    where Ray is not up."""
     global _buffer
     if _buffer is None:
         m = _get()
         if m is None:
-            return
+            return None
         with _lock:
             if _buffer is None:
                 _buffer = Buffer(m)
                 _buffer.start()
-    _buffer.put(name, op, value, tags)
+    return _buffer
+
+
+def _put(name: str, op: str, value: float, tags: tuple = ()) -> None:
+    buf = _buffer or _buffered()
+    if buf is not None:
+        buf.put(name, op, value, tags)
 
 
 def flush() -> None:
@@ -248,9 +325,10 @@ def flush() -> None:
 def observe_stage(stage: str, model: str, ms: float, n: int = 1) -> None:
     """``n`` items each spent ``ms`` in ``stage`` (a batch or group passes as one)."""
     tags = (("stage", stage), ("model", model))
-    for _ in range(n):
-        _put("stage", "observe", ms, tags)
-    _put("stage_us", "inc", ms * 1e3 * n, tags)
+    buf = _buffer or _buffered()
+    if buf is not None:
+        buf.observe("stage", ms, tags, n)
+        buf.put("stage_us", "inc", ms * 1e3 * n, tags)
 
 
 def observe_items(stage: str, model: str, ms: list[float]) -> None:

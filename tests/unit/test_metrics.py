@@ -24,41 +24,97 @@ class Recorder:
         self.calls.append(("inc", value, tags))
 
 
+HIST = [f"{h}_{part}" for h in ("stage", "batch") for part in ("bucket", "count", "sum")]
+
+
 def sinks() -> dict[str, Recorder]:
-    return {k: Recorder() for k in ("stage", "queue", "requests", "dropped")}
+    return {k: Recorder() for k in ("queue", "requests", "dropped", *HIST)}
 
 
-def test_flush_records_every_observation_the_last_gauge_and_each_counters_sum():
+def buckets(rec: Recorder) -> dict[tuple, float]:
+    """A bucket gauge's last value by (le, the other labels)."""
+    out: dict[tuple, float] = {}
+    for op, v, tags in rec.calls:
+        assert op == "set"
+        out[(tags["le"], tuple(sorted((k, x) for k, x in tags.items() if k != "le")))] = v
+    return out
+
+
+def test_flush_exports_histograms_as_cumulative_buckets_and_each_counters_sum():
     s = sinks()
     buf = metrics.Buffer(s)
     total = (("stage", "total"), ("model", "m"))
-    for ms in (1.5, 7.0, 300.0):
+    for ms in (1.5, 7.0, 300.0, 2.0):
         buf.put("stage", "observe", ms, total)
     for depth in (5, 9, 2):
         buf.put("queue", "set", depth, (("model", "m"),))
     for code in ("200", "200", "503"):
         buf.put("requests", "inc", 1, (("route", "classify"), ("code", code)))
-    assert s["stage"].calls == []  # nothing reaches Ray before a flush
-    assert buf.flush() == 3 + 1 + 2
+    assert s["stage_bucket"].calls == []  # nothing reaches Ray before a flush
+    calls = buf.flush()
     tags = {"stage": "total", "model": "m"}
-    assert s["stage"].calls == [("observe", v, tags) for v in (1.5, 7.0, 300.0)]
+    lbl = tuple(sorted(tags.items()))
+    got = buckets(s["stage_bucket"])
+    # Prometheus' le: observations at or below the bound, cumulative (2.0 is in le=2.0)
+    assert got[("0.5", lbl)] == 0 and got[("1.0", lbl)] == 0
+    assert got[("2.0", lbl)] == 2 and got[("4.0", lbl)] == 2 and got[("8.0", lbl)] == 3
+    assert got[("256.0", lbl)] == 3 and got[("512.0", lbl)] == 4 and got[("+Inf", lbl)] == 4
+    assert s["stage_count"].calls == [("set", 4, tags)]
+    assert s["stage_sum"].calls == [("set", 310.5, tags)]  # exact, not from bucket midpoints
     assert s["queue"].calls == [("set", 2, {"model": "m"})]
     assert sorted(s["requests"].calls, key=lambda c: c[2]["code"]) == [
         ("inc", 2.0, {"route": "classify", "code": "200"}),
         ("inc", 1.0, {"route": "classify", "code": "503"}),
     ]
-    assert buf.flush() == 0 and len(s["stage"].calls) == 3  # each record goes once
+    assert calls == len(got) + 2 + 1 + 2
+    assert buf.flush() == 0 and len(s["stage_count"].calls) == 1  # nothing new: no calls
+    buf.put("stage", "observe", 0.2, total)
+    buf.flush()  # the running totals since the start, as Prometheus' counters are
+    assert s["stage_count"].calls[-1] == ("set", 5, tags)
+    assert buckets(s["stage_bucket"])[("0.5", lbl)] == 1
+    assert buckets(s["stage_bucket"])[("+Inf", lbl)] == 5
+
+
+def test_ray_calls_per_flush_do_not_grow_with_the_observations():
+    s = sinks()
+    buf = metrics.Buffer(s)
+    tags = (("stage", "gpu"), ("model", "m"))
+    for i in range(10_000):
+        buf.put("stage", "observe", float(i % 50), tags)
+    buf.observe("stage", 3.0, tags, n=64)  # a batch of 64 items, each 3 ms
+    calls = buf.flush()
+    assert calls <= len(metrics.LATENCY_BOUNDARIES_MS) + 1 + 2
+    assert s["stage_count"].calls == [("set", 10_064, dict(tags))]
+    assert buckets(s["stage_bucket"])[("+Inf", tuple(sorted(tags)))] == 10_064
+
+
+def test_histograms_counted_from_many_threads_lose_nothing():
+    s = sinks()
+    buf = metrics.Buffer(s)
+    tags = (("stage", "queue"), ("model", "m"))
+
+    def hammer():
+        for _ in range(20_000):
+            buf.put("stage", "observe", 1.0, tags)
+
+    threads = [threading.Thread(target=hammer) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    buf.flush()
+    assert s["stage_count"].calls == [("set", 80_000, dict(tags))]
 
 
 def test_records_past_the_cap_are_dropped_and_counted():
     s = sinks()
     buf = metrics.Buffer(s, max_pending=3)
-    for ms in range(5):
-        buf.put("stage", "observe", float(ms), (("stage", "gpu"), ("model", "m")))
+    for code in range(5):
+        buf.put("requests", "inc", 1, (("code", str(code)),))
     buf.flush()
-    assert [c[1] for c in s["stage"].calls] == [0.0, 1.0, 2.0]  # the oldest kept
+    assert sorted(c[2]["code"] for c in s["requests"].calls) == ["0", "1", "2"]  # oldest kept
     assert s["dropped"].calls == [("inc", 2.0, None)]
-    buf.put("stage", "observe", 9.0, (("stage", "gpu"), ("model", "m")))
+    buf.put("requests", "inc", 1, (("code", "9"),))
     buf.flush()
     assert s["dropped"].calls == [("inc", 2.0, None)]  # counted once
 
@@ -71,9 +127,9 @@ def test_the_flushing_thread_exports_without_a_caller_asking():
     assert sum(t.name == "ferry-metrics" for t in threading.enumerate()) >= 1
     buf.put("stage", "observe", 4.0, (("stage", "queue"), ("model", "m")))
     deadline = time.time() + 5
-    while not s["stage"].calls and time.time() < deadline:
+    while not s["stage_count"].calls and time.time() < deadline:
         time.sleep(0.01)
-    assert s["stage"].calls == [("observe", 4.0, {"stage": "queue", "model": "m"})]
+    assert s["stage_count"].calls == [("set", 1, {"stage": "queue", "model": "m"})]
     assert not buf.pending
 
 
@@ -92,13 +148,16 @@ def test_without_ray_the_functions_do_nothing(monkeypatch):
 
 
 class Collect:
-    """A buffer stand-in that keeps what the record functions put."""
+    """A buffer stand-in that keeps what the record functions put and observe."""
 
     def __init__(self):
         self.records: list[tuple] = []
 
     def put(self, name, op, value, tags=()):
         self.records.append((name, op, value, tags))
+
+    def observe(self, name, value, tags=(), n=1):
+        self.records.extend([(name, "observe", value, tags)] * n)
 
 
 def test_stage_times_are_per_item_with_an_exact_total(monkeypatch):
@@ -123,14 +182,18 @@ def test_batch_sizes_are_counted_as_integers(monkeypatch):
     monkeypatch.setattr(metrics, "_buffer", c)
     metrics.observe_batch("m", 3)
     metrics.observe_batch("m", 8)
-    buf = metrics.Buffer({k: Recorder() for k in ("batch", "batches", "batch_items")})
+    names = ("batches", "batch_items", "batch_bucket", "batch_count", "batch_sum")
+    buf = metrics.Buffer({k: Recorder() for k in names})
     for r in c.records:
         buf.put(*r)
     buf.flush()
     assert buf.sinks["batch_items"].calls == [("inc", 11, {"model": "m"})]
     assert buf.sinks["batches"].calls == [("inc", 2, {"model": "m"})]
-    assert [v for _, v, _ in buf.sinks["batch"].calls] == [3, 8]
-    assert all(isinstance(v, int) for _, v, _ in buf.sinks["batch"].calls)
+    got = buckets(buf.sinks["batch_bucket"])
+    m = (("model", "m"),)
+    assert got[("2.0", m)] == 0
+    assert got[("4.0", m)] == 1 and got[("8.0", m)] == 2  # 3 is in le=4, 8 in le=8
+    assert buf.sinks["batch_sum"].calls == [("set", 11, {"model": "m"})]
 
 
 def test_metrics_are_made_from_the_installed_classes(monkeypatch):
@@ -152,7 +215,8 @@ def test_metrics_are_made_from_the_installed_classes(monkeypatch):
         sinks = metrics._make(metrics._classes)
     finally:
         metrics.use_metric_classes(None)
-    assert set(sinks) >= {"stage", "stage_us", "batch", "requests", "gpu_util", "gpu_jpeg_util"}
+    assert set(sinks) >= {"stage_us", "requests", "gpu_util", "gpu_jpeg_util", *HIST}
     assert ("Counter", "ferry_requests_total") in made
-    assert ("Histogram", "ferry_stage_latency_ms") in made
+    for name in ("ferry_stage_latency_ms", "ferry_batch_size"):  # as Prometheus reads one
+        assert {("Gauge", f"{name}_{p}") for p in ("bucket", "count", "sum")} <= set(made)
     assert all(hasattr(rum, kind) for kind, _ in made)  # the kinds Ray has

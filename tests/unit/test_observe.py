@@ -45,6 +45,9 @@ class Collect:
     def put(self, name, op, value, tags=()):
         self.records.append((name, op, value, dict(tags)))
 
+    def observe(self, name, value, tags=(), n=1):
+        self.records.extend([(name, "observe", value, dict(tags))] * n)
+
 
 def _run(path: str, status: int, headers=()) -> tuple[dict, Collect]:
     seen = {}
@@ -173,6 +176,9 @@ def test_the_answer_to_a_client_gone_mid_body_is_499_and_no_slow_client():
 
     class Sink:
         def put(self, name, op, value, tags=()):
+            got.append((name, dict(tags)))
+
+        def observe(self, name, value, tags=(), n=1):
             got.append((name, dict(tags)))
 
     old, metrics._buffer = metrics._buffer, Sink()
