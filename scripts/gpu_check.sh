@@ -6,10 +6,12 @@
 # $OUT/gpu_check_<part>.txt: the commit and one line a test or benchmark, PASSED / FAILED /
 # SKIPPED / ERROR / TIMEOUT; full logs beside it.
 #
-#   bash scripts/gpu_check.sh 1   # tests/gpu but the 13-model test | its first half, then
-#                                 #   the smoke runs of the benchmarks without a Serve app
-#   bash scripts/gpu_check.sh 2   # the smoke runs of those with one | the 13-model test's
-#                                 #   second half  (| : two lanes at once, as the GPU holds both)
+#   bash scripts/gpu_check.sh 1   # tests/gpu but the 13-model test | the smoke runs of the
+#                                 #   benchmarks without a Serve app (seconds each: the tests
+#                                 #   keep the cores; beside the 13-model test's compiles they
+#                                 #   ran past 540 s on 2026-12-04)
+#   bash scripts/gpu_check.sh 2   # the smoke runs of those with one | the 13-model test, both
+#                                 #   halves  (| : two lanes at once, as the GPU holds both)
 #   bash scripts/gpu_check.sh 3   # the image workload (issue 33): bench_e2e --workload image's
 #                                 #   smoke, ferry_image and rayserve_image_8, answers checked
 #                                 #   (--strict) | its peer's GPU test and its CPU tests
@@ -82,7 +84,6 @@ python3 -m loadtest.corpus > /dev/null 2>&1  # bench_e2e's and overload's photos
 lane() {  # lane NAME FUNCTION
   ( FERRY_RUN_ID="$FERRY_RUN_ID.$1"; RESULT="$OUT/lane_$1.txt"; : > "$RESULT"; "$2" )
 }
-zoo_lane() { FERRY_ZOO_PART=$PART/2 tests 300 "zoo_part$PART.log" "$ZOO" -s; }
 kernel_smokes() {  # the benchmarks without a Serve app: seconds each
   smoke bench_alloc.py 40 python3 benchmarks/bench_alloc.py --seconds 0.3 --threads 1,8 --out "$SMOKE/alloc.json"
   smoke bench_conv.py 60 python3 benchmarks/bench_conv.py --batches 8 --out "$SMOKE/conv.json"
@@ -92,7 +93,10 @@ kernel_smokes() {  # the benchmarks without a Serve app: seconds each
   models_smoke
   smoke profile_inference.py 120 python3 benchmarks/profile_inference.py --groups 8 --calls 4 --seconds 1 --out "$SMOKE/profile_inference.json"
 }
-zoo_then_kernels() { zoo_lane; kernel_smokes; }
+zoo_both() {  # both halves, one after the other (about 160 + 100 s)
+  FERRY_ZOO_PART=1/2 tests 300 "zoo_part1.log" "$ZOO" -s
+  FERRY_ZOO_PART=2/2 tests 300 "zoo_part2.log" "$ZOO" -s
+}
 models_smoke() {
   smoke bench_models.py 120 python3 benchmarks/bench_models.py --models resnet18 --batches 8 --seconds 0.3 --jobs 1 --no-merge --out "$SMOKE/models.json"
 }
@@ -127,9 +131,9 @@ image_tests() {
     benchmarks/tests/test_rayserve_image.py benchmarks/tests/test_image_workload.py
 }
 case "$PART" in
-  1) lane a gpu_tests & lane b zoo_then_kernels & wait ;;
+  1) lane a gpu_tests & lane b kernel_smokes & wait ;;
   1t) lane a gpu_tests & lane b zoo_then_models & wait ;;
-  2) lane a serve_smokes & lane b zoo_lane & wait ;;
+  2) lane a serve_smokes & lane b zoo_both & wait ;;
   3) lane a image_smoke & lane b image_tests & wait ;;
   *) echo "usage: $0 1|1t|2|3|collect DIR..." >&2; exit 2 ;;
 esac
