@@ -525,7 +525,7 @@ def _e2e(doc: dict) -> list[tuple[str, str]]:
                 (
                     f"the same, over the best Ray Serve peer measured ({corpus})",
                     f"{peak['ferry'] / peers[best]:.2f}x `{best}`"
-                    + (" (a weak peer: results/e2e_notes.md)" if "expert" in best else ""),
+                    + (f" ({note})" if (note := doc.get("peer_notes", {}).get(best)) else ""),
                 )
             )
         lat = [f"p99 {f[256]['p99_ms']:.0f} ms at 256 clients"] if 256 in f else []

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The whole GPU verification in three calls of under 10 minutes each on the GPU machine:
-# every test under tests/gpu (the slow 13-model test split across the first two calls), a smoke
+# every test under tests/gpu (the slow 13-model test in the second call), a smoke
 # run of each GPU benchmark (a few seconds a system: it checks that the benchmark runs, not its
 # figures), and the image workload's smoke and tests (the third call). Each call writes
 # $OUT/gpu_check_<part>.txt: the commit and one line a test or benchmark, PASSED / FAILED /
-# SKIPPED / ERROR / TIMEOUT; full logs beside it.
+# SKIPPED / ERROR / TIMEOUT; its logs as one archive beside it (gpu_check_<part>_logs.tgz).
 #
 #   bash scripts/gpu_check.sh 1   # tests/gpu but the 13-model test | the smoke runs of the
 #                                 #   benchmarks without a Serve app (seconds each: the tests
@@ -15,8 +15,6 @@
 #   bash scripts/gpu_check.sh 3   # the image workload (issue 33): bench_e2e --workload image's
 #                                 #   smoke, ferry_image and rayserve_image_8, answers checked
 #                                 #   (--strict) | its peer's GPU test and its CPU tests
-#   bash scripts/gpu_check.sh 1t  # part 1's tests alone: tests/gpu | the 13-model test's first
-#                                 #   half, then bench_models' smoke (a rerun after a fix)
 #   bash scripts/gpu_check.sh collect DIR [DIR ...] > benchmarks/results/gpu_tests.txt
 #
 # On the device tool: make the bundle (GPU_DECODE=1), carry .devwhl, set FERRY_COMMIT (its
@@ -90,17 +88,11 @@ kernel_smokes() {  # the benchmarks without a Serve app: seconds each
   smoke bench_engine.py 60 python3 benchmarks/bench_engine.py --seconds 0.3 --batches 1,8 --out "$SMOKE/engine.json"
   smoke bench_decode.py 60 python3 benchmarks/bench_decode.py --seconds 0.3 --batch 8 --threads 1 --out "$SMOKE/decode.json"
   smoke bench_onnx.py 90 python3 benchmarks/bench_onnx.py --seconds 0.3 --batches 8 --out "$SMOKE/onnx.json"
-  models_smoke
+  smoke bench_models.py 120 python3 benchmarks/bench_models.py --models resnet18 --batches 8 --seconds 0.3 --jobs 1 --no-merge --out "$SMOKE/models.json"
   smoke profile_inference.py 120 python3 benchmarks/profile_inference.py --groups 8 --calls 4 --seconds 1 --out "$SMOKE/profile_inference.json"
 }
-zoo_both() {  # both halves, one after the other (about 160 + 100 s)
-  FERRY_ZOO_PART=1/2 tests 300 "zoo_part1.log" "$ZOO" -s
-  FERRY_ZOO_PART=2/2 tests 300 "zoo_part2.log" "$ZOO" -s
-}
-models_smoke() {
-  smoke bench_models.py 120 python3 benchmarks/bench_models.py --models resnet18 --batches 8 --seconds 0.3 --jobs 1 --no-merge --out "$SMOKE/models.json"
-}
-zoo_then_models() { FERRY_ZOO_PART=1/2 tests 300 "zoo_part1.log" "$ZOO" -s; models_smoke; }
+zoo_half() { FERRY_ZOO_PART=$1/2 tests 300 "zoo_part$1.log" "$ZOO" -s; }
+zoo_both() { zoo_half 1; zoo_half 2; }  # one after the other (about 160 + 100 s)
 serve_smokes() {  # the benchmarks that start a Serve app on port 8000: one after the other
   export RAY_SERVE_ENABLE_HA_PROXY=1
   smoke bench_e2e.py 300 python3 benchmarks/bench_e2e.py --systems ferry,rayserve_expert_4 --corpus chelsea --clients 16 --seconds 2 --warmup 1 --out "$SMOKE/e2e.json" --log-dir "$OUT/logs"
@@ -132,10 +124,9 @@ image_tests() {
 }
 case "$PART" in
   1) lane a gpu_tests & lane b kernel_smokes & wait ;;
-  1t) lane a gpu_tests & lane b zoo_then_models & wait ;;
   2) lane a serve_smokes & lane b zoo_both & wait ;;
   3) lane a image_smoke & lane b image_tests & wait ;;
-  *) echo "usage: $0 1|1t|2|3|collect DIR..." >&2; exit 2 ;;
+  *) echo "usage: $0 1|2|3|collect DIR..." >&2; exit 2 ;;
 esac
 cat "$OUT"/lane_a.txt "$OUT"/lane_b.txt >> "$RESULT"
 echo "# part $PART took $(( $(date +%s) - T0 )) s" >> "$RESULT"
