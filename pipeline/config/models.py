@@ -112,6 +112,12 @@ class ModelConfig(Strict):
     float32's (``pipeline/executor_precision.py`` says how far). ``float16`` or ``float32``:
     that dtype, no probe (an engine that computes only in float32, such as torch on the
     CPU, stays float32)."""
+    backend: Literal["auto", "native", "torch"] = "auto"
+    """``onnx`` only: what runs the imported graph. ``native``: Ferry's ops (numpy, cupy);
+    ``torch``: the graph lowered to a torch module (the ``[torch]`` extra) and served as the
+    torch engine serves one (compiled, in CUDA graphs, on a GPU; eager on the CPU); ``auto``:
+    ``torch`` on a GPU where torch is installed, ``native`` otherwise
+    (``pipeline/engines/onnx.py``)."""
     required: bool = False
     """Whether the application cannot serve without this model: refused at load (a file
     Ferry cannot run), it fails the inference replica's start -- Serve's ``DEPLOY_FAILED``
@@ -159,6 +165,8 @@ class ModelConfig(Strict):
                 f"not {self.source!r} (an ONNX file is engine: onnx)"
             )
         check_task_fields(self.name, self.task, self.output)
+        if self.backend != "auto" and self.engine != "onnx":
+            raise ValueError(f"model {self.name!r}: backend is the onnx engine's option")
         src = self.source
         if self.engine != "native" and self.source_file is None and ":" in src:
             mod, _, fn = src.partition(":")

@@ -1,26 +1,48 @@
-"""The ``onnx`` engine: an ONNX file imported into Ferry's native graph (``pipeline.importers``).
+"""The ``onnx`` engine: an ONNX file imported into Ferry's graph (``pipeline.importers``), run
+by one of two backends.
 
 The file is read, checked, folded and fused once at load time (anything Ferry cannot run
-is refused then, naming the node and the op). Two graphs come out of it, sharing one set of
-weights: the ``tensors`` feed takes the model's own input (float32 NCHW, as a v2 request
-sends it, by the file's input name) and the ``image`` feed takes Ferry's uint8 NHWC images
-and normalises them on the device with the entry's mean/std -- so the first conv reads
-NHWC straight away, the way the hand-built ResNet-50 does. Both run on numpy or cupy with
-the executor's CUDA graphs, pool and admission control, like every native graph.
+is refused then, naming the node and the op). Then:
+
+* ``native`` -- Ferry's own graph of two-phase ops on numpy or cupy, sharing one set of
+  weights between two graphs: the ``tensors`` feed takes the model's own input (float32
+  NCHW, as a v2 request sends it, by the file's input name) and the ``image`` feed takes
+  Ferry's uint8 NHWC images and normalises them on the device with the entry's mean/std.
+  The executor's CUDA graphs, pool and admission control run it like every native graph.
+* ``torch`` -- the imported graph lowered to a torch module (``importers/onnx_lower.py``:
+  the folded nodes, before Ferry's fusions) and served by the torch engine: compiled with
+  ``torch.compile``, in Ferry's CUDA graphs on a GPU, eager on the CPU.
+
+``backend: auto`` (the entry's; the default) is ``torch`` where the model runs on a GPU,
+torch is installed and the model has an image input, else ``native``: on the H200 the
+lowered graph runs at ``torch.compile``'s speed, the native one at about half of it (issue
+29, ``benchmarks/results/models.json``), and a laptop keeps numpy without torch. A node the
+lowering cannot take keeps the model on ``native`` (logged); ``backend: torch`` refuses it.
+The choice is made per load context (``_pick``), so the precision probe's trials run on
+the backend that serves.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 from typing import Any
 
-from ..errors import InvalidInput
+from ..device import Stream
+from ..errors import InvalidInput, ModelRefused
 from ..importers.onnx_graph import ImageFeed, load_onnx
+from ..importers.onnx_lower import NotLowered, lower
 from ..models.registry import LoadedModel
-from .base import Feed, ImageInput, TensorInfo
+from .base import BoundModel, Engine, EngineContext, EnginePlan, Feed, ImageInput, TensorInfo
 from .native import GraphEngine
 
+logger = logging.getLogger(__name__)
+BACKENDS = ("auto", "native", "torch")
 
-class OnnxEngine(GraphEngine):
+
+class NativeOnnx(GraphEngine):
+    """The imported graph on Ferry's ops (the ``native`` backend)."""
+
     name = "onnx"
 
     def __init__(self, model: str, imported: Any, image: ImageInput | None = None) -> None:
@@ -51,6 +73,105 @@ class OnnxEngine(GraphEngine):
         return tuple(self.graphs)
 
 
+class OnnxEngine(Engine):
+    """The ``onnx`` engine: its signature from the file, everything else from the backend
+    ``_pick`` chooses for the load context (see the module's docstring)."""
+
+    name = "onnx"
+
+    def __init__(
+        self, model: str, imported: Any, image: ImageInput | None = None, backend: str = "auto"
+    ) -> None:
+        super().__init__(model)
+        if backend not in BACKENDS:
+            raise InvalidInput("unknown onnx backend", model=model, backend=backend, known=BACKENDS)
+        self.imported, self.image, self.backend = imported, image, backend
+        self.native = NativeOnnx(model, imported, image)
+        self._lowered: Engine | None = None  # the torch engine on the lowered graph
+        self.impl: Engine = self.native
+        self.why = "native: not loaded yet"
+
+    # -- which backend
+    def _pick(self, ctx: EngineContext) -> Engine:
+        """The backend for ``ctx`` (the torch engine built on first use), made current."""
+        want = self.backend
+        if want == "auto":
+            has_torch = importlib.util.find_spec("torch") is not None
+            want = "torch" if ctx.target == "cuda" and has_torch and self.image else "native"
+        impl: Engine = self.native
+        if want == "torch":
+            try:
+                impl = self._torch_engine()
+                self.why = f"torch: the graph lowered to torch ({self.backend})"
+            except NotLowered as exc:
+                if self.backend == "torch":
+                    raise ModelRefused(
+                        "this model cannot be lowered to torch", model=self.model, why=str(exc)
+                    ) from None
+                self.why = f"native: {exc}"
+                logger.warning("model %s: onnx backend native, not torch: %s", self.model, exc)
+        else:
+            self.why = f"native ({self.backend}, target {ctx.target})"
+        if impl is not self.impl:
+            self.impl.close()
+            self.impl = impl
+        return impl
+
+    def _torch_engine(self) -> Engine:
+        if self._lowered is None:
+            from .torch_engine import TorchEngine  # optional: torch (its module imports it)
+
+            if self.image is None:
+                raise InvalidInput(
+                    "the torch backend serves models with an image input", model=self.model
+                )
+            module = lower(self.imported)
+            self._lowered = TorchEngine(self.model, module, self.image, "float32", False)
+        return self._lowered
+
+    # -- the model's own signature, from the file
+    @property
+    def inputs(self) -> tuple[TensorInfo, ...]:
+        return self.native.inputs
+
+    @property
+    def outputs(self) -> tuple[TensorInfo, ...]:
+        return self.native.outputs
+
+    @property
+    def feeds(self) -> tuple[Feed, ...]:
+        return self.native.feeds
+
+    @property
+    def trial_loads(self) -> bool:  # type: ignore[override]
+        return self.impl.trial_loads
+
+    @property
+    def weights_bytes(self) -> int:
+        return self.impl.weights_bytes
+
+    # -- the rest, by the backend
+    def load(self, ctx: EngineContext) -> None:
+        self.ctx = ctx
+        self._pick(ctx).load(ctx)
+        logger.info("model %s: onnx backend %s", self.model, self.why)
+
+    def dtype_in(self, ctx: EngineContext) -> str:
+        return self._pick(ctx).dtype_in(ctx)
+
+    def trial(self, ctx: EngineContext, feed: Feed, stream: Stream) -> tuple[Any, ...]:
+        return self._pick(ctx).trial(ctx, feed, stream)
+
+    def plan(self, bucket: int, feed: Feed = "image") -> EnginePlan:
+        return self.impl.plan(bucket, feed)
+
+    def bind(self, plan: EnginePlan, arena: Any) -> BoundModel:
+        return self.impl.bind(plan, arena)
+
+    def close(self) -> None:
+        self.impl.close()
+
+
 def declared_input(entry: Any) -> dict[str, Any]:
     """What the file declares of its image input (the repository's hook): channels, height
     and width of a [N, C, H, W] float32 input, NCHW. Mean/std are not in an ONNX file."""
@@ -79,5 +200,5 @@ def build(entry: Any, image: ImageInput | None = None) -> Any:
     if not path:
         raise InvalidInput("the onnx engine needs a source file", model=entry.name)
     imported = load_onnx(path, entry.name)
-    engine = OnnxEngine(entry.name, imported, image)
+    engine = OnnxEngine(entry.name, imported, image, getattr(entry, "backend", "auto"))
     return LoadedModel(entry.name, None, None, False, path, engine=engine)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import heapq
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -77,6 +77,10 @@ class OnnxModel:
     static_batch: int | None  # the file's fixed batch size, None where it is dynamic
     nodes: list[INode] = field(repr=False)
     consts: dict[str, np.ndarray] = field(repr=False)
+    # the nodes before Ferry's fusions (plain ONNX semantics: what ``onnx_lower`` lowers to
+    # torch) and the tensors that are the outputs, in the file's order
+    folded: list[INode] = field(default_factory=list, repr=False)
+    results: tuple[str, ...] = ()
 
     def graph(self, image: ImageFeed | None = None) -> Graph:
         """Ferry's graph; with ``image``, its input is uint8 [N, H, W, C] images."""
@@ -219,6 +223,8 @@ def load_onnx(path: str, name: str | None = None) -> OnnxModel:
     folder.shapes[inp.name] = (BATCH, *in_shape[1:])
     folder.on_runtime = oracle
     nodes = folder.run()
+    folded = [replace(n, inputs=list(n.inputs), outputs=list(n.outputs), attrs=dict(n.attrs),
+                      fused=dict(n.fused)) for n in nodes]  # fmt: skip - the Fuser edits nodes
     out_names = [folder.resolve(o.name) for o in gr.output]
     nodes = Fuser(nodes, folder.consts, folder.shapes, set(out_names)).run()
     nodes = _topo(nodes, inp.name, folder.consts)
@@ -237,6 +243,8 @@ def load_onnx(path: str, name: str | None = None) -> OnnxModel:
         static_batch=static_batch,
         nodes=nodes,
         consts=folder.consts,
+        folded=folded,
+        results=tuple(out_names),
     )
     _validate(m)
     # the file's own output names, with the shapes Ferry's plan gives

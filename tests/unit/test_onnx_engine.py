@@ -1,9 +1,11 @@
 """The ``onnx`` engine behind the executor on the CPU: the model's own float32 tensors by the
 file's names (``tensors`` feed) and uint8 images normalised inside (``image`` feed), padded
-to buckets, every output by name, against onnx's ReferenceEvaluator."""
+to buckets, every output by name, against onnx's ReferenceEvaluator -- on both backends:
+Ferry's native graph, and the graph lowered to torch (eager here)."""
 
 from __future__ import annotations
 
+import importlib.util
 from types import SimpleNamespace
 
 import numpy as np
@@ -23,18 +25,43 @@ from tests.onnx_models import single_relu_lrn, small_net  # noqa: E402
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
+BACKENDS = [
+    "native",
+    pytest.param(  # the graph lowered to torch, eager on the CPU (the GPU's: tests/gpu)
+        "torch",
+        marks=pytest.mark.skipif(
+            importlib.util.find_spec("torch") is None, reason="the torch backend needs torch"
+        ),
+    ),
+]
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def served(tmp_path_factory, request):
     model = small_net()
     path = str(tmp_path_factory.mktemp("onnx") / "small.onnx")
     onnx.save(model, path)
-    entry = SimpleNamespace(name="small", source=path)
+    entry = SimpleNamespace(name="small", source=path, backend=request.param)
     loaded = builder("onnx")(entry, ImageInput(16, 16, 3, MEAN, STD))
     ex = GpuExecutor(ExecutorConfig(backend="numpy", buckets=(1, 4)))
     ex.load(loaded)
     ex.warmup()
+    assert loaded.engine.why.startswith(request.param), loaded.engine.why
     yield ex, loaded, ReferenceEvaluator(model)
     ex.close()
+
+
+def test_auto_is_native_on_the_cpu(tmp_path):
+    path = str(tmp_path / "small.onnx")
+    onnx.save(small_net(), path)
+    loaded = builder("onnx")(SimpleNamespace(name="s", source=path), ImageInput(16, 16, 3, MEAN, STD))
+    ex = GpuExecutor(ExecutorConfig(backend="numpy", buckets=(1,)))
+    try:
+        ex.load(loaded)
+        assert loaded.engine.impl is loaded.engine.native
+        assert loaded.engine.why == "native (auto, target host)"
+    finally:
+        ex.close()
 
 
 def test_signature_comes_from_the_file(served):

@@ -12,6 +12,7 @@ onnx = pytest.importorskip("onnx")
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 from pipeline.importers.onnx_graph import ImageFeed, load_onnx  # noqa: E402
+from pipeline.importers.onnx_lower import lower  # noqa: E402
 from tests.onnx_models import (  # noqa: E402
     Builder,
     resnet50,
@@ -21,6 +22,10 @@ from tests.onnx_models import (  # noqa: E402
 )
 
 RTOL = 1e-3
+try:
+    import torch
+except ImportError:  # the lowering to torch is checked where torch is installed
+    torch = None
 
 
 def _load(tmp_path, model, name="m"):
@@ -30,20 +35,27 @@ def _load(tmp_path, model, name="m"):
 
 
 def check(tmp_path, model, x, batch_sizes=(2,)):
-    """Import, run on numpy, compare every output with the reference evaluator."""
+    """Import, run on numpy, compare every output with the reference evaluator; where torch
+    is installed, the same for the import lowered to torch (the onnx engine's torch backend,
+    ``pipeline/importers/onnx_lower.py``), eager on the CPU."""
     m = _load(tmp_path, model)
     g = m.graph()
+    lowered = lower(m) if torch is not None else None
     ref_eval = ReferenceEvaluator(model)
     for n in batch_sizes:
         xb = x[:n]
-        got = run_host(g, xb)
         ref = ref_eval.run(None, {"x": xb})
-        assert len(got) == len(ref)
-        for a, b, o in zip(got, ref, m.outputs, strict=True):
-            assert a.shape == b.shape, (o.name, a.shape, b.shape)
-            np.testing.assert_allclose(
-                a, b, rtol=RTOL, atol=1e-5 * max(1.0, float(np.abs(b).max()))
-            )
+        runs = {"native": run_host(g, xb)}
+        if lowered is not None:
+            with torch.no_grad():
+                runs["torch"] = [t.numpy() for t in lowered(torch.from_numpy(xb))]
+        for how, got in runs.items():
+            assert len(got) == len(ref), how
+            for a, b, o in zip(got, ref, m.outputs, strict=True):
+                assert a.shape == b.shape, (how, o.name, a.shape, b.shape)
+                np.testing.assert_allclose(
+                    a, b, rtol=RTOL, atol=1e-5 * max(1.0, float(np.abs(b).max())), err_msg=how
+                )
     return m
 
 

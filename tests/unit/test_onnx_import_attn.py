@@ -131,3 +131,11 @@ def test_constant_of_the_batch_shape(tmp_path):
 
     m = check(tmp_path, single(body, (3, 4), ["batch", 3, 4]), x_of(3, 4), batch_sizes=(1, 3))
     assert "expand" in m.op_kinds()
+
+
+def test_cast_to_float_keeps_the_compute_dtype(tmp_path):
+    def body(b, x):  # a float Cast computes in the model's dtype (fp16 on a GPU), on both backends
+        c = b.node("Cast", [x], to=onnx.TensorProto.FLOAT)
+        return b.node("Mul", [c, x])
+
+    check(tmp_path, single(body, (3, 4), ["batch", 3, 4]), x_of(3, 4))

@@ -1,7 +1,8 @@
 """Vision transformers through the ONNX importer on the CPU: tiny ViT, DeiT (a distillation
 token), DINOv2 (an interpolated position embedding), Swin and ConvNeXt (tests/models/transformers_torch.py), exported in the test by both
 torch exporters (TorchScript, opset 17, dynamic batch; dynamo where onnxscript is
-installed), imported and run on numpy against torch fp32 (relative error <= 1e-5), at
+installed), imported and run on numpy -- and lowered back to torch, the onnx engine's torch
+backend -- against torch fp32 (relative error <= 1e-5), at
 more than one batch size from one import; and the import plans every graph for float16 on
 the GPU, so a bucket's CUDA graph has no host step. Skips without torch or onnx."""
 
@@ -18,6 +19,7 @@ torch = pytest.importorskip("torch")
 onnx = pytest.importorskip("onnx")
 
 from pipeline.importers.onnx_graph import load_onnx  # noqa: E402
+from pipeline.importers.onnx_lower import lower  # noqa: E402
 from tests.models.transformers_torch import MODELS  # noqa: E402
 from tests.onnx_models import run_host  # noqa: E402
 
@@ -74,10 +76,14 @@ def test_transformer_matches_torch_on_numpy(tmp_path, name, exporter):
     x = torch.randn(5, *item, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref = model(x).numpy()
+    lowered = lower(m)  # the onnx engine's torch backend, eager here
     for n in (1, 3, 5):  # one import, every bucket planned from it
         (got,) = run_host(g, x[:n].numpy())
         assert got.shape == (n, 10)
         assert rel_err(got, ref[:n]) <= RTOL, (name, exporter, n, rel_err(got, ref[:n]))
+        with torch.no_grad():
+            (low,) = lowered(x[:n])
+        assert rel_err(low.numpy(), ref[:n]) <= RTOL, ("torch", name, exporter, n)
 
 
 def test_a_padded_bucket_row_does_not_change_the_others(tmp_path):
