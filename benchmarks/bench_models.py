@@ -13,8 +13,11 @@ Systems (rows ``{"model", "batch", "system", "img_s", "top1_agree", "spread",
   streams, each fed from its own pinned uint8 buffer.
 * ``torch_eager``   -- the module in fp16 channels-last, eager, same 3-stream harness.
 * ``ferry_native``  -- Ferry's own op graph, where a native build exists (resnet50).
-* ``ferry_onnx``    -- the onnx engine on the model exported with torch.onnx (opt-in;
-  ``--onnx-models``, resnet50 by default).
+* ``ferry_onnx``    -- the onnx engine on the model exported with torch.onnx (TorchScript
+  exporter, opset 17, dynamic batch), on the backend a GPU gets by default: the imported
+  graph lowered to torch and served as ``ferry_torch`` is (its own compile).
+* ``ferry_onnx_native`` -- the same file on the onnx engine's native backend (Ferry's ops on
+  cupy, fp16, CUDA graphs). Both opt-in, for ``--onnx-models`` (resnet50 by default; ``all``).
 
 Every harness (``bench_models_harness.py``) is driven by one thread with 3 batches out.
 ``top1_agree`` is the share of real photos (loadtest.corpus, through Ferry's CPU image
@@ -44,11 +47,11 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import bench_models_harness as H  # noqa: E402
-from benchmarks.common import machine, table, today, write_json  # noqa: E402
+from benchmarks.common import commit, machine, table, today, write_json  # noqa: E402
 from benchmarks.model_zoo import MODELS, make, normalised, photo_pixels  # noqa: E402
 
 SYSTEMS = ("ferry_torch", "torch_compile", "torch_eager", "ferry_native")
-OPTIONAL = ("ferry_onnx",)
+OPTIONAL = ("ferry_onnx", "ferry_onnx_native")
 NATIVE = {"resnet50"}  # architectures Ferry builds natively
 COLS = ["model", "batch", "system", "img_s", "top1_agree", "spread", "host_us_per_batch"]
 
@@ -124,7 +127,10 @@ class ModelBench:
             npsd = {k: v.numpy() for k, v in sd.items()}
             lm = LoadedModel(name, model_info("resnet50"), resnet50.build(npsd, name), False, "zoo")
             self.exs["native"] = ferry_executor(lm, self.batches, self.args.compute_streams)
-        if "ferry_onnx" in systems and name in self.args.onnx_models.split(","):
+        onnx_models = self.args.onnx_models.split(",")
+        backends = {"onnx": "torch", "onnx_native": "native"}
+        wanted = [k for k in backends if f"ferry_{k}" in systems]
+        if wanted and (name in onnx_models or "all" in onnx_models):
             path = os.path.join(tmp, f"{name}.onnx")
             torch.onnx.export(
                 model.float(),
@@ -134,8 +140,11 @@ class ModelBench:
                 input_names=["input"],
                 dynamo=False,
             )
-            entry = ModelConfig(name=name, engine="onnx", source=path)
-            self.exs["onnx"] = ferry_executor(entry, self.batches, self.args.compute_streams)
+            for kind in wanted:
+                t0 = time.perf_counter()
+                entry = ModelConfig(name=name, engine="onnx", source=path, backend=backends[kind])
+                self.exs[kind] = ferry_executor(entry, self.batches, self.args.compute_streams)
+                self.compile_s[f"{name}:{kind}"] = round(time.perf_counter() - t0, 1)
         self.eager = H.eager_fn(model) if "torch_eager" in systems else None
         torch.cuda.empty_cache()
 
@@ -145,7 +154,12 @@ class ModelBench:
         import torch
 
         name, rows, diags = self.name, [], []
-        ferry = {"torch": "ferry_torch", "native": "ferry_native", "onnx": "ferry_onnx"}
+        ferry = {
+            "torch": "ferry_torch",
+            "native": "ferry_native",
+            "onnx": "ferry_onnx",
+            "onnx_native": "ferry_onnx_native",
+        }
         for b in self.batches:
             drivers, facts, top1 = {}, {}, {}
             for kind, system in ferry.items():
@@ -308,6 +322,7 @@ def _merge(doc: dict, part: dict, args: Any) -> None:
     doc.setdefault("compile_s", {}).update(part["compile_s"])
     doc.update(
         benchmark="bench_models",
+        commit=commit(),
         date=today(),
         machine=machine(),
         setup="fp16, pinned host uint8 [N,224,224,3] batches, 3 in flight from one "

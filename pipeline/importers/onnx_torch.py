@@ -31,8 +31,8 @@ LOWER: dict[str, Lowering] = {}
 class NotLowered(Exception):
     """A node this module cannot express in torch (the engine keeps the native graph)."""
 
-    def __init__(self, node: INode, why: str) -> None:
-        super().__init__(f"{node.describe()}: {why}")
+    def __init__(self, node: INode | None, why: str) -> None:
+        super().__init__(f"{node.describe()}: {why}" if node is not None else why)
         self.node = node
 
 

@@ -193,9 +193,9 @@ def test_torchvision_model_through_the_onnx_engine(arch, tmp_path, images, execu
     t_export = time.perf_counter() - t0
 
     loaded = builder("onnx")(
-        SimpleNamespace(name=arch, source=path), ImageInput(224, 224, 3, MEAN, STD)
+        SimpleNamespace(name=arch, source=path, backend="native"), ImageInput(224, 224, 3, MEAN, STD)
     )
-    kinds = [n.op.name for n in loaded.engine.graphs["image"].nodes]
+    kinds = [n.op.name for n in loaded.engine.native.graphs["image"].nodes]
     executor.load(loaded)
     executor.warmup([arch])
     n = len(images)
@@ -214,7 +214,7 @@ def test_torchvision_model_through_the_onnx_engine(arch, tmp_path, images, execu
     err16 = float(np.abs(got16 - ref).max() / np.abs(ref).max())
     wrong = np.nonzero(top_ref != top_got)[0]
 
-    cpu = run_host(loaded.engine.graphs["tensors"], x[:CPU_ROWS])[0]
+    cpu = run_host(loaded.engine.native.graphs["tensors"], x[:CPU_ROWS])[0]
     err32 = float(np.abs(cpu - ref[:CPU_ROWS]).max() / np.abs(ref[:CPU_ROWS]).max())
     report = (
         f"{arch}: exporter {how}, {len(kinds)} ops ({', '.join(sorted(set(kinds)))}); "

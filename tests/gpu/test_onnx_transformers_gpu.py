@@ -169,9 +169,9 @@ def test_transformer_through_the_onnx_engine(arch, exporter, tmp_path, images, e
     export(model, path, exporter)
     name = f"{arch}_{exporter}"
     loaded = builder("onnx")(
-        SimpleNamespace(name=name, source=path), ImageInput(224, 224, 3, MEAN, STD)
+        SimpleNamespace(name=name, source=path, backend="native"), ImageInput(224, 224, 3, MEAN, STD)
     )
-    kinds = sorted({n.op.name for n in loaded.engine.graphs["image"].nodes})
+    kinds = sorted({n.op.name for n in loaded.engine.native.graphs["image"].nodes})
     executor.load(loaded)
     try:
         executor.warmup([name])  # captures a CUDA graph per bucket
@@ -184,7 +184,7 @@ def test_transformer_through_the_onnx_engine(arch, exporter, tmp_path, images, e
     margins = (srt[:, -1] - srt[:, -2]) / np.abs(ref).max()
     err16 = float(np.abs(got16 - ref).max() / np.abs(ref).max())
     wrong = np.nonzero(top_ref != top_got)[0]
-    cpu = run_host(loaded.engine.graphs["tensors"], x[:CPU_ROWS])[0]
+    cpu = run_host(loaded.engine.native.graphs["tensors"], x[:CPU_ROWS])[0]
     err32 = float(np.abs(cpu - cpu_ref).max() / np.abs(cpu_ref).max())
     report = (
         f"{name}: ops {', '.join(kinds)}; fp16 on the GPU: top-1 agreement with torch fp32 "

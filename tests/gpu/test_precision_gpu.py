@@ -1,7 +1,7 @@
 """The precision probe on cupy (``pipeline/executor_precision.py``), ``executor.dtype: auto``
 (float16 on the GPU): torchvision resnet152 with its own random init -- logits of 1e11 and
 more, past float16's 65504 (issue 29) -- is served in float32 through the torch engine and
-through the onnx engine, with one WARNING, finite answers near torch fp32 and no second copy
+through the onnx engine (on both of its backends), with one WARNING, finite answers near torch fp32 and no second copy
 of its weights left on the device; a normal model (resnet18 with calibrated statistics, the
 ONNX ``small_net``) stays in float16; the entry's ``precision`` forces either dtype, and a
 forced float16 overflow is answered NonFiniteOutput, never a NaN score.
@@ -112,7 +112,7 @@ def warnings_of(caplog, model: str) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("engine", ["torch", "onnx"])
+@pytest.mark.parametrize("engine", ["torch", "onnx", "onnx_torch"])
 def test_random_resnet152_overflows_float16_and_is_served_in_float32(engine, tmp_path, caplog):
     ref = random_resnet152()
     probe = probe_input(TensorSpec((1, 224, 224, 3), "uint8"))  # the probe's own batch
@@ -124,7 +124,8 @@ def test_random_resnet152_overflows_float16_and_is_served_in_float32(engine, tmp
     else:
         path = str(tmp_path / "r152.onnx")
         export(ref, path)
-        entry = {"name": "r152", "engine": "onnx", "source": path}
+        backend = "torch" if engine == "onnx_torch" else "native"
+        entry = {"name": "r152", "engine": "onnx", "source": path, "backend": backend}
     cfg = config([entry])
     ex = GpuExecutor(cfg.executor)
     before = torch.cuda.memory_allocated()
@@ -140,7 +141,7 @@ def test_random_resnet152_overflows_float16_and_is_served_in_float32(engine, tmp
     assert len(warnings_of(caplog, "r152")) == 1, caplog.text
     # the fp16 trial's weights are not left beside the fp32 ones (torch's, or cupy's pool)
     weights = ex.engine_of("r152").weights_bytes
-    if engine == "torch":
+    if engine in ("torch", "onnx_torch"):
         held = torch.cuda.memory_allocated() - before
     else:
         held = pool.total_bytes() - held_before
@@ -163,12 +164,12 @@ def test_onnx_models_on_cupy_probed_and_forced(tmp_path, caplog):
     img8 = {"height": 8, "width": 8, "resize": "stretch"}
     cfg = config(
         [
-            {"name": "over", "engine": "onnx", "source": over, "input": img8},
-            {"name": "over16", "engine": "onnx", "source": over, "input": img8,
+            {"name": "over", "engine": "onnx", "backend": "native", "source": over, "input": img8},
+            {"name": "over16", "engine": "onnx", "backend": "native", "source": over, "input": img8,
              "precision": "float16"},
-            {"name": "over32", "engine": "onnx", "source": over, "input": img8,
+            {"name": "over32", "engine": "onnx", "backend": "native", "source": over, "input": img8,
              "precision": "float32"},
-            {"name": "small", "engine": "onnx", "source": small},
+            {"name": "small", "engine": "onnx", "backend": "native", "source": small},
             {"name": "digits", "arch": "digits"},
         ]
     )  # fmt: skip

@@ -6,6 +6,7 @@ Ferry's native graph, and the graph lowered to torch (eager here)."""
 from __future__ import annotations
 
 import importlib.util
+import logging
 from types import SimpleNamespace
 
 import numpy as np
@@ -20,7 +21,9 @@ from pipeline.engines import builder  # noqa: E402
 from pipeline.engines.base import ImageInput  # noqa: E402
 from pipeline.errors import InvalidInput, ModelRefused  # noqa: E402
 from pipeline.executor import GpuExecutor  # noqa: E402
-from tests.onnx_models import single_relu_lrn, small_net  # noqa: E402
+from pipeline.importers.onnx_graph import load_onnx  # noqa: E402
+from pipeline.importers.onnx_lower import NotLowered, lower  # noqa: E402
+from tests.onnx_models import Builder, single_relu_lrn, small_net, tensor  # noqa: E402
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -54,7 +57,9 @@ def served(tmp_path_factory, request):
 def test_auto_is_native_on_the_cpu(tmp_path):
     path = str(tmp_path / "small.onnx")
     onnx.save(small_net(), path)
-    loaded = builder("onnx")(SimpleNamespace(name="s", source=path), ImageInput(16, 16, 3, MEAN, STD))
+    loaded = builder("onnx")(
+        SimpleNamespace(name="s", source=path), ImageInput(16, 16, 3, MEAN, STD)
+    )
     ex = GpuExecutor(ExecutorConfig(backend="numpy", buckets=(1,)))
     try:
         ex.load(loaded)
@@ -152,3 +157,33 @@ def test_classify_cli_on_an_onnx_file(tmp_path):
     assert out.returncode == 0, out.stderr
     top = json.loads(out.stdout)["top_k"]
     assert len(top) == 3 and top[0]["score"] >= top[1]["score"] >= top[2]["score"]
+
+
+def _edge_pad_on_channels():
+    """[N, 3, 4, 4] -> Pad edge along the channels -> mean -> [N, 6]: Ferry's graph runs it;
+    torch pads only the trailing spatial axes in that mode, so the lowering refuses it."""
+    b = Builder(0)
+    y = b.node("Pad", ["x", b.const(np.array([0, 1, 0, 0, 0, 2, 0, 0], np.int64))], mode="edge")
+    y = b.node("Flatten", [b.node("GlobalAveragePool", [y])], axis=1)
+    b.nodes[-1].output[0] = "y"
+    return b.model([tensor("x", ["batch", 3, 4, 4])], [tensor("y", ["batch", 6])])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="the lowering needs torch")
+def test_a_node_the_lowering_cannot_take(tmp_path, caplog):
+    path = str(tmp_path / "pad.onnx")
+    onnx.save(_edge_pad_on_channels(), path)
+    image = ImageInput(4, 4, 3, MEAN, STD)
+    with pytest.raises(NotLowered, match="Pad"):
+        lower(load_onnx(path))
+    forced = builder("onnx")(SimpleNamespace(name="p", source=path, backend="torch"), image)
+    host = SimpleNamespace(target="host")
+    with pytest.raises(ModelRefused) as info:
+        forced.engine._pick(host)
+    assert "Pad" in info.value.fields["why"]
+    # auto on a GPU target: the native graph, with one warning naming the node
+    auto = builder("onnx")(SimpleNamespace(name="p", source=path), image).engine
+    with caplog.at_level(logging.WARNING, logger="pipeline.engines.onnx"):
+        assert auto._pick(SimpleNamespace(target="cuda")) is auto.native
+    assert auto.why.startswith("native: ") and "Pad" in auto.why, auto.why
+    assert "onnx backend native, not torch" in caplog.text
