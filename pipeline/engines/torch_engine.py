@@ -132,7 +132,7 @@ class TorchEngine(Engine):
             return
         dev = self.device
         if not self.scripted and len(self._input.shape) == 4:
-            m = m.to(memory_format=torch.channels_last)
+            _to_channels_last(m)
             import torch._dynamo.config as dc  # optional: torch
             import torch._inductor.config as ic  # optional: torch
 
@@ -320,6 +320,16 @@ def _flatten(y: Any) -> tuple[list[str], list[Any]]:
     if isinstance(y, tuple | list):
         return [f"output_{i}" for i in range(len(y))], list(y)
     return ["logits"], [y]
+
+
+def _to_channels_last(m: Any) -> None:
+    """The module's 4-D weights in channels-last, in place. ``Module.to(memory_format=...)``
+    also tries a 5-D buffer and fails on it (a Swin's window mask, lowered from ONNX)."""
+    torch = _torch()
+    with torch.no_grad():
+        for _name, t in _state(m):
+            if t.dim() == 4:
+                t.data = t.data.contiguous(memory_format=torch.channels_last)
 
 
 def _state(m: Any) -> list[tuple[str, Any]]:
