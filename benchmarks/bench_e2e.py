@@ -232,11 +232,18 @@ def setup(args: argparse.Namespace) -> None:
         print(f"== {WORKLOADS['image'].model}: {path} ({time.time() - t0:.0f} s)", flush=True)
 
 
+WRITTEN = ("machine", "date", "corpora", "runs", "method", "rows", "ferry_breakdown")
+"""The output file's top-level keys this script writes; others (added by hand: ``profiles``,
+``peer_notes``...) are carried over as they are."""
+
+
 def kept(
     args: argparse.Namespace, corpora: list[Corpus]
-) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, str], dict[str, str]]:
+) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, str], dict[str, str], dict[str, Any]]:
     """What the output file keeps of its earlier runs -- every row and breakdown but those
-    this run measures again -- with this run's corpora and run note added."""
+    this run measures again -- with this run's corpora and run note added, and its other
+    top-level keys (``extra``), of which ``peer_notes`` loses the systems measured again
+    (a note on a system's rows goes with them)."""
     sets, names = args.sets, args.names
     previous = json.load(open(args.out)) if os.path.exists(args.out) else {}
     measuring = {(row_name(s, SYSTEMS[s], sets, args.mps), c.name) for s in names for c in corpora}
@@ -254,7 +261,11 @@ def kept(
         + (f" ({w.name}: {w.model})" if w.name != "classify" else "")
         + (f", with {sets}" if sets else "")
     )
-    return rows, breakdown, described, runs
+    extra = {k: v for k, v in previous.items() if k not in WRITTEN}
+    if isinstance(extra.get("peer_notes"), dict):
+        again = {system for system, _ in measuring}
+        extra["peer_notes"] = {k: v for k, v in extra["peer_notes"].items() if k not in again}
+    return rows, breakdown, described, runs, extra
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -263,12 +274,12 @@ def main(argv: list[str] | None = None) -> int:
     levels = [int(c) for c in args.clients.split(",")]
     log_dir = args.log_dir or os.path.dirname(os.path.abspath(args.out))
     os.makedirs(log_dir, exist_ok=True)
-    rows, breakdown, described, runs = kept(args, corpora)
+    rows, breakdown, described, runs, extra = kept(args, corpora)
     signal.signal(signal.SIGTERM, _exit_on_term)
     setup(args)
 
     def save() -> None:
-        _write(args, described, runs, rows, breakdown)
+        _write(args, described, runs, rows, breakdown, extra)
 
     failed: list[str] = []
     with mps_server(args.mps):
@@ -348,8 +359,15 @@ def run_system(
 
 
 def _write(
-    args: argparse.Namespace, corpora: dict[str, str], runs: dict, rows: list, breakdown: dict
+    args: argparse.Namespace,
+    corpora: dict[str, str],
+    runs: dict,
+    rows: list,
+    breakdown: dict,
+    extra: dict[str, Any] | None = None,
 ) -> None:
+    """The output file: what this script measures (``WRITTEN``), then ``extra`` -- the
+    earlier file's other top-level keys, as ``kept`` carried them."""
     out = {
         "machine": machine(),
         "date": today(),
@@ -360,6 +378,7 @@ def _write(
         "rows": rows,
         "ferry_breakdown": breakdown,
     }
+    out.update({k: v for k, v in (extra or {}).items() if k not in out})
     write_json(args.out, out)
 
 

@@ -132,16 +132,21 @@ SYSTEMS: dict[str, dict[str, Any]] = {
     "rayserve_batch_4rep": _peer("rayserve_batch", 4, {}),
     "rayserve_batch_haproxy_4rep": _peer("rayserve_batch", 4, HAPROXY),
     "rayserve_batch_haproxy_8rep": _peer("rayserve_batch", 8, HAPROXY),
-    # HAProxy and Serve's throughput mode, as Ferry gets; torch.compile takes minutes to start
+    # the expert peer as a strong Ray Serve user writes it (peers/rayserve_expert.py): HAProxy
+    # and Serve's throughput mode, as Ferry gets; one torch CPU thread a replica, sleeping
+    # CUDA waits, two batches in flight; torch.compile takes minutes to start
     **{f"rayserve_expert_{n}": _peer("rayserve_expert", n, FERRY_ENV, 600) for n in (4, 8, 12)},
-    # the same with one torch CPU thread a replica, and a sleeping wait for each batch
+    # the same, one batch at a time on the GPU thread (what the two in flight add)
     **{
-        f"rayserve_expert_{n}_t1": _peer("rayserve_expert", n, FERRY_ENV, 600, threads=1)
+        f"rayserve_expert_{n}_serial": _peer("rayserve_expert", n, FERRY_ENV, 600, pipelined=False)
         for n in (4, 8, 12)
     },
+    # the first committed peer's settings, too weak to count (results/e2e_notes.md): torch's
+    # CPU threads (one a core in each replica), spinning waits, one batch at a time (its
+    # per-group index copy and Serve's JSON encoder are gone in every form)
     **{
-        f"rayserve_expert_{n}_t1_block": _peer(
-            "rayserve_expert", n, FERRY_ENV, 600, threads=1, blocking=True
+        f"rayserve_expert_{n}_weak": _peer(
+            "rayserve_expert", n, FERRY_ENV, 600, threads=None, blocking=False, pipelined=False
         )
         for n in (4, 8, 12)
     },

@@ -48,19 +48,51 @@ def test_expert_core_classifies_both_corpora_like_eager_torchvision(compiled):
     from benchmarks.peers.rayserve_expert import ExpertCore
     from loadtest.corpus import corpus
 
-    core = ExpertCore(buckets=(8, 32), compile=compiled)
+    # torch's own threads: the test process is not a replica
+    core = ExpertCore(buckets=(8, 32), compile=compiled, threads=None)
     photos = list(corpus("photos").bodies)
     bodies = photos + list(corpus("chelsea").bodies) * 3  # 19 images: padded to 32
-    answers = core.classify(bodies)
+    pending = core.submit(bodies)  # launched, not waited for
+    answers = core.finish(pending)
     assert len(answers) == 19 and all(len(a["top_k"]) == 5 for a in answers)
+    # rows go by size group: row r holds image order[r]
+    assert sorted(pending.order) == list(range(19)) and pending.order[0] == 0
     x = core.inputs[32][:19].float()
-    ref = _reference(core, bodies)
+    ref = _reference(core, bodies)[pending.order]
     # nvJPEG and libjpeg-turbo decode a little apart, torch's and PIL's antialiasing too
     assert (x - ref).abs().mean() < 0.08
     batched = core._run(32)[:19].float()
     assert torch.isfinite(batched).all()
+    # each answer is its own image's: its classes hold its row's top 5 logits (ties either way)
+    for r, i in enumerate(pending.order):
+        classes = [t["class"] for t in answers[i]["top_k"]]
+        torch.testing.assert_close(
+            batched[r][classes], batched[r].topk(5).values, rtol=0, atol=1e-2
+        )
     core.classify(bodies[:1])  # a batch of one rides the bucket of 8
     alone = core._run(8)[0].float()
     assert ((alone - batched[0]).norm() / batched[0].norm()) < 2e-2  # fp16, other kernels
     bad = core.classify([b"not a jpeg"] + bodies[:1])
     assert bad[0] == {"error": "not a JPEG the GPU decoder reads"} and len(bad[1]["top_k"]) == 5
+    assert core.classify([b"not a jpeg"]) == [{"error": "not a JPEG the GPU decoder reads"}]
+
+
+@needs_cuda
+def test_expert_core_keeps_two_batches_in_flight_apart():
+    """Two batches launched before either is waited for (as the replica pipelines them)
+    answer as each alone: the second's decode does not overwrite the first's memory."""
+    from benchmarks.peers.rayserve_expert import ExpertCore
+    from loadtest.corpus import corpus
+
+    core = ExpertCore(buckets=(8, 32), compile=False, threads=None)
+    photos, chelsea = list(corpus("photos").bodies), list(corpus("chelsea").bodies)
+    one, two = photos[:8] + chelsea * 4, chelsea * 3 + photos[8:]
+    alone = [core.classify(one), core.classify(two)]
+    for _ in range(3):
+        p1 = core.submit(one)
+        p2 = core.submit(two)
+        got = [core.finish(p1), core.finish(p2)]
+        for g, a in zip(got, alone, strict=True):
+            assert [[t["class"] for t in x["top_k"]] for x in g] == [
+                [t["class"] for t in x["top_k"]] for x in a
+            ]
