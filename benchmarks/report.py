@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -45,6 +46,15 @@ def notes_of(stem: str) -> list[str]:
         return []
     with open(path) as f:
         return ["", f.read().strip()]
+
+
+def ratio_text(rows: list[dict], system: str, peak: dict[str, float]) -> str:
+    """Ferry's peak over ``system``'s, or why it is no result: a row names its run (``run``)
+    where e2e.json holds rows of more than one, and a ratio needs both systems from one."""
+    runs = {s: {r.get("run") for r in rows if r["system"] == s} for s in ("ferry", system)}
+    if runs["ferry"] != runs[system]:
+        return "no ratio: the two systems' rows come from different runs"
+    return f"{peak['ferry'] / peak[system]:.2f}x"
 
 
 def peaks(rows: list[dict]) -> dict[str, float]:
@@ -116,7 +126,7 @@ def goals_of(rows: list[dict], corpus: str) -> list[str]:
         best = max(expert, key=expert.get)
         out.append(
             f"* vs the expert Ray Serve app at its best replica count ({best}, {expert[best]:,.0f}): "
-            f"{peak['ferry'] / expert[best]:.2f}x (goal >= 1.5x, against a strong peer)."
+            f"{ratio_text(rows, best, peak)} (goal >= 1.5x, against a strong peer)."
         )
     if 256 in f:
         out.append(f"* p99 at 256 clients: {f[256]['p99_ms']:.0f} ms (goal <= 60 ms).")
@@ -154,7 +164,7 @@ def e2e_section(e2e: dict) -> list[str]:
             lines += image_lines(part, bd, corpus)
         if "ferry" in peak:
             lines += ["", "| system | peak img/s | Ferry / system |", "|---|---|---|"]
-            lines += [f"| {s} | {v:,.0f} | {peak['ferry'] / v:.2f}x |" for s, v in peak.items()]
+            lines += [f"| {s} | {v:,.0f} | {ratio_text(part, s, peak)} |" for s, v in peak.items()]
             lines += ["", "Against the goals:", "", *goals_of(part, corpus)]
         cpu = max(max(r.get("loadgen_cpu_per_proc") or [0]) for r in part)
         lines += [
@@ -491,7 +501,7 @@ def render() -> str:
 # (e2e's ``runs``) or, where those name none, the commit that added the result ("added in":
 # ``git log -S`` on the figure in benchmarks/results/). Keyed by file, or file:section.
 MEASURED_AT = {
-    "e2e.json": "41a19be",
+    "e2e.json": "736d5c6",
     "engine.json": "734acef (added in)",
     "models.json": "3f5958b (added in)",
     "alloc.json": "f5be890 (added in)",
@@ -511,11 +521,15 @@ def _e2e(doc: dict) -> list[tuple[str, str]]:
         f = {r["clients"]: r for r in rows if r["system"] == "ferry"}
         top = max(f.values(), key=lambda r: r["img_s"])
         cpu = top.get("server_cpu_ms_per_img")
+        runs = doc.get("runs", {})
+        older = top.get("run") and top["run"] != max(runs, default=None)
+        at = re.search(r"commit ([0-9a-f]{7})", runs.get(top.get("run"), "")) if older else None
         out.append(
             (
                 f"Ferry end to end, peak img/s ({corpus} JPEG, HTTP; server CPU ms per image)",
                 f"{peak['ferry']:,.0f} at {top['clients']} clients"
-                + (f" ({cpu:.1f} ms)" if cpu else ""),
+                + (f" ({cpu:.1f} ms)" if cpu else "")
+                + (f", from {top['run']} at {at.group(1)}" if at else ""),
             )
         )
         peers = {s: v for s, v in peak.items() if s.startswith("rayserve")}
@@ -524,7 +538,11 @@ def _e2e(doc: dict) -> list[tuple[str, str]]:
             out.append(
                 (
                     f"the same, over the best Ray Serve peer measured ({corpus})",
-                    f"{peak['ferry'] / peers[best]:.2f}x `{best}`"
+                    (
+                        f"{r} `{best}`"
+                        if not (r := ratio_text(rows, best, peak)).startswith("no ratio")
+                        else f"`{best}`: {r}"
+                    )
                     + (f" ({note})" if (note := doc.get("peer_notes", {}).get(best)) else ""),
                 )
             )
@@ -548,14 +566,25 @@ def _engine(doc: dict) -> list[tuple[str, str]]:
 
 
 def _models(doc: dict) -> list[tuple[str, str]]:
-    ratios: dict[int, list[float]] = {}
     by = {(r["model"], r["batch"], r["system"]): r["img_s"] for r in doc["rows"]}
-    for (model, batch, system), v in by.items():
-        if system == "ferry_torch" and (model, batch, "torch_compile") in by:
-            ratios.setdefault(batch, []).append(v / by[(model, batch, "torch_compile")])
-    cells = [f"{sorted(r)[len(r) // 2]:.2f}x at {b}" for b, r in sorted(ratios.items())]
-    n = len({m for m, _, _ in by})
-    return [(f"torch engine over torch's own CUDA graphs, median of {n} models", ", ".join(cells))]
+    out = []
+    for system, what in (
+        ("ferry_torch", "torch engine"),
+        ("ferry_onnx", "onnx engine (torch backend) on the same models exported to ONNX"),
+    ):
+        ratios: dict[int, list[float]] = {}
+        for (model, batch, s), v in by.items():
+            if s == system and (model, batch, "torch_compile") in by:
+                ratios.setdefault(batch, []).append(v / by[(model, batch, "torch_compile")])
+        if not ratios:
+            continue
+        cells = [
+            f"{sorted(r)[len(r) // 2]:.2f}x at {b} (min {min(r):.2f})"
+            for b, r in sorted(ratios.items())
+        ]
+        n = len({m for m, _b, s in by if s == system})
+        out.append((f"{what} over torch's own CUDA graphs, median of {n} models", ", ".join(cells)))
+    return out
 
 
 def _alloc(doc: dict) -> list[tuple[str, str]]:
@@ -620,8 +649,7 @@ HEADLINE = [
         "models.json",
         None,
         _models,
-        "older than the code: the executor's completion and host "
-        "path have changed since. Rerun `bench_models.py`.",
+        "yes",
     ),
     (
         "alloc.json",
@@ -783,8 +811,16 @@ def chaos_lines(rel: dict) -> list[str]:
 
 
 def models_section(doc: dict) -> list[str]:
-    """img/s per model and batch, one column per system, and ferry_torch / torch_compile."""
-    systems = ["ferry_torch", "torch_compile", "torch_eager", "ferry_native", "ferry_onnx"]
+    """img/s per model and batch, one column per system, and ferry_torch's and ferry_onnx's
+    ratios to torch_compile."""
+    systems = [
+        "ferry_torch",
+        "torch_compile",
+        "torch_eager",
+        "ferry_native",
+        "ferry_onnx",
+        "ferry_onnx_native",
+    ]
     cells: dict[tuple, dict] = {}
     for r in doc["rows"]:
         cells.setdefault((r["model"], r["batch"]), {})[r["system"]] = r
@@ -795,15 +831,21 @@ def models_section(doc: dict) -> list[str]:
         for s in present:
             r = c.get(s)
             row[s] = "" if r is None else f"{r['img_s']:,.0f} ({r['top1_agree']:.2f})"
-        ft, tc = c.get("ferry_torch"), c.get("torch_compile")
-        row["ratio"] = f"{ft['img_s'] / tc['img_s']:.2f}x" if ft and tc else ""
+        tc = c.get("torch_compile")
+        for s in ("ferry_torch", "ferry_onnx"):
+            r = c.get(s)
+            row[f"{s}_ratio"] = f"{r['img_s'] / tc['img_s']:.2f}x" if r and tc else ""
         rows.append(row)
     cols = [("model", "model"), ("batch", "batch"), *((s, s) for s in present)]
+    ratios = [(f"{s} / torch_compile", f"{s}_ratio") for s in ("ferry_torch", "ferry_onnx")]
+    notes = [f"* {n}" for n in ([doc["notes"]] if isinstance(doc.get("notes"), str) else [])]
     return [
-        f"{doc['machine']}; {doc['date']}. {doc['setup']}. Cells: img/s (top-1 agreement with "
-        "torch fp32).",
+        f"{doc['machine']}; {doc['date']}"
+        + (f", commit {doc['commit']}" if doc.get("commit") else "")
+        + f". {doc['setup']}. Cells: img/s (top-1 agreement with torch fp32).",
         "",
-        md_table(rows, [*cols, ("ferry_torch / torch_compile", "ratio")]),
+        md_table(rows, [*cols, *ratios]),
+        *([""] + notes if notes else []),
     ]
 
 
