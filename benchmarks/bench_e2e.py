@@ -327,8 +327,11 @@ def run_system(
     print(f"== {system}", flush=True)
     if port_taken():  # something left from an earlier run would answer for this system
         stop(None)
+        deadline = time.time() + 60  # a run cut by `timeout` may still be shutting down
+        while port_taken() and time.time() < deadline:
+            time.sleep(2)
         if port_taken():
-            print(f"{name} not run: port 8000 is taken by another process", flush=True)
+            print(f"{name} not run: port 8000 is still taken after 60 s", flush=True)
             return False
     t0 = time.time()
     config = serve_config(name, spec, args.sets)
