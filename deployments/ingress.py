@@ -1,6 +1,6 @@
 """Ingress: the HTTP front as a Serve deployment (FastAPI through ``@serve.ingress``; the app,
-its ASGI layers and ``ClassifyFastPath`` -- which answers POST classify, nearly all the
-traffic, before FastAPI's router -- are in ``ingress_http.py``).
+its ASGI layers and ``FerryApp`` -- which takes POST classify, nearly all the traffic, past
+Starlette's middleware and FastAPI's router -- are in ``ingress_http.py``).
 
 (No ``from __future__ import annotations`` here: Serve rebuilds the route functions, and
 FastAPI must see real annotation objects, not strings, to recognise ``Request``.)
@@ -129,7 +129,7 @@ class Ingress(TritonRoutes, TaskRoutes, V2Core, GrpcInference, GrpcStream):  # (
     def __serve_build_asgi_app__(self) -> Any:
         """The app this replica serves (Serve calls this after the constructor): Serve's
         copy of the FastAPI app, with this ingress in its state -- where the ASGI layers
-        outside FastAPI's routes (``ClassifyFastPath``, ``RequestMetrics``) find it."""
+        outside FastAPI's routes (``FerryApp``'s classify path, ``RequestMetrics``) find it."""
         app = self.app
         app.state.ingress = self
         return app
@@ -199,7 +199,8 @@ class Ingress(TritonRoutes, TaskRoutes, V2Core, GrpcInference, GrpcStream):  # (
     # ------------------------------------------------------------------ v1
     @app.post("/v1/models/{model}/classify")
     async def classify(self, model: str, request: Request, top_k: int | None = None) -> Response:
-        """(Served by ClassifyFastPath; this route documents it and serves if that is off.)"""
+        """(Served by ``FerryApp``'s classify path; this route documents it and serves a
+        request that comes before the replica is in the app's state.)"""
         return await self.classify_request(model, request, top_k)
 
     async def classify_request(self, model: str, request: Request, top_k: Any) -> Response:

@@ -1,8 +1,8 @@
 """The ingress's HTTP plumbing, apart from the deployment (``ingress.py``): the FastAPI app
 and the pure-ASGI layers around it -- metrics (outermost), JSON errors, the bearer-token
-check, ``ClassifyFastPath``, which hands ``POST /v1/models/{model}/classify`` (nearly all
-the traffic) to the replica's handler before FastAPI's router, and the live streams'
-WebSocket route (``streams_route.py``) -- and the request parsers that need no replica
+check and the live streams' WebSocket route (``streams_route.py``); ``FerryApp``, which
+takes ``POST /v1/models/{model}/classify`` (nearly all the traffic) through those layers
+only, straight to the replica's handler -- and the request parsers that need no replica
 state (multipart, deadline, priority).
 
 (No ``from __future__ import annotations`` here: FastAPI must see real annotation objects.)
@@ -26,7 +26,56 @@ from . import docs, http_errors, streams_route
 from .http_errors import error_response, request_id_of, unwrap
 from .observe import RequestMetrics, ingress_of, request_id_from
 
-app = FastAPI(
+CLASSIFY_PATH = re.compile(r"^/v1/models/([^/]+)/classify$")
+
+
+def classify_match(scope: dict) -> Any:
+    """The path's match where ``scope`` is ``POST /v1/models/{model}/classify``, else None."""
+    if scope["type"] != "http" or scope["method"] != "POST":
+        return None
+    return CLASSIFY_PATH.match(scope["path"])
+
+
+async def serve_classify(scope: dict, receive: Any, send: Any) -> None:
+    """``POST /v1/models/{model}/classify`` straight to the replica's handler (the path is
+    ``classify_match``'s and the replica is in the scope's app): no router, no dependency
+    solving; a Ferry error or a bug is its JSON answer."""
+    match, ingress = CLASSIFY_PATH.match(scope["path"]), ingress_of(scope)
+    request = Request(scope, receive)
+    try:
+        response = await ingress.classify_request(
+            match.group(1), request, request.query_params.get("top_k")
+        )
+    except Exception as exc:
+        response = error_response(unwrap(exc), request_id_of(request))
+    await response(scope, receive, send)
+
+
+class FerryApp(FastAPI):
+    """FastAPI whose ``__call__`` takes ``POST /v1/models/{model}/classify`` -- nearly all the
+    traffic -- through Ferry's own layers only (metrics, JSON errors, the token check: the
+    same classes as in the stack, ``fast``) to the replica's handler, past Starlette's and
+    FastAPI's middleware (server errors, exception telemetry, the body limit: Ferry bounds
+    a body itself, ``uploads.py``) and the router. Every other request, and every request
+    before the replica has put itself in ``state``, takes the whole stack, where the route
+    ``Ingress.classify`` serves it. A layer costs a call per ASGI message and per request:
+    the classify path had eleven, it has three."""
+
+    fast: Any = None
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if classify_match(scope) and getattr(self.state, "ingress", None) is not None:
+            scope["app"] = self  # as Starlette sets it: ingress_of reads it
+            if self.root_path:
+                scope["root_path"] = self.root_path
+            if self.fast is None:
+                self.fast = RequestMetrics(http_errors.JsonErrors(BearerAuth(serve_classify)))
+            await self.fast(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
+app = FerryApp(
     title="Ferry",
     description="GPU inference at high concurrency on Ray Serve",
     version="0.1.0",
@@ -115,44 +164,9 @@ class JsonAnswer(Response):
         return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
-CLASSIFY_PATH = re.compile(r"^/v1/models/([^/]+)/classify$")
-
-
-class ClassifyFastPath:
-    """Pure ASGI, inside the auth check: ``POST /v1/models/{model}/classify`` -- nearly all
-    the traffic -- goes straight to the replica's handler, past FastAPI's router, its
-    dependency solving and its exception middleware: 12% less CPU per request in the
-    ingress (results/profile_fastpath.json). Every other route, and this one's OpenAPI
-    entry, stay FastAPI's."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        match = (
-            CLASSIFY_PATH.match(scope["path"])
-            if scope["type"] == "http" and scope["method"] == "POST"
-            else None
-        )
-        if match:
-            ingress = ingress_of(scope)
-            if ingress is not None:
-                request = Request(scope, receive)
-                try:
-                    response = await ingress.classify_request(
-                        match.group(1), request, request.query_params.get("top_k")
-                    )
-                except Exception as exc:
-                    response = error_response(unwrap(exc), request_id_of(request))
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-app.add_middleware(ClassifyFastPath)
 streams_route.install(app)  # the WebSocket route, inside the auth check
 app.add_middleware(BearerAuth)
-http_errors.install(app)  # JsonErrors: outside auth and the fast path
+http_errors.install(app)  # JsonErrors: outside auth
 app.add_middleware(RequestMetrics)  # outermost: every answer is counted, JSON 500s and 401s too
 
 

@@ -1,8 +1,8 @@
 """Live video streams over WebSocket: ``/v1/streams/{model}`` on the ingress's ASGI app, and
 ``GET /v1/streams``, the replica's book of them (``docs/api.md``, Live streams).
 
-``StreamRoute`` is pure ASGI inside the bearer-token check (``ingress_http.BearerAuth``), as
-``ClassifyFastPath`` is: it finds the ingress replica in the scope and serves the
+``StreamRoute`` is pure ASGI inside the bearer-token check (``ingress_http.BearerAuth``): it
+finds the ingress replica in the scope, as ``ingress_http.FerryApp``'s classify path does, and serves the
 connection itself (``StreamConnection``). The stream's rules are ``pipeline/streams.py``'s;
 what its frames ask is ``stream_tasks.py``'s; the frames ride the ingress's own coalescer
 and GPU batches with the per-request traffic. This module only drives them: the handshake

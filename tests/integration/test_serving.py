@@ -354,7 +354,7 @@ def test_metrics_reach_a_prometheus_scrape_of_rays_endpoint(app):
 
 
 def test_classify_is_served_by_the_fast_path_past_fastapi(app):
-    """ClassifyFastPath answers POST classify in the replica: its own parameter error (FastAPI's
+    """FerryApp's classify path answers POST classify in the replica: its own parameter error (FastAPI's
     validation would name the field in a list of errors instead) and no FastAPI route run."""
     r = post("/v1/models/digits/classify?top_k=ten", encode_png(digits.load_split()[2][0]))
     assert r.status_code == 400
