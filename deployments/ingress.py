@@ -197,11 +197,8 @@ class Ingress(TritonRoutes, TaskRoutes, V2Core, GrpcInference, GrpcStream):  # (
         return _stamped(results, t_send)
 
     # ------------------------------------------------------------------ v1
-    @app.post("/v1/models/{model}/classify")
-    async def classify(self, model: str, request: Request, top_k: int | None = None) -> Response:
-        """(Served by ``FerryApp``'s classify path; this route documents it and serves a
-        request that comes before the replica is in the app's state.)"""
-        return await self.classify_request(model, request, top_k)
+    # POST /v1/models/{model}/classify: FerryApp serves it, and documents it as the app's first
+    # route (ingress_http.classify)
 
     async def classify_request(self, model: str, request: Request, top_k: Any) -> Response:
         self.drain.start()

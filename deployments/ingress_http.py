@@ -19,7 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from pipeline.config import Settings
-from pipeline.errors import FerryError, InvalidInput
+from pipeline.errors import FerryError, InvalidInput, Unavailable
 from pipeline.protocol.validate import finite_float
 
 from . import docs, http_errors, streams_route
@@ -82,6 +82,21 @@ app = FerryApp(
     docs_url=None,  # docs.install: Swagger UI from local files, not a CDN
     redoc_url=None,
 )
+
+
+@app.post("/v1/models/{model}/classify")
+async def classify(model: str, request: Request, top_k: int | None = None) -> Response:
+    """Classify one image (the raw body or a multipart file): top-k labels and scores.
+
+    ``FerryApp`` serves this path ahead of the router; the route documents it, and answers
+    503 for a request that comes before the replica is in the app's state. It is the app's
+    first route, so that Serve's route lookup, made for every request, stops at it."""
+    ingress = ingress_of(request.scope)
+    if ingress is None:
+        raise Unavailable("the ingress replica is starting")
+    return await ingress.classify_request(model, request, top_k)
+
+
 docs.install(app)
 PUBLIC_PATHS = ("/v2/health/",)
 

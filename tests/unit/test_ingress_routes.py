@@ -1,0 +1,33 @@
+"""The ingress app's routes as Ray Serve looks them up: Serve matches every request's path
+against the app's routes, in order, to label its metrics (``get_asgi_route_name``), so the
+classify route -- nearly all the traffic -- comes first, and every route still resolves to
+its own template."""
+
+from __future__ import annotations
+
+import pytest
+from ray.serve._private.thirdparty.get_asgi_route_name import get_asgi_route_name
+
+import deployments.ingress  # noqa: F401 - the class's routes join the app
+from deployments.ingress_http import app
+
+
+def test_classify_is_the_first_route_after_fastapis_own():
+    paths = [getattr(r, "path", None) for r in app.router.routes]
+    assert paths[:2] == ["/openapi.json", "/v1/models/{model}/classify"], paths[:4]
+
+
+@pytest.mark.parametrize(
+    "method,path,template",
+    [
+        ("POST", "/v1/models/digits/classify", "/v1/models/{model}/classify"),
+        ("POST", "/v1/models/digits/image", "/v1/models/{model}/image"),
+        ("POST", "/v2/models/digits/infer", "/v2/models/{model}/infer"),
+        ("GET", "/v1/models", "/v1/models"),
+        ("GET", "/v2/health/ready", "/v2/health/ready"),
+        ("GET", "/v1/streams", "/v1/streams"),
+    ],
+)
+def test_each_path_resolves_to_its_own_route(method, path, template):
+    scope = {"type": "http", "method": method, "path": path, "root_path": "", "headers": []}
+    assert get_asgi_route_name(app, scope) == template
