@@ -81,6 +81,8 @@ class OnnxModel:
     # torch) and the tensors that are the outputs, in the file's order
     folded: list[INode] = field(default_factory=list, repr=False)
     results: tuple[str, ...] = ()
+    # the ONNX shapes of the runtime tensors, the batch a ``Batch`` (``Folder.shapes``)
+    shapes: dict[str, tuple[Any, ...]] = field(default_factory=dict, repr=False)
 
     def graph(self, image: ImageFeed | None = None) -> Graph:
         """Ferry's graph; with ``image``, its input is uint8 [N, H, W, C] images."""
@@ -245,6 +247,7 @@ def load_onnx(path: str, name: str | None = None) -> OnnxModel:
         consts=folder.consts,
         folded=folded,
         results=tuple(out_names),
+        shapes=folder.shapes,
     )
     _validate(m)
     # the file's own output names, with the shapes Ferry's plan gives

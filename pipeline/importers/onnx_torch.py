@@ -26,6 +26,11 @@ from .onnx_ir import Batch, INode
 
 Lowering = Callable[["Call", INode, list[Any]], Any]
 LOWER: dict[str, Lowering] = {}
+# what a lowering needs from numpy or onnx, computed once at load from the model and the
+# node (``Call.prepared``): ``forward`` runs plain Python on torch, which torch.compile
+# traces into one graph (an onnx helper in it breaks the graph, a numpy array fails it)
+Preparing = Callable[[Any, INode], Any]
+PREPARE: dict[str, Preparing] = {}
 
 
 class NotLowered(Exception):
@@ -40,6 +45,15 @@ def lowers(*ops: str) -> Callable[[Lowering], Lowering]:
     def deco(fn: Lowering) -> Lowering:
         for op in ops:
             LOWER[op] = fn
+        return fn
+
+    return deco
+
+
+def prepares(*ops: str) -> Callable[[Preparing], Preparing]:
+    def deco(fn: Preparing) -> Preparing:
+        for op in ops:
+            PREPARE[op] = fn
         return fn
 
     return deco
@@ -94,10 +108,14 @@ class Lowered:
             attr = f"c{len(self._buffers_of)}"
             self.register_buffer(attr, torch.from_numpy(np.array(arr, copy=True)))
             self._buffers_of[name] = attr
+        self.prepared: dict[str, Any] = {}
         for n in self.nodes:  # attributes it cannot take are found now, not at a request
             check = CHECKS.get(n.op)
             if check is not None:
                 check(n)
+            prepare = PREPARE.get(n.op)
+            if prepare is not None:
+                self.prepared[n.outputs[0]] = prepare(model, n)
 
     def tensor(self, env: dict[str, Any], name: str) -> Any:
         if name in env:
@@ -133,6 +151,10 @@ class Call:
 
     def floats(self, name: str) -> tuple[float, ...]:
         return self.module.floats[name]
+
+    def prepared(self, node: INode) -> Any:
+        """What ``PREPARE`` computed for ``node`` at load."""
+        return self.module.prepared[node.outputs[0]]
 
     def has(self, node: INode, k: int) -> bool:
         return len(node.inputs) > k and bool(node.inputs[k])

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from .onnx_ir import INode
-from .onnx_torch import Call, NotLowered, lowers, pads_2d, torch_, torch_pad
+from .onnx_torch import Call, NotLowered, lowers, pads_2d, prepares, torch_, torch_pad
 
 
 # ----------------------------------------------------------------------------- nn
@@ -65,6 +65,25 @@ def _matmul(m: Call, n: INode, ins: list[Any]) -> Any:
     return torch_().matmul(ins[0], ins[1])
 
 
+def _pool_size(size: int, k: int, s: int, p0: int, p1: int, ceil: bool) -> int:
+    """ONNX's output size of a pool (``pool2d.pool_out_size``, ``k`` dilated): with
+    ``ceil_mode`` a window that starts past the input and its begin pad is dropped."""
+    span = size + p0 + p1 - k
+    o = (-(-span // s) if ceil else span // s) + 1
+    return o - 1 if ceil and (o - 1) * s >= size + p0 else o
+
+
+def _crop_pooled(y: Any, x: Any, pads: list[int], kernel: Any, strides: Any, dil: Any) -> Any:
+    """``y`` pooled in ceil mode from ``x`` padded by hand (uneven pads): torch takes the end
+    pads for input and keeps windows that start in them; ONNX drops those."""
+    k = len(kernel)
+    sizes = [
+        _pool_size(int(x.shape[2 + a]), d * (kk - 1) + 1, s, pads[a], pads[a + k], True)
+        for a, (kk, s, d) in enumerate(zip(kernel, strides, dil, strict=True))
+    ]
+    return y[(..., *(slice(0, o) for o in sizes))]
+
+
 @lowers("MaxPool", "AveragePool")
 def _pool(m: Call, n: INode, ins: list[Any]) -> Any:
     F = torch_().nn.functional
@@ -74,22 +93,23 @@ def _pool(m: Call, n: INode, ins: list[Any]) -> Any:
     pads, sym = pads_2d(n, rank)
     kernel = tuple(int(s) for s in n.attrs["kernel_shape"])
     strides = tuple(int(s) for s in n.attrs.get("strides", [1] * k))
+    dil = tuple(int(d) for d in n.attrs.get("dilations", [1] * k))
     ceil = bool(int(n.attrs.get("ceil_mode", 0)))
+    fill = float("-inf") if n.op == "MaxPool" else 0.0  # uneven AveragePool: include, at load
+    padded = x if sym else F.pad(x, torch_pad(pads), value=fill)
+    at = tuple(pads[:k]) if sym else 0
     if n.op == "MaxPool":
         if int(n.attrs.get("storage_order", 0)) or (len(n.outputs) > 1 and n.outputs[1]):
             raise NotLowered(n, "MaxPool's indices output or storage order")
-        if not sym:
-            x = F.pad(x, torch_pad(pads), value=float("-inf"))
-            pads = [0] * len(pads)
-        dil = tuple(int(d) for d in n.attrs.get("dilations", [1] * k))
         pool = F.max_pool2d if k == 2 else F.max_pool1d
-        return pool(x, kernel, strides, tuple(pads[:k]), dil, ceil_mode=ceil)
-    include = bool(int(n.attrs.get("count_include_pad", 0)))
-    if not sym:  # include: checked at load
-        x = F.pad(x, torch_pad(pads))
-        pads = [0] * len(pads)
-    pool = F.avg_pool2d if k == 2 else F.avg_pool1d
-    return pool(x, kernel, strides, tuple(pads[:k]), ceil_mode=ceil, count_include_pad=include)
+        y = pool(padded, kernel, strides, at, dil, ceil_mode=ceil)
+    else:
+        if dil != (1,) * k:
+            raise NotLowered(n, "AveragePool with dilations")
+        include = bool(int(n.attrs.get("count_include_pad", 0)))
+        pool = F.avg_pool2d if k == 2 else F.avg_pool1d
+        y = pool(padded, kernel, strides, at, ceil_mode=ceil, count_include_pad=include)
+    return _crop_pooled(y, x, pads, kernel, strides, dil) if ceil and not sym else y
 
 
 @lowers("GlobalAveragePool")
@@ -178,12 +198,19 @@ def _act(m: Call, n: INode, ins: list[Any]) -> Any:
     return torch.nn.functional.gelu(x, approximate=n.attrs.get("approximate", "none"))
 
 
-@lowers("Cast")
-def _cast(m: Call, n: INode, ins: list[Any]) -> Any:
+@prepares("Cast")
+def _cast_to(model: Any, n: INode) -> Any:
+    """The torch dtype of a Cast; None for a float, which computes in the model's dtype."""
     import onnx  # optional: onnx
 
     torch = torch_()
     dt = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(n.attrs["to"])))
     if np.issubdtype(dt, np.floating):
-        return ins[0].to(m.cdtype)  # floats compute in the model's dtype
-    return ins[0].to(getattr(torch, "bool" if dt == np.bool_ else dt.name))
+        return None
+    return torch.bool if dt == np.bool_ else getattr(torch, dt.name)
+
+
+@lowers("Cast")
+def _cast(m: Call, n: INode, ins: list[Any]) -> Any:
+    to = m.prepared(n)
+    return ins[0].to(m.cdtype if to is None else to)  # floats compute in the model's dtype

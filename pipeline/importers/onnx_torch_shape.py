@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from .onnx_ir import INode
-from .onnx_torch import Call, NotLowered, lowers, torch_, torch_pad
+from .onnx_ir import Batch, INode
+from .onnx_torch import Call, NotLowered, lowers, prepares, torch_, torch_pad
 
 
 def _axes(m: Call, n: INode, k: int, rank: int) -> list[int] | None:
@@ -23,7 +23,8 @@ def _axes(m: Call, n: INode, k: int, rank: int) -> list[int] | None:
 @lowers("Flatten")
 def _flatten(m: Call, n: INode, ins: list[Any]) -> Any:
     x = ins[0]
-    axis = int(n.attrs.get("axis", 1)) % (x.dim() + 1) if x.dim() else 0
+    axis = int(n.attrs.get("axis", 1))  # in [-r, r]: -1 keeps the last axis on its own
+    axis = axis + x.dim() if axis < 0 else axis
     return x.reshape(math.prod(x.shape[:axis]), -1)
 
 
@@ -36,12 +37,24 @@ def _reshape(m: Call, n: INode, ins: list[Any]) -> Any:
     return x.reshape(shape)
 
 
+@prepares("Squeeze")
+def _squeezed(model: Any, n: INode) -> list[int] | None:
+    """The axes of a Squeeze without them: the 1s of the input's folded shape, never the
+    batch's (a batch of one keeps its axis, as on the native backend); None: it has axes."""
+    if "axes" in n.attrs or (len(n.inputs) > 1 and n.inputs[1]):
+        return None
+    shape = model.shapes.get(n.inputs[0])
+    if shape is None:
+        raise NotLowered(n, "Squeeze without axes of a tensor whose shape is not known")
+    return [k for k, d in enumerate(shape) if not isinstance(d, Batch) and d == 1]
+
+
 @lowers("Squeeze")
 def _squeeze(m: Call, n: INode, ins: list[Any]) -> Any:
     x = ins[0]
     axes = _axes(m, n, 1, x.dim())
     if axes is None:
-        axes = [k for k, d in enumerate(x.shape) if d == 1]
+        axes = m.prepared(n)
     keep = [d for k, d in enumerate(x.shape) if k not in axes]
     return x.reshape(keep)
 
@@ -64,12 +77,22 @@ def _transpose(m: Call, n: INode, ins: list[Any]) -> Any:
     return x.permute(*[int(p) for p in perm])
 
 
+@prepares("ConstantOfShape")
+def _fill_value(model: Any, n: INode) -> tuple[Any, Any]:
+    """(the value as a Python number, its torch dtype: None for a float, the model's)."""
+    value = np.asarray(n.attrs.get("value", np.zeros(1, np.float32))).reshape(-1)
+    if np.issubdtype(value.dtype, np.floating):
+        return float(value[0]), None
+    torch = torch_()
+    dt = torch.bool if value.dtype == np.bool_ else getattr(torch, value.dtype.name)
+    return value[0].item(), dt
+
+
 @lowers("ConstantOfShape")
 def _constant_of_shape(m: Call, n: INode, ins: list[Any]) -> Any:
-    torch = torch_()
-    value = np.asarray(n.attrs.get("value", np.zeros(1, np.float32))).reshape(-1)
-    dt = m.cdtype if np.issubdtype(value.dtype, np.floating) else getattr(torch, value.dtype.name)
-    return torch.full(m.ints(n.inputs[0]), value[0].item(), dtype=dt, device=m.device)
+    value, dt = m.prepared(n)
+    shape = m.ints(n.inputs[0])
+    return torch_().full(shape, value, dtype=m.cdtype if dt is None else dt, device=m.device)
 
 
 @lowers("Expand")
@@ -151,7 +174,7 @@ def _pad(m: Call, n: INode, ins: list[Any]) -> Any:
     if mode == "constant":
         return F.pad(x, torch_pads, value=value)
     first = next((a for a in range(rank) if pads[a] or pads[a + rank]), rank)
-    if first < 2 or rank - first > 3:  # torch pads the last 1-3 axes of a batch in these modes
+    if first < 2 or not 3 <= rank <= 5:  # torch pads the 1-3 axes after (N, C) in these modes
         raise NotLowered(n, f"Pad {mode} of axes torch does not pad in that mode")
-    trimmed = torch_pads[: 2 * (rank - first)]
-    return F.pad(x, trimmed, mode="replicate" if mode == "edge" else "reflect")
+    spatial = torch_pads[: 2 * (rank - 2)]  # all of them, or torch refuses the pad's length
+    return F.pad(x, spatial, mode="replicate" if mode == "edge" else "reflect")

@@ -262,6 +262,15 @@ POOLS = [
     ),
     ("AveragePool", dict(kernel_shape=[2, 2], strides=[2, 2])),
     ("AveragePool", dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)),
+    # ceil mode with uneven pads: a window that would start in the end pad is dropped (torch
+    # keeps it once the pads are applied by hand: the lowering crops it)
+    ("MaxPool", dict(kernel_shape=[2, 2], strides=[2, 2], pads=[0, 0, 1, 1], ceil_mode=1)),
+    (
+        "AveragePool",
+        dict(
+            kernel_shape=[2, 2], strides=[2, 2], pads=[0, 0, 1, 1], ceil_mode=1, count_include_pad=1
+        ),
+    ),
 ]
 
 
@@ -332,6 +341,26 @@ def test_squeeze_unsqueeze_transpose_softmax(tmp_path):
         return b.node("Softmax", [y], axis=-1)
 
     check(tmp_path, single(body, (6, 3, 3), ["batch", 6]), x_of(6, 3, 3))
+
+
+def test_flatten_at_a_negative_axis(tmp_path):
+    def body(b, x):  # axis -3 of a 4-D tensor is axis 1 (ONNX takes axis in [-r, r])
+        return b.node("Flatten", [b.node("Relu", [x])], axis=-3)
+
+    check(tmp_path, single(body, (3, 4, 5), ["batch", 60]), x_of(3, 4, 5))
+
+
+def test_squeeze_without_axes_keeps_a_batch_of_one(tmp_path):
+    def body(b, x):  # x.squeeze() as the TorchScript exporter writes it: no axes
+        return b.node("Squeeze", [b.node("ReduceMean", [x], axes=[2])])
+
+    model = single(body, (3, 4, 5), ["batch", 3, 5], opset=11)
+    m = check(tmp_path, model, x_of(3, 4, 5), batch_sizes=(2, 3))
+    if torch is not None:  # the batch's axis stays at a batch of one, as on the native backend
+        x = x_of(3, 4, 5)[:1]
+        with torch.no_grad():
+            got = lower(m)(torch.from_numpy(x))[0].numpy()
+        np.testing.assert_allclose(got, run_host(m.graph(), x)[0], rtol=RTOL, atol=1e-6)
 
 
 def test_channel_shuffle_concat_split_slice(tmp_path):

@@ -44,6 +44,22 @@ def test_pad(tmp_path, mode):
     check(tmp_path, single(body, (3, 4, 5), ["batch", 3, 6, 8]), x_of(3, 4, 5))
 
 
+@pytest.mark.parametrize(
+    "mode, pads, shape",
+    [
+        ("edge", (0, 0, 0, 1, 0, 0, 0, 2), (3, 4, 5)),  # the last axis of a 4-D tensor
+        ("reflect", (0, 0, 0, 0, 0, 0, 0, 0), (3, 4, 5)),  # no pad at all
+        ("edge", (0, 0, 0, 1, 2, 0, 0, 0, 2, 1), (2, 3, 4, 5)),  # the last two of a 5-D one
+    ],
+    ids=["edge-last-axis", "reflect-nothing", "edge-5d-last-two"],
+)
+def test_pad_edge_and_reflect_of_some_spatial_axes(tmp_path, mode, pads, shape):
+    def body(b, x):
+        return b.node("Pad", [x, b.const(_i64(*pads))], mode=mode)
+
+    check(tmp_path, single(body, shape, ["batch", *[None] * len(shape)]), x_of(*shape))
+
+
 def test_strided_slice_gather_and_concat_as_swin_and_vit_write_them(tmp_path):
     def body(b, x):  # x [N, 6, 6, 4]: patch merging, then the first row as ViT's x[:, 0]
         parts = []
@@ -139,3 +155,21 @@ def test_cast_to_float_keeps_the_compute_dtype(tmp_path):
         return b.node("Mul", [c, x])
 
     check(tmp_path, single(body, (3, 4), ["batch", 3, 4]), x_of(3, 4))
+
+
+def test_cast_and_constant_of_shape_trace_into_one_graph(tmp_path):
+    torch = pytest.importorskip("torch")
+    from pipeline.importers.onnx_lower import lower
+
+    def body(b, x):  # what the torch engine compiles: no onnx or numpy call in the forward
+        value = onnx.numpy_helper.from_array(np.array([2.5], np.float32))
+        filled = b.node("ConstantOfShape", [b.node("Shape", [x])], value=value)
+        return b.node("Mul", [b.node("Cast", [x], to=onnx.TensorProto.FLOAT), filled])
+
+    m = check(tmp_path, single(body, (3, 4), ["batch", 3, 4]), x_of(3, 4))
+    torch._dynamo.reset()
+    compiled = torch.compile(lower(m), fullgraph=True, backend="eager", dynamic=False)
+    x = x_of(3, 4)[:2]
+    with torch.no_grad():
+        got = compiled(torch.from_numpy(x))[0].numpy()
+    np.testing.assert_allclose(got, x * 2.5, rtol=1e-6)
