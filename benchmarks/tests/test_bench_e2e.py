@@ -11,6 +11,7 @@ import yaml
 
 from benchmarks import report
 from benchmarks.bench_e2e import SYSTEMS, apply_sets, parse_sets, row_name, serve_config
+from benchmarks.tests.torchless import assert_builds_without_torch
 from pipeline.config import PipelineConfig
 
 FERRY_SYSTEMS = {  # system -> (its ingress replicas, its inference replicas)
@@ -158,22 +159,7 @@ def test_expert_peer_loads_without_torch_and_sizes_its_batches():
 
 
 def test_expert_peer_module_and_app_load_without_torch():
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    code = (
-        "import sys\n"
-        "from benchmarks.peers import rayserve_expert as m\n"
-        "m.build_app({'replicas': 12})\n"
-        "bad = [k for k in ('torch', 'torchvision') if k in sys.modules]\n"
-        "assert not bad, bad\n"
-    )
-    env = {**os.environ, "PYTHONPATH": root}
-    r = subprocess.run(
-        [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert_builds_without_torch("rayserve_expert", {"replicas": 12})
 
 
 def test_expert_peer_system_names_pick_its_form():

@@ -7,8 +7,6 @@ encode need CUDA and torchvision: test_rayserve_image_gpu.py."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -17,26 +15,15 @@ import simplejpeg
 from benchmarks import image_workload as iw
 from benchmarks.loadgen import jpeg_size, server_timing
 from benchmarks.peers import rayserve_image as peer
+from benchmarks.tests.torchless import assert_builds_without_torch
 from pipeline.imaging import fit
 from pipeline.resize_plan import Target
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MEAN, STD = np.array(peer.MEAN), np.array(peer.STD)
 
 
 def test_the_module_and_its_app_load_without_torch():
-    code = (
-        "import sys\n"
-        "from benchmarks.peers import rayserve_image as m\n"
-        "m.build_app({'replicas': 8})\n"
-        "bad = [k for k in ('torch', 'torchvision') if k in sys.modules]\n"
-        "assert not bad, bad\n"
-    )
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    r = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert_builds_without_torch("rayserve_image", {"replicas": 8})
 
 
 def test_the_app_shares_the_gpu_and_batches_as_ferry_does():
