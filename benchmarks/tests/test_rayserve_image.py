@@ -6,8 +6,6 @@ encode need CUDA and torchvision: test_rayserve_image_gpu.py."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import simplejpeg
