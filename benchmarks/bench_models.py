@@ -31,6 +31,10 @@ the first model, the harness and executor variants that explain the ratio (``dia
 in the JSON). Results merge into the JSON (``--no-merge`` replaces it).
 
     python benchmarks/bench_models.py --models resnet50,mobilenet_v3_large --batches 1,32,128
+
+Any torchvision classifier name works in ``--models``; the vision transformers of issue 29
+(not yet in models.json) are ``--models vit_b_16,swin_t --systems
+ferry_torch,torch_compile,ferry_onnx,ferry_onnx_native --onnx-models all``.
 """
 
 from __future__ import annotations
