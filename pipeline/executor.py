@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -59,7 +60,10 @@ class GpuExecutor:
     """Runs model graphs on one device for many concurrent callers."""
 
     def __init__(
-        self, config: ExecutorConfig | None = None, backend: Backend | None = None
+        self,
+        config: ExecutorConfig | None = None,
+        backend: Backend | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config or ExecutorConfig()
         kind = self.config.backend
@@ -78,7 +82,7 @@ class GpuExecutor:
         self.streams = StreamSet(self.backend, self.config.compute_streams)
         self.completions = Completions(f"ferry-completion-{self.backend.device_id}")
         self.enqueue_lock = threading.Lock()  # held while enqueueing: streams and cuBLAS handles
-        self.counters = Counters()
+        self.counters = Counters(clock)  # (clock: when batches end, for health; tests' fake)
         self.faults = Injector(resolve(self.config.faults, Settings.from_env().faults))
         ctx = EngineContext(
             self.backend, self.dtype, self.target, self.config.max_workspace_bytes, self.pool
@@ -270,7 +274,8 @@ class GpuExecutor:
 
     @property
     def last_progress(self) -> float:
-        """When a batch last finished (``time.monotonic``; health reads it)."""
+        """When a batch last finished (the executor's clock, ``time.monotonic`` unless a
+        test passes one; health reads it)."""
         return self.counters.last_progress
 
     @property
@@ -287,7 +292,7 @@ class GpuExecutor:
     def replica_health(self, config: HealthConfig, pending: Any) -> ReplicaHealth:
         """The health of a replica built around this executor, ready now (its constructor
         has warmed it); ``pending()`` counts the rows queued for it."""
-        return ReplicaHealth(config, self, pending, warm=True)
+        return ReplicaHealth(config, self, pending, warm=True, clock=self.counters.clock)
 
     def probe(self) -> None:
         """``DeviceError`` when the device no longer answers (``health.probe``)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .errors import DeviceError, FerryError
@@ -28,12 +29,15 @@ COUNTS = (
 
 
 class Counters:
-    """Counts under one lock; ``last_progress`` and ``device_error`` beside them."""
+    """Counts under one lock; ``last_progress`` and ``device_error`` beside them.
+    ``clock``: what ``last_progress`` reads (the replica's health compares it with its own
+    clock: tests pass one fake clock to both)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._lock = threading.Lock()
         self._n = dict.fromkeys(COUNTS, 0)
-        self.last_progress = time.monotonic()  # when a batch last finished (health)
+        self.clock = clock
+        self.last_progress = clock()  # when a batch last finished (health)
         self.device_error: DeviceError | None = None
 
     def count(self, **deltas: int) -> None:
@@ -46,7 +50,7 @@ class Counters:
 
     def finished(self) -> None:
         """A batch ended well: progress now, one fewer in flight."""
-        self.last_progress = time.monotonic()
+        self.last_progress = self.clock()
         self.count(in_flight=-1)
 
     def snapshot(self) -> dict[str, Any]:
@@ -60,7 +64,7 @@ class Counters:
     def failure(self, exc: BaseException) -> FerryError:
         """A batch's failure as Ferry's error; a device error poisons the executor."""
         err = as_ferry_error(exc)
-        self.last_progress = time.monotonic()
+        self.last_progress = self.clock()
         if isinstance(err, DeviceError) and self.device_error is None:
             logger.error("device error, the executor is poisoned: %s", err)
             self.device_error = err

@@ -56,17 +56,30 @@ def test_an_expired_flag_is_a_stop_that_died():
 
 
 def test_run_reports_from_the_event_loop_until_cancelled():
+    """Cancelled once its first report is in the store -- not after a real 50 ms, which a
+    loaded machine's thread pool (the store's calls run in threads) could outlast."""
     store, clock = {flag_key("app"): b"2000.000"}, Clock()
-    d = _drain(store, clock)
 
     async def main():
-        d.start()
-        d.start()  # once
-        await asyncio.sleep(0.05)
-        assert d._task is not None
-        d._task.cancel()
+        loop = asyncio.get_running_loop()
+        reported = asyncio.Event()
 
-    asyncio.run(main())
+        def put(key: bytes, value: bytes) -> None:  # in the pool's thread
+            store[key] = value
+            loop.call_soon_threadsafe(reported.set)
+
+        d = Drain("app", "r1", (store.get, put), retry_after_s=2.0, clock=clock)
+        d.start()
+        task = d._task
+        d.start()  # once
+        assert task is not None and d._task is task
+        await asyncio.wait_for(reported.wait(), 10)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        assert task.cancelled()
+        return d
+
+    d = asyncio.run(main())
     assert d.draining and _report(store) == Report(True, 0, 1000.0)
 
 

@@ -21,6 +21,7 @@ class DeviceLikeEvent:
 
     def __init__(self) -> None:
         self._fired = threading.Event()
+        self.waiting = threading.Event()  # a thread is in synchronize
         self.waiters: list[str] = []
 
     @property
@@ -29,6 +30,7 @@ class DeviceLikeEvent:
 
     def synchronize(self) -> None:
         self.waiters.append(threading.current_thread().name)
+        self.waiting.set()
         self._fired.wait()
 
     def fire(self) -> None:
@@ -80,6 +82,10 @@ def test_a_bounded_wait_times_out_then_the_completion_thread_finishes_it():
     raw, r, ran, _ = batch(c, 5)
     with pytest.raises(TimeoutError):
         r.wait(0.05)
+    # fired once the completion thread waits on it: fired before (a loaded machine can
+    # leave the new thread unscheduled past the 50 ms), the next wait finds the event
+    # complete and finishes the batch in this thread
+    assert raw.waiting.wait(10)
     raw.fire()
     assert r.wait(10) == 5 and ran == ["t-done"] and raw.waiters == ["t-done"]
     c.close()

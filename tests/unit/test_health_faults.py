@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from pipeline.faults import FaultConfig, resolve
 from pipeline.health import HealthConfig, ReplicaHealth, as_ferry_error
 
 
-def _executor(*faults: dict, **extra) -> GpuExecutor:
+def _executor(*faults: dict, clock=None, **extra) -> GpuExecutor:
     cfg = ExecutorConfig(
         backend="numpy",
         buckets=(1, 2, 4),
@@ -26,7 +27,7 @@ def _executor(*faults: dict, **extra) -> GpuExecutor:
         pool_limit_bytes=64 << 20,
         faults={"faults": list(faults), **extra},
     )
-    ex = GpuExecutor(cfg)
+    ex = GpuExecutor(cfg) if clock is None else GpuExecutor(cfg, clock=clock)
     ex.load_model("digits", "digits")
     ex.warmup()
     return ex
@@ -97,35 +98,59 @@ def test_device_error_poisons_the_executor_and_fails_health():
     assert info.value.http_status == 503 and info.value.fields["retry_after_s"] == 1.0
 
 
-def test_a_stalled_batch_wedges_the_scheduler_and_fails_health():
-    ex = _executor({"kind": "stall", "at_batch": 1, "stall_s": 1.5})
+def test_a_stalled_batch_wedges_the_scheduler_and_fails_health(clock, monkeypatch):
+    """On a fake clock shared by the executor and the health (real sleeps against a 0.5 s
+    stall_after_s raced a loaded machine), and with the injected hang held until the test
+    lets it go (the real 1.5 s one had to outlast the checks)."""
+    from pipeline import executor_commit
+
+    stalled, release = threading.Event(), threading.Event()
+
+    def hang(seconds: float) -> None:  # the stall fault's sleep: hung until released
+        assert seconds == 1.5
+        stalled.set()
+        release.wait(10)
+
+    monkeypatch.setattr(executor_commit, "time", SimpleNamespace(sleep=hang))
+    ex = _executor({"kind": "stall", "at_batch": 1, "stall_s": 1.5}, clock=clock)
     queued = [0]
-    health = ReplicaHealth(HealthConfig(stall_after_s=0.5), ex, lambda: queued[0])
+    health = ReplicaHealth(HealthConfig(stall_after_s=0.5), ex, lambda: queued[0], clock=clock)
     health.set_ready()
-    time.sleep(0.6)  # idle for longer than stall_after_s: not a stall
+    clock.advance(0.6)  # idle for longer than stall_after_s: not a stall
     health.check()
     t = threading.Thread(target=_run, args=(ex,))
     t.start()  # the CPU path finishes inline: this thread holds the stalled batch
-    time.sleep(0.2)
-    queued[0] = 5
-    health.check()  # 0.2 s without progress: still healthy
-    time.sleep(0.6)
-    with pytest.raises(Unavailable) as info:
-        health.check()
-    assert "wedged" in info.value.fields["reason"]
-    t.join(5)
+    try:
+        assert stalled.wait(10) and ex.in_flight == 1
+        clock.advance(0.2)
+        queued[0] = 5
+        health.check()  # 0.2 s without progress: still healthy
+        clock.advance(0.6)
+        with pytest.raises(Unavailable) as info:
+            health.check()
+        assert "wedged" in info.value.fields["reason"]
+    finally:
+        release.set()
+        t.join(5)
+    assert not t.is_alive()
     assert health.state == "draining"  # a drain is for good: Serve replaces the replica
 
 
-def test_busy_but_progressing_is_healthy():
-    ex = _executor()
-    health = ReplicaHealth(HealthConfig(stall_after_s=0.3), ex, lambda: 7)  # always work queued
+def test_busy_but_progressing_is_healthy(clock):
+    """Batches keep finishing, 0.1 s apart, for 0.8 s with work always queued: healthy
+    under a 0.3 s stall_after_s -- on a fake clock shared by the executor and the health
+    (with real sleeps a loaded machine could stretch a gap past 0.3 s)."""
+    ex = _executor(clock=clock)
+    health = ReplicaHealth(HealthConfig(stall_after_s=0.3), ex, lambda: 7, clock=clock)
     health.set_ready()
     for _ in range(8):
         _run(ex)
+        assert ex.last_progress == clock()  # a batch finished now: progress
         health.check()
-        time.sleep(0.1)
+        clock.advance(0.1)
     assert health.ready
+    clock.advance(0.3)  # (the same replica with no batch for longer: wedged)
+    assert not health.ready
 
 
 def test_not_ready_while_warming_then_ready():

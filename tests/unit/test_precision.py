@@ -37,6 +37,7 @@ onnx = pytest.importorskip("onnx")
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 from tests.onnx_models import overflow_net, small_net  # noqa: E402
+from tests.unit import virtual_time  # noqa: E402
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -364,7 +365,7 @@ def test_v1_models_says_each_models_precision_once_the_replica_answers(files):
 
     r = rd.Readiness(status, None, lambda: False)
     assert r.state_of("over") == {"state": "starting"}
-    asyncio.run(r.refresh())
+    virtual_time.run(r.refresh())  # (never raced against a real ANSWER_S)
     over, digits = r.state_of("over"), r.state_of("digits")
     assert over["state"] == "ready" and over["precision"]["dtype"] == "float32"
     assert "inf > 0.01" in over["precision"]["why"]

@@ -11,6 +11,7 @@ import pytest
 from deployments import readiness as rd
 from deployments.load_board import LoadBoard, digest, why_of
 from pipeline.models.loading import LoadReport, ModelUnavailable
+from tests.unit import virtual_time
 
 READY = {"health": {"ready": True, "state": "ready"}, "refused": {}}
 
@@ -83,12 +84,14 @@ def test_ready_with_a_refused_model_lists_it_and_only_its_route_is_not_ready():
         return {**READY, "refused": {"bad": "ModelRefused: TopK"}}
 
     r = rd.Readiness(status, None, lambda: False)
-    assert asyncio.run(r.server()) == (
+    # (on the virtual clock, as below: the probe's answer in a few loop turns, never raced
+    # against a real ANSWER_S)
+    assert virtual_time.run(r.server()) == (
         {"ready": True, "refused": {"bad": "ModelRefused: TopK"}},
         200,
     )
-    assert asyncio.run(r.model("good", "good")) == ({"name": "good", "ready": True}, 200)
-    assert asyncio.run(r.model("bad_encoded", "bad"))[1] == 503
+    assert virtual_time.run(r.model("good", "good")) == ({"name": "good", "ready": True}, 200)
+    assert virtual_time.run(r.model("bad_encoded", "bad"))[1] == 503
     assert r.state_of("bad") == {"state": "refused", "reason": "ModelRefused: TopK"}
     assert r.state_of("good") == {"state": "ready"}
     r.check("good")
@@ -99,9 +102,12 @@ def test_an_unhealthy_replica_and_a_draining_app_say_so():
         return {"health": {"ready": False, "state": "draining", "reason": "device error"}}
 
     r = rd.Readiness(draining, None, lambda: False)
-    assert asyncio.run(r.server())[0]["why"] == "draining: device error"
+    assert virtual_time.run(r.server())[0]["why"] == "draining: device error"
     stopping = rd.Readiness(_hangs, None, lambda: True)
-    assert asyncio.run(stopping.answer()) == (False, "draining: the application is being stopped")
+    assert virtual_time.run(stopping.answer()) == (
+        False,
+        "draining: the application is being stopped",
+    )
 
 
 def test_a_lost_replica_under_a_refused_models_request_is_its_refusal():
@@ -153,7 +159,10 @@ def test_a_ready_stage_that_stops_answering_is_not_ready_within_unanswered_s(mon
         back = await r.server()
         return first, asked, lost, back
 
-    first, asked, lost, back = asyncio.run(main())
+    # on the loop's virtual clock: each ANSWER_S a request waits for the hanging probe is
+    # exact, and the probe answering after hang.set() never races a real ANSWER_S (a loaded
+    # machine that stalled past it made "back" a 503)
+    first, asked, lost, back = virtual_time.run(main())
     assert first == ({"ready": True}, 200) and asked == ({"ready": True}, 200)
     assert lost[1] == 503 and lost[0]["why"].startswith("unavailable: the inference deployment")
     assert back == ({"ready": True}, 200)
