@@ -225,5 +225,7 @@ def test_the_clients_deadline_reaches_the_handler_through_serves_grpc_server():
 
     seen, without, now = asyncio.run(main())
     (deadline,) = [float(v) for k, v in seen if k == grpc_proxy.DEADLINE_KEY]
-    assert now < deadline <= now + 30
+    # the client's 30 s, not the forged entry; the timeout as gRPC sends it, read against the
+    # server's clock, can land a little past the client's (CI saw 94 ms): a second's slack
+    assert now < deadline <= now + 31
     assert not [v for k, v in without if k == grpc_proxy.DEADLINE_KEY]
