@@ -21,20 +21,14 @@ from ..ops.activation import ACTIVATION
 from ..ops.binary import BINARY
 from ..ops.layout import TRANSPOSE
 from ..ops.reshape import RESHAPE
-from .onnx_ir import BATCH, INode, Val, batch_axis, is_batch, per_item, refuse
+from .onnx_ir import BATCH, INode, Val, batch_axis, is_batch, per_item, refuse, registrar
 
 Handler = Callable[["Emitter", INode], None]
 HANDLERS: dict[str, Handler] = {}
 TO_NHWC, TO_NCHW = (0, 2, 3, 1), (0, 3, 1, 2)
 
 
-def handles(*ops: str) -> Callable[[Handler], Handler]:
-    def deco(fn: Handler) -> Handler:
-        for op in ops:
-            HANDLERS[op] = fn
-        return fn
-
-    return deco
+handles = registrar(HANDLERS)  # @handles("Add", "Sub"): the emitter of those ops
 
 
 class Emitter:

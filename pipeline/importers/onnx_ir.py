@@ -12,8 +12,9 @@ bucket's plan resolves it (a view's shape has -1 there).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -142,6 +143,24 @@ class Val:
     def nhwc_item(self) -> tuple[int, ...]:
         c, h, w = self.item
         return (h, w, c)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def registrar(table: dict[str, Any]) -> Callable[..., Callable[[F], F]]:
+    """A decorator factory filing a function in ``table`` under each op it names:
+    ``handles = registrar(HANDLERS)``, then ``@handles("Add", "Sub")``."""
+
+    def register(*ops: str) -> Callable[[F], F]:
+        def deco(fn: F) -> F:
+            for op in ops:
+                table[op] = fn
+            return fn
+
+        return deco
+
+    return register
 
 
 def refuse(where: INode | None, reason: str, **fields: Any) -> ModelRefused:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .onnx_iota import iota_of
-from .onnx_ir import Batch, INode
+from .onnx_ir import Batch, INode, registrar
 
 Lowering = Callable[["Call", INode, list[Any]], Any]
 LOWER: dict[str, Lowering] = {}
@@ -41,22 +41,8 @@ class NotLowered(Exception):
         self.node = node
 
 
-def lowers(*ops: str) -> Callable[[Lowering], Lowering]:
-    def deco(fn: Lowering) -> Lowering:
-        for op in ops:
-            LOWER[op] = fn
-        return fn
-
-    return deco
-
-
-def prepares(*ops: str) -> Callable[[Preparing], Preparing]:
-    def deco(fn: Preparing) -> Preparing:
-        for op in ops:
-            PREPARE[op] = fn
-        return fn
-
-    return deco
+lowers = registrar(LOWER)  # @lowers("Relu", "Tanh"): the lowering of those ops
+prepares = registrar(PREPARE)  # @prepares("Cast"): its load-time part (checks included)
 
 
 def torch_() -> Any:
@@ -93,8 +79,9 @@ class Lowered:
         reads = {i for n in self.nodes for i in n.inputs if i}
         for name in sorted(reads & set(model.consts)):
             arr = model.consts[name]
-            if iota_of(arr) is not None:
-                self.iotas[name] = iota_of(arr)
+            iota = iota_of(arr)
+            if iota is not None:
+                self.iotas[name] = iota
                 continue
             flat = arr.reshape(-1)
             if arr.dtype == object or np.issubdtype(arr.dtype, np.integer):
@@ -110,9 +97,6 @@ class Lowered:
             self._buffers_of[name] = attr
         self.prepared: dict[str, Any] = {}
         for n in self.nodes:  # attributes it cannot take are found now, not at a request
-            check = CHECKS.get(n.op)
-            if check is not None:
-                check(n)
             prepare = PREPARE.get(n.op)
             if prepare is not None:
                 self.prepared[n.outputs[0]] = prepare(model, n)
@@ -160,9 +144,6 @@ class Call:
         return len(node.inputs) > k and bool(node.inputs[k])
 
 
-CHECKS: dict[str, Callable[[INode], None]] = {}
-
-
 def pads_2d(n: INode, rank: int) -> tuple[list[int], bool]:
     """ONNX ``pads`` (begins then ends) of the spatial axes: (begins, symmetric)."""
     if n.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
@@ -174,15 +155,13 @@ def pads_2d(n: INode, rank: int) -> tuple[list[int], bool]:
     return pads, pads[:k] == pads[k:]
 
 
-def _check_spatial(n: INode) -> None:
+@prepares("Conv", "MaxPool", "AveragePool")
+def _check_spatial(model: Any, n: INode) -> None:
+    """Nothing to prepare: refuses at load the pads the lowering cannot take."""
     k = len(n.attrs.get("kernel_shape", [])) or 2
     pads, sym = pads_2d(n, k + 2)
     if n.op == "AveragePool" and not sym and not int(n.attrs.get("count_include_pad", 0)):
         raise NotLowered(n, "AveragePool with uneven pads that excludes them from the count")
-
-
-for _op in ("Conv", "MaxPool", "AveragePool"):
-    CHECKS[_op] = _check_spatial
 
 
 def torch_pad(pads: list[int]) -> list[int]:
