@@ -37,14 +37,14 @@ def classify_match(scope: dict) -> Any:
 
 
 async def serve_classify(scope: dict, receive: Any, send: Any) -> None:
-    """``POST /v1/models/{model}/classify`` straight to the replica's handler (the path is
-    ``classify_match``'s and the replica is in the scope's app): no router, no dependency
-    solving; a Ferry error or a bug is its JSON answer."""
-    match, ingress = CLASSIFY_PATH.match(scope["path"]), ingress_of(scope)
+    """``POST /v1/models/{model}/classify`` straight to the replica's handler (``FerryApp``
+    matched the path, its model in ``path_params`` as a router puts it, and the replica is
+    in the scope's app): no router, no dependency solving; a Ferry error or a bug is its
+    JSON answer."""
     request = Request(scope, receive)
     try:
-        response = await ingress.classify_request(
-            match.group(1), request, request.query_params.get("top_k")
+        response = await ingress_of(scope).classify_request(
+            scope["path_params"]["model"], request, request.query_params.get("top_k")
         )
     except Exception as exc:
         response = error_response(unwrap(exc), request_id_of(request))
@@ -64,8 +64,10 @@ class FerryApp(FastAPI):
     fast: Any = None
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if classify_match(scope) and getattr(self.state, "ingress", None) is not None:
+        match = classify_match(scope)
+        if match and getattr(self.state, "ingress", None) is not None:
             scope["app"] = self  # as Starlette sets it: ingress_of reads it
+            scope["path_params"] = {"model": match.group(1)}
             if self.root_path:
                 scope["root_path"] = self.root_path
             if self.fast is None:
