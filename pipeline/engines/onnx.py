@@ -35,6 +35,8 @@ from ..importers.onnx_lower import NotLowered, lower
 from ..models.registry import LoadedModel
 from .base import BoundModel, Engine, EngineContext, EnginePlan, Feed, ImageInput, TensorInfo
 from .native import GraphEngine
+from .torch_engine import TorchEngine
+from .torch_sources import _torch
 
 logger = logging.getLogger(__name__)
 BACKENDS = ("auto", "native", "torch")
@@ -119,8 +121,7 @@ class OnnxEngine(Engine):
 
     def _torch_engine(self) -> Engine:
         if self._lowered is None:
-            from .torch_engine import TorchEngine  # optional: torch (its module imports it)
-
+            _torch()  # InvalidInput naming the extra where torch is not installed
             if self.image is None:
                 raise InvalidInput(
                     "the torch backend serves models with an image input", model=self.model
