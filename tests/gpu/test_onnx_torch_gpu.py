@@ -34,9 +34,9 @@ cupy = pytest.importorskip("cupy")
 
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
+from benchmarks.model_zoo import make, normalised  # noqa: E402
 from tests.models.transformers_torch import MODELS as TINY  # noqa: E402
 
-MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 BUCKETS = (1, 4)
 
 
@@ -53,12 +53,6 @@ def config(models: list[dict]) -> PipelineConfig:
 
 def pixels(n: int, size: int) -> np.ndarray:
     return np.random.default_rng(5).integers(0, 256, (n, size, size, 3), dtype=np.uint8)
-
-
-def normalised(u8: np.ndarray) -> np.ndarray:
-    x = u8.transpose(0, 3, 1, 2).astype(np.float32) / 255
-    m = np.array(MEAN, np.float32)[:, None, None]
-    return (x - m) / np.array(STD, np.float32)[:, None, None]
 
 
 def export(m, item: tuple[int, ...], path: str) -> None:
@@ -107,14 +101,8 @@ def test_small_net_on_the_torch_backend_matches_the_reference(tmp_path):
 
 
 def _torchvision(arch: str):
-    tv = pytest.importorskip("torchvision")
-    torch.manual_seed(0)
-    m = tv.models.get_model(arch, weights=None).eval()
-    for mod in m.modules():  # batch norms with statistics: logits of a sane size
-        if isinstance(mod, torch.nn.BatchNorm2d):
-            mod.running_mean.uniform_(-0.1, 0.1)
-            mod.running_var.uniform_(0.5, 1.5)
-    return m, (3, 224, 224)
+    pytest.importorskip("torchvision")
+    return make(arch), (3, 224, 224)  # random weights, batch norms with statistics
 
 
 CASES = {

@@ -39,9 +39,8 @@ cupy = pytest.importorskip("cupy")
 
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
-from benchmarks.model_zoo import make  # noqa: E402
+from benchmarks.model_zoo import make, normalised  # noqa: E402
 
-MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 BUCKET = 4
 
 
@@ -59,13 +58,6 @@ def config(models: list[dict]) -> PipelineConfig:
             },
         }
     )
-
-
-def normalised(u8: np.ndarray) -> np.ndarray:
-    x = u8.transpose(0, 3, 1, 2).astype(np.float32) / 255
-    return (x - np.array(MEAN, np.float32)[:, None, None]) / np.array(STD, np.float32)[
-        :, None, None
-    ]
 
 
 def pixels(n: int, size: int = 224) -> np.ndarray:
