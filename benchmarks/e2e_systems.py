@@ -12,7 +12,7 @@ Two workloads (``WORKLOADS``):
   its frame's size. ``benchmarks/image_workload.py`` makes the corpus and the model file.
 
 Each system serves one workload: Ferry's placements (``ferry``, ``ferry_split``,
-``ferry_4stage``, ``ferry_naive``; ``ferry_image``) and the Ray Serve peers
+``ferry_4stage``, ``ferry_naive``, ``ferry_sleep``; ``ferry_image``) and the Ray Serve peers
 (``rayserve_batch_*``, ``rayserve_expert_*``; ``rayserve_image_*``).
 """
 
@@ -91,8 +91,13 @@ def corpus_of(name: str) -> Corpus:
 
 
 def _ferry(
-    config: str, naive: bool = False, workload: str = "classify", startup_s: float = 300
+    config: str,
+    naive: bool = False,
+    workload: str = "classify",
+    startup_s: float = 300,
+    sets: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """A Ferry system: ``config`` with ``sets`` (dotted keys, as ``--set``) applied first."""
     return {
         "kind": "ferry",
         "workload": workload,
@@ -100,6 +105,7 @@ def _ferry(
         "config": os.path.join(CONFIGS, config),
         "naive": naive,
         "startup_s": startup_s,
+        "sets": sets or {},
     }
 
 
@@ -128,6 +134,9 @@ SYSTEMS: dict[str, dict[str, Any]] = {
     "ferry_split": _ferry("ferry_e2e_split.yaml"),
     "ferry_4stage": _ferry("ferry_e2e_4stage.yaml"),
     "ferry_naive": _ferry("ferry_e2e.yaml", naive=True),
+    # ``ferry`` with every CUDA host wait of the replicas asleep (executor.host_wait: sleep):
+    # nvImageCodec's threads spun on up to 6 of the 16 cores at 1,024 clients (e2e.json)
+    "ferry_sleep": _ferry("ferry_e2e.yaml", sets={"executor.host_wait": "sleep"}),
     "rayserve_batch_1rep": _peer("rayserve_batch", 1, {}),
     "rayserve_batch_4rep": _peer("rayserve_batch", 4, {}),
     "rayserve_batch_haproxy_4rep": _peer("rayserve_batch", 4, HAPROXY),
@@ -205,7 +214,7 @@ def serve_config(name: str, spec: dict[str, Any], sets: dict[str, Any] | None = 
         pipeline = cfg["applications"][0]["args"]["config"]
         if spec.get("naive"):
             pipeline["executor"]["mode"] = "naive"
-        apply_sets(pipeline, sets or {})
+        apply_sets(pipeline, {**spec.get("sets", {}), **(sets or {})})
     else:
         cfg = {
             "proxy_location": "EveryNode",

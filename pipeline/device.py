@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from .cuda_wait import set_host_wait
 from .errors import DeviceError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -56,6 +57,9 @@ class Backend:
 
     name: Literal["cupy", "numpy"]
     device_id: int = 0
+    host_wait: str = field(default="auto", compare=False)
+    """How host threads wait for this device (``executor.host_wait``; ``pipeline.cuda_wait``),
+    set on its primary context before this process first activates it."""
 
     @property
     def is_cuda(self) -> bool:
@@ -79,6 +83,7 @@ class Backend:
         if self.is_cuda:
             import cupy  # optional: cupy
 
+            set_host_wait(self.host_wait, self.device_id)  # once: before the context starts
             cupy.cuda.Device(self.device_id).use()
 
     def total_memory(self) -> int:
@@ -104,7 +109,9 @@ class Backend:
         return f"cupy on {name.decode() if isinstance(name, bytes) else name} (device {self.device_id})"
 
 
-def select_backend(kind: BackendName = "auto", device_id: int = 0) -> Backend:
+def select_backend(
+    kind: BackendName = "auto", device_id: int = 0, host_wait: str = "auto"
+) -> Backend:
     """``auto`` takes cupy when a CUDA device is visible, numpy otherwise."""
     if kind == "numpy":
         return Backend("numpy", device_id)
@@ -113,10 +120,10 @@ def select_backend(kind: BackendName = "auto", device_id: int = 0) -> Backend:
             raise DeviceError(
                 "backend 'cupy' asked for, but no CUDA device is visible", device_id=device_id
             )
-        return Backend("cupy", device_id)
+        return Backend("cupy", device_id, host_wait)
     if kind != "auto":
         raise ValueError(f"backend must be 'auto', 'cupy' or 'numpy', not {kind!r}")
-    return Backend("cupy" if cuda_available() else "numpy", device_id)
+    return Backend("cupy" if cuda_available() else "numpy", device_id, host_wait)
 
 
 # --------------------------------------------------------------------------- events

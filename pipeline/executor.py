@@ -35,6 +35,7 @@ import numpy as np
 
 from .async_result import AsyncResult
 from .config import ExecutorConfig, Settings
+from .cuda_wait import host_wait_of
 from .device import Backend, StreamSet, select_backend
 from .engines.base import Engine, EngineContext, EnginePlan, Feed
 from .errors import DeviceError, FerryError, InvalidInput
@@ -69,7 +70,9 @@ class GpuExecutor:
         kind = self.config.backend
         if kind == "auto":
             kind = Settings.from_env().backend or "auto"  # FERRY_BACKEND=numpy forces the CPU path
-        self.backend = backend or select_backend(kind, self.config.device_id)
+        self.backend = backend or select_backend(
+            kind, self.config.device_id, self.config.host_wait
+        )
         self.backend.activate()
         self.dtype = (
             self.backend.compute_dtype.name if self.config.dtype == "auto" else self.config.dtype
@@ -320,6 +323,9 @@ class GpuExecutor:
             dtypes={m.loaded.name: m.precision.dtype for m in self._models.values()},
             faults_injected=dict(self.faults.injected),
         )
+        if self.backend.is_cuda:  # what the context really has (the driver's word)
+            wait = host_wait_of(self.backend.device_id)
+            out["host_wait"] = wait.mode if wait else "unknown"
         return out
 
     def close(self) -> None:

@@ -19,6 +19,7 @@ FERRY_SYSTEMS = {  # system -> (its ingress replicas, its inference replicas)
     "ferry_split": (6, 4),
     "ferry_4stage": (6, 1),
     "ferry_naive": (8, None),
+    "ferry_sleep": (8, None),  # ferry with sleeping CUDA waits
     "ferry_image": (8, None),  # the image workload, in ferry's placement
 }
 
@@ -49,6 +50,7 @@ def test_benchmark_serve_configs_validate(system):
     cfg = PipelineConfig.model_validate(raw["applications"][0]["args"]["config"])
     assert cfg.executor.backend == "cupy"
     assert (cfg.executor.mode == "naive") == (system == "ferry_naive")
+    assert cfg.executor.host_wait == ("sleep" if system == "ferry_sleep" else "auto")
     cpus = cfg.ingress_deployment.num_cpus * cfg.ingress_deployment.num_replicas
     inf = cfg.inference_deployment
     if cfg.placement == "one_process":  # one deployment holds the GPU
@@ -78,6 +80,12 @@ def test_set_overrides_reach_the_served_config_and_name_the_rows():
     assert pipeline["executor"]["max_in_flight"] == 4
     assert pipeline["ingress_deployment"]["num_replicas"] == 12
     assert pipeline["executor"]["pool_limit_fraction"] == 0.113  # the rest as in the file
+    # a system's own setting, and a --set over it
+    sleep = _served("ferry_sleep", {"executor.max_in_flight": 4})["applications"][0]["args"]
+    assert sleep["config"]["executor"]["host_wait"] == "sleep"
+    assert sleep["config"]["executor"]["max_in_flight"] == 4
+    spin = _served("ferry_sleep", {"executor.host_wait": "spin"})["applications"][0]["args"]
+    assert spin["config"]["executor"]["host_wait"] == "spin"
     PipelineConfig.model_validate(pipeline)
     assert row_name("ferry", SYSTEMS["ferry"], {"executor.max_in_flight": 4}) == (
         "ferry[executor.max_in_flight=4]"

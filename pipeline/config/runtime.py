@@ -45,6 +45,12 @@ class ExecutorConfig(Strict):
     """How long ``prepare`` waits for a free pinned staging slot before ``ResourceExhausted``."""
     dtype: Literal["auto", "float16", "float32"] = "auto"
     """Compute dtype: ``auto`` is float16 on the GPU, float32 on the CPU."""
+    host_wait: Literal["auto", "spin", "yield", "sleep"] = "auto"
+    """How this process's threads wait for the GPU (the primary context's scheduling flag,
+    set before the context starts; ``pipeline/cuda_wait.py``): ``auto`` is CUDA's default
+    (spin while the process has fewer contexts than the machine has cores), ``sleep`` blocks
+    on an OS primitive (``CU_CTX_SCHED_BLOCKING_SYNC``), freeing the cores that libraries'
+    synchronous waits (nvImageCodec's, torch's) would otherwise spin on."""
     faults: FaultConfig = Field(default_factory=FaultConfig)
     """Injected faults (tests and chaos runs; none by default; ``FERRY_FAULTS`` wins)."""
 

@@ -65,7 +65,7 @@ class PreprocessGpuCore:
     ) -> None:
         self.config = config
         self.local = local
-        self.backend = backend or select_backend("cupy", device)
+        self.backend = backend or select_backend("cupy", device, config.executor.host_wait)
         self.backend.activate()
         self.cpu = cpu
         self.targets = cpu.targets
