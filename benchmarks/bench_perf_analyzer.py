@@ -249,6 +249,12 @@ def arguments() -> argparse.Namespace:
     ap.add_argument("--protocols", default="http,grpc", help="perf_analyzer's -i, in order")
     ap.add_argument("--ports", default=f"{HTTP_PORT},{GRPC_PORT}", help="HTTP,gRPC")
     ap.add_argument("--out", default="benchmarks/results/perf_analyzer.json")
+    ap.add_argument(
+        "--key",
+        default=None,
+        help="keep this run under runs.KEY of --out, beside what is there (e.g. cpu_default "
+        "beside the H200's run); without it the run replaces the file's headline run",
+    )
     args = ap.parse_args()
     args.http_port, args.grpc_port = (int(p) for p in args.ports.split(","))
     if not set(args.protocols.split(",")) <= set(PROTOCOLS):
@@ -301,25 +307,32 @@ def main() -> int:
 
 
 def write(args: argparse.Namespace, startup: float, rows: list[dict[str, Any]]) -> None:
-    write_json(
-        args.out,
-        {
-            "benchmark": "perf_analyzer over HTTP and gRPC against Ferry beside Ferry's loadgen, "
-            "same v2 requests",
-            "date": today(),
-            "commit": commit(),
-            "machine": machine(),
-            "config": args.config,
-            "startup_s": startup,
-            "perf_analyzer": "tritonclient 2.34.0's binary, closed loop at each concurrency, "
-            "-i http and -i grpc (each row's protocol) one after the other",
-            "loadgen": "benchmarks/loadgen.py (aiohttp, HTTP), closed loop, the same request body",
-            "ratio": "perf_analyzer inferences/s over loadgen img/s (1 image a request, HTTP)",
-            "vs_http": "a gRPC row's perf_analyzer inferences/s over the HTTP row's, same level",
-            "rows": rows,
-        },
-    )
-    print("\n".join(perf_analyzer_section(json.load(open(args.out)))))
+    try:
+        with open(args.out) as f:
+            before = json.load(f)
+    except (OSError, ValueError):
+        before = {}
+    doc = {
+        "benchmark": "perf_analyzer over HTTP and gRPC against Ferry beside Ferry's loadgen, "
+        "same v2 requests",
+        "date": today(),
+        "commit": commit(),
+        "machine": machine(),
+        "config": args.config,
+        "startup_s": startup,
+        "perf_analyzer": "tritonclient 2.34.0's binary, closed loop at each concurrency, "
+        "-i http and -i grpc (each row's protocol) one after the other",
+        "loadgen": "benchmarks/loadgen.py (aiohttp, HTTP), closed loop, the same request body",
+        "ratio": "perf_analyzer inferences/s over loadgen img/s (1 image a request, HTTP)",
+        "vs_http": "a gRPC row's perf_analyzer inferences/s over the HTTP row's, same level",
+        "rows": rows,
+    }
+    if args.key:  # beside the headline run and the other kept runs
+        out = {**before, "runs": {**before.get("runs", {}), args.key: doc}}
+    else:
+        out = {**doc, **({"runs": before["runs"]} if "runs" in before else {})}
+    write_json(args.out, out)
+    print("\n".join(perf_analyzer_section(doc)))
     print(f"wrote {args.out}")
 
 

@@ -493,7 +493,7 @@ def render() -> str:
             "## Triton's perf_analyzer over HTTP and gRPC, beside loadgen (`bench_perf_analyzer.py`)",
             "",
         ]
-        out += [*perf_analyzer_section(pa), ""]
+        out += perf_analyzer_sections(pa)
     return "\n".join(out)
 
 
@@ -711,6 +711,14 @@ def headline_section() -> list[str]:
         for figure, value in rows_of(part):
             lines.append(f"| {figure} | {value} | {commit}, {date} | {machine.strip()} | {since} |")
     return lines + [""]
+
+
+def perf_analyzer_sections(pa: dict) -> list[str]:
+    """The headline run of perf_analyzer.json, then each run kept beside it (``--key``)."""
+    out = [*perf_analyzer_section(pa), ""]
+    for key, run in pa.get("runs", {}).items():
+        out += [f"### `{key}`", "", *perf_analyzer_section(run), ""]
+    return out
 
 
 def perf_analyzer_section(pa: dict) -> list[str]:

@@ -1,11 +1,13 @@
 """Soak (issue 17 item 7; not in CI): N minutes of mixed traffic -- classify on every model,
-v2 binary tensors, 2% bad requests from the regression corpus -- while the RSS of every
+v2 binary tensors, 2% bad requests from the regression corpus, and with ``--streams K`` live
+streams opening and closing all the time (``soak_streams.py``) -- while the RSS of every
 Serve replica and proxy process and the device pool's bytes in use are sampled.
 
     python benchmarks/soak.py --config serve_config.yaml --minutes 30            # CPU default
     python benchmarks/soak.py --config serve_config.gpu.yaml --minutes 10 --clients 64 \\
         --name gpu --out $OUT/soak --write-to $OUT/reliability.json          # on the GPU box
     python benchmarks/soak.py --url http://127.0.0.1:8000 ...                # a running Ferry
+    python benchmarks/soak.py --minutes 10 --streams 8 --name cpu_streams        # with streams
 
 Judged as Triton's memory-growth test does: per process, the largest sample after the
 warm-up minus the trimmed mean (10% off each end) of the second half's samples, at most
@@ -14,7 +16,8 @@ the first half's (warm-up left out), at most ``--max-drift`` (20%) apart; every 
 is listed too. A good request must get 200, a bad one its 4xx with Ferry's JSON error;
 a good request refused by the queue budget (503 with Ferry's JSON and ``Retry-After``) is
 counted as shed, apart, and its client waits ``Retry-After`` as a client should; anything
-else is counted as unexpected. Progress is printed every sample. Writes
+else is counted as unexpected (for streams: ``soak_streams.py``; the replica's stream book
+must be idle at the end). Progress is printed every sample. Writes
 ``soak.<name>`` into results/reliability.json (``--write-to``) and the samples to ``--out``.
 """
 
@@ -38,8 +41,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-from benchmarks import ray_probe  # noqa: E402
+from benchmarks import ray_probe, soak_streams  # noqa: E402
 from benchmarks.common import read_results, write_json, write_results  # noqa: E402
+from benchmarks.soak_judge import growth, judge, pct, section, trimmed_mean  # noqa: E402,F401
 
 RESULTS = os.path.join(HERE, "results", "reliability.json")
 
@@ -226,37 +230,6 @@ async def client(
                 await asyncio.sleep(float(retry_after))
 
 
-def pct(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    xs = sorted(xs)
-    return round(xs[min(len(xs) - 1, int(q * len(xs)))], 1)
-
-
-def trimmed_mean(xs: list[float], trim: float = 0.1) -> float:
-    xs = sorted(xs)
-    k = int(len(xs) * trim)
-    part = xs[k : len(xs) - k] or xs
-    return sum(part) / len(part)
-
-
-def growth(samples: list[tuple[float, float]], t_warm: float, t_half: float) -> dict[str, Any]:
-    """Triton's rule on one series of (time, bytes): max after warm-up minus the trimmed mean
-    of the second half, in MB."""
-    after = [v for t, v in samples if t >= t_warm]
-    second = [v for t, v in samples if t >= t_half]
-    if not after or not second:
-        return {"samples": len(samples), "growth_mb": None}
-    tm = trimmed_mean(second)
-    return {
-        "samples": len(samples),
-        "first_mb": round(samples[0][1] / 2**20, 1),
-        "max_mb": round(max(after) / 2**20, 1),
-        "second_half_trimmed_mean_mb": round(tm / 2**20, 1),
-        "growth_mb": round((max(after) - tm) / 2**20, 1),
-    }
-
-
 async def soak(args: argparse.Namespace, url: str) -> dict[str, Any]:
     good, bad = traffic(url)
     book = Book()
@@ -266,6 +239,24 @@ async def soak(args: argparse.Namespace, url: str) -> dict[str, Any]:
         asyncio.ensure_future(client(url, good, bad, args.bad_share, end, book, i))
         for i in range(args.clients)
     ]
+    sbook = soak_streams.StreamBook()
+    if args.streams:
+        from loadtest.streams import frames_corpus
+
+        w, h = (int(x) for x in args.stream_size.lower().split("x"))
+        frames = frames_corpus(w, h)
+        ws = (
+            url.replace("http", "ws", 1)
+            + f"/v1/streams/{args.stream_model}?fps={args.stream_fps:g}"
+        )
+        tasks += [
+            asyncio.ensure_future(
+                soak_streams.player(
+                    ws, frames, args.stream_fps, args.stream_seconds, end, sbook, 1000 + i
+                )
+            )
+            for i in range(args.streams)
+        ]
     rss: dict[str, list[tuple[float, float]]] = {}
     pool: dict[str, list[tuple[float, float]]] = {}
     last_n = 0
@@ -282,100 +273,38 @@ async def soak(args: argparse.Namespace, url: str) -> dict[str, Any]:
             f"[{now - t_start:6.0f}/{args.minutes * 60:.0f} s] {len(book.rows)} requests, "
             f"{(len(book.rows) - last_n) / args.sample_s:.1f}/s, p99 {pct(recent, 0.99)} ms, "
             f"{len(rss)} processes, largest RSS change {top:+.1f} MB, "
-            f"shed {book.shed}, unexpected {sum(book.unexpected.values())}",
+            f"shed {book.shed}, unexpected {sum(book.unexpected.values())}"
+            + (
+                f", streams {len(sbook.done)} closed ({sbook.opened()} opened), "
+                f"unexpected {sum(sbook.unexpected.values())}"
+                if args.streams
+                else ""
+            ),
             flush=True,
         )
         last_n = len(book.rows)
     await asyncio.gather(*tasks)
-    return judge(args, book, rss, pool, t_start, time.time())
-
-
-def judge(args, book: Book, rss, pool, t0: float, t1: float) -> dict[str, Any]:
-    warm = t0 + min(args.warmup_s, (t1 - t0) / 4)
-    half = warm + (t1 - warm) / 2
-    ok = [(t, k, ms) for t, k, s, ms in book.rows if s == 200 and t >= warm]
-    first = [ms for t, _, ms in ok if t < half]
-    second = [ms for t, _, ms in ok if t >= half]
-    p1, p2 = pct(first, 0.99), pct(second, 0.99)
-    drift = round((p2 - p1) / p1, 3) if p1 and p2 else None
-    windows = []
-    w = warm
-    while w < t1 - 1:
-        xs = [ms for t, _, ms in ok if w <= t < w + args.window_s]
-        windows.append({"from_s": round(w - t0), "requests": len(xs), "p99_ms": pct(xs, 0.99)})
-        w += args.window_s
-    kinds = sorted({k for _, k, _ in ok})
-    per_kind = {}
-    for k in kinds:
-        a = [ms for t, kk, ms in ok if kk == k and t < half]
-        b = [ms for t, kk, ms in ok if kk == k and t >= half]
-        per_kind[k] = {
-            "first_half_p99_ms": pct(a, 0.99),
-            "second_half_p99_ms": pct(b, 0.99),
-            "requests": len(a) + len(b),
+    t_end = time.time()
+    out = judge(args, book, rss, pool, t_start, t_end)
+    if args.streams:
+        left = await soak_streams.left_behind(url)
+        out["streams"] = {
+            **soak_streams.summary(sbook, args.stream_fps, t_start, t_end, args.streams),
+            "model": args.stream_model,
+            "size": args.stream_size,
+            "life_s": f"{args.stream_seconds * 0.5:g}-{args.stream_seconds * 1.5:g}",
+            "left_behind": left,
         }
-    procs = {k: growth(v, warm, half) for k, v in sorted(rss.items())}
-    pools = {k: growth(v, warm, half) for k, v in sorted(pool.items())}
-    worst = max(
-        (
-            p["growth_mb"]
-            for p in [*procs.values(), *pools.values()]
-            if p.get("growth_mb") is not None
-        ),
-        default=None,
-    )
-    statuses: dict[str, int] = {}
-    for _, _, s, _ in book.rows:
-        statuses[str(s)] = statuses.get(str(s), 0) + 1
-    return {
-        "duration_s": round(t1 - t0),
-        "requests": len(book.rows),
-        "requests_per_s": round(len(book.rows) / (t1 - t0), 1),
-        "statuses": statuses,
-        "bad_requests": sum(1 for _, k, _, _ in book.rows if k.startswith("bad")),
-        "unexpected": book.unexpected,
-        "shed_503": book.shed,
-        "shed_share": round(book.shed / max(1, len(book.rows)), 4),
-        "p99_first_half_ms": p1,
-        "p99_second_half_ms": p2,
-        "p99_drift": drift,
-        "per_kind": per_kind,
-        "windows": windows,
-        "rss": procs,
-        "pool_bytes": pools,
-        "worst_growth_mb": worst,
-        "pass": {
-            "memory": worst is not None and worst <= args.max_growth_mb,
-            "drift": drift is not None and abs(drift) <= args.max_drift,
-            "no_unexpected": not book.unexpected,
-        },
-    }
+        out["unexpected"] = {**out["unexpected"], **sbook.unexpected}
+        out["pass"]["no_unexpected"] = not out["unexpected"]
+        out["pass"]["streams_book_idle"] = left is None
+    return out
 
 
 def write_section(name: str, doc: dict[str, Any], path: str) -> None:
     rel = read_results(path)
     rel.setdefault("soak", {})[name] = doc
     write_results(path, rel)
-
-
-def section(soaks: dict[str, Any]) -> list[str]:
-    """RESULTS.md lines of the soak runs."""
-    lines = [
-        "| soak | config | machine | minutes | clients | requests | shed 503 | unexpected "
-        "| worst growth MB | p99 1st / 2nd half ms | drift | pass |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for name, d in soaks.items():
-        p = d["pass"]
-        lines.append(
-            f"| {name}{' (' + d['label'] + ')' if d.get('label') else ''} | {d['config']} | "
-            f"{d['machine']} | {d['duration_s'] / 60:.0f} | {d['clients']} | {d['requests']} | "
-            f"{d.get('shed_503', 'n/a')} | {sum(d['unexpected'].values())} | {d['worst_growth_mb']} | "
-            f"{d['p99_first_half_ms']} / {d['p99_second_half_ms']} | {'n/a' if d['p99_drift'] is None else format(d['p99_drift'], '+.0%')} | "
-            f"{'yes' if all(p.values()) else 'no: ' + ', '.join(k for k, v in p.items() if not v)} |"
-        )
-    notes = [f"* {name}: {d['conditions']}." for name, d in soaks.items() if d.get("conditions")]
-    return lines + ([""] + notes if notes else [])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -392,6 +321,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup-s", type=float, default=60)
     ap.add_argument("--max-growth-mb", type=float, default=100)
     ap.add_argument("--max-drift", type=float, default=0.20)
+    ap.add_argument("--streams", type=int, default=0, help="stream players (0: none)")
+    ap.add_argument("--stream-model", default="digits")
+    ap.add_argument("--stream-fps", type=float, default=10)
+    ap.add_argument("--stream-seconds", type=float, default=5, help="a stream's mean life")
+    ap.add_argument("--stream-size", default="64x64", help="frame WIDTHxHEIGHT (JPEG)")
     ap.add_argument("--name", default="cpu", help="its key under soak in reliability.json")
     ap.add_argument("--label", default="", help="e.g. 'short check'")
     ap.add_argument("--conditions", default="", help="what else ran on the machine")

@@ -1,0 +1,47 @@
+"""bench_perf_analyzer keeps a run under ``--key`` beside the file's headline run (the CPU
+default beside the H200's), a run without it replaces only the headline, and report.py
+renders both (made-up rows, no perf_analyzer)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from benchmarks import bench_perf_analyzer as B
+from benchmarks import report
+
+
+def _row(model: str, protocol: str, infer_s: float) -> dict:
+    return {
+        "model": model,
+        "protocol": protocol,
+        "concurrency": 16,
+        "perf_analyzer": {"infer_s": infer_s, "p99_ms": 9.0},
+        **({"loadgen": {"img_s": infer_s, "p99_ms": 9.0}, "ratio": 1.0} if protocol == "http" else {"vs_http": 1.1}),
+    }  # fmt: skip
+
+
+def _write(path, config: str, rows: list[dict], key: str | None) -> dict:
+    B.write(argparse.Namespace(out=str(path), config=config, key=key), 1.0, rows)
+    return json.loads(path.read_text())
+
+
+def test_a_keyed_run_sits_beside_the_headline_and_both_are_rendered(tmp_path):
+    path = tmp_path / "perf_analyzer.json"
+    gpu = _write(path, "serve_config.gpu.yaml", [_row("digits", "http", 5000.0)], None)
+    assert gpu["config"] == "serve_config.gpu.yaml" and "runs" not in gpu
+    both = _write(
+        path,
+        "serve_config.yaml",
+        [_row("digits", "http", 300.0), _row("digits", "grpc", 330.0)],
+        "cpu_default",
+    )
+    assert both["config"] == "serve_config.gpu.yaml" and both["rows"] == gpu["rows"]
+    assert both["runs"]["cpu_default"]["config"] == "serve_config.yaml"
+    assert [r["protocol"] for r in both["runs"]["cpu_default"]["rows"]] == ["http", "grpc"]
+    again = _write(path, "serve_config.gpu.yaml", [_row("digits", "http", 5100.0)], None)
+    assert again["rows"][0]["perf_analyzer"]["infer_s"] == 5100.0
+    assert again["runs"] == both["runs"]  # a new headline keeps the kept runs
+    joined = "\n".join(report.perf_analyzer_sections(again))
+    assert joined.index("`serve_config.gpu.yaml`") < joined.index("### `cpu_default`")
+    assert "| digits | grpc | 16 | 330.0 |" in joined.split("### `cpu_default`")[1]
