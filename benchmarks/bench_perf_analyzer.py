@@ -2,14 +2,15 @@
 load generator, same requests, same concurrency.
 
     python benchmarks/bench_perf_analyzer.py [--config serve_config.gpu.yaml]
-        [--concurrency 16,64] [--seconds 4] [--protocols http,grpc]
-        [--ports 8000,9000] [--out benchmarks/results/perf_analyzer.json]
+        [--concurrency 16,64] [--seconds 4] [--protocols http,grpc,grpc_stream]
+        [--ports 8000,9000] [--out benchmarks/results/perf_analyzer.json] [--key cpu_default]
 
 Starts the config with ``serve run`` on a Ray of its own (HAProxy and Serve's
 throughput-optimized mode, as bench_e2e; ``--ports`` runs a copy of the config on other HTTP
 and gRPC ports), then for each workload and concurrency runs ``perf_analyzer`` exactly as a
-Triton user would, once per protocol (``-i http``, ``-i grpc``: one row each, with its
-``protocol``, taken one after the other at the same level), and over HTTP
+Triton user would, once per protocol (``-i http``, ``-i grpc``, and ``grpc_stream``:
+``-i grpc --streaming``, each client's requests on one ``ModelStreamInfer`` stream; one row
+each, with its ``protocol``, taken one after the other at the same level), and over HTTP
 ``benchmarks/loadgen.py`` (aiohttp, closed loop) sending the same v2 request body. A gRPC
 row's ``vs_http`` is its inferences/s over the HTTP row's of the same level:
 
@@ -55,7 +56,7 @@ from loadtest.corpus import corpus  # noqa: E402
 from loadtest.run import start_app, stop_app, wait_ok  # noqa: E402
 
 HTTP_PORT, GRPC_PORT = 8000, 9000  # the shipped configs' (--ports: others)
-PROTOCOLS = ("http", "grpc")
+PROTOCOLS = ("http", "grpc", "grpc_stream")  # grpc_stream: -i grpc --streaming
 
 
 def config_on_ports(config: str, http: int, grpc: int, tmp: str) -> str:
@@ -139,10 +140,15 @@ def run_pa(
     tmp: str,
     protocol: str = "http",
 ) -> dict[str, Any]:
-    """perf_analyzer at concurrency ``n`` over ``protocol`` (``-i http`` or ``-i grpc``)."""
+    """perf_analyzer at concurrency ``n`` over ``protocol`` (``-i http``, ``-i grpc``, or
+    ``grpc_stream``: ``-i grpc --streaming``, each client's requests on one ModelStreamInfer
+    stream)."""
     out = os.path.join(tmp, f"{model}_{n}_{protocol}.csv")
     port = args.http_port if protocol == "http" else args.grpc_port
-    cmd = [pa, "-m", model, "-u", f"127.0.0.1:{port}", "-i", protocol, "--concurrency-range"]
+    iface = "http" if protocol == "http" else "grpc"
+    cmd = [pa, "-m", model, "-u", f"127.0.0.1:{port}", "-i", iface]
+    cmd += ["--streaming"] if protocol == "grpc_stream" else []
+    cmd += ["--concurrency-range"]
     cmd += [
         str(n),
         "-p",
@@ -230,8 +236,8 @@ def level_rows(
         print(json.dumps(row), flush=True)
     by = {r["protocol"]: r["perf_analyzer"].get("infer_s") for r in rows}
     for r in rows:
-        if r["protocol"] == "grpc" and by.get("grpc") and by.get("http"):
-            r["vs_http"] = round(by["grpc"] / by["http"], 3)
+        if r["protocol"] != "http" and by.get(r["protocol"]) and by.get("http"):
+            r["vs_http"] = round(by[r["protocol"]] / by["http"], 3)
     return rows
 
 
@@ -321,7 +327,8 @@ def write(args: argparse.Namespace, startup: float, rows: list[dict[str, Any]]) 
         "config": args.config,
         "startup_s": startup,
         "perf_analyzer": "tritonclient 2.34.0's binary, closed loop at each concurrency, "
-        "-i http and -i grpc (each row's protocol) one after the other",
+        "-i http, -i grpc and -i grpc --streaming (each row's protocol: http, grpc, "
+        "grpc_stream) one after the other",
         "loadgen": "benchmarks/loadgen.py (aiohttp, HTTP), closed loop, the same request body",
         "ratio": "perf_analyzer inferences/s over loadgen img/s (1 image a request, HTTP)",
         "vs_http": "a gRPC row's perf_analyzer inferences/s over the HTTP row's, same level",

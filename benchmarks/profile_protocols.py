@@ -3,11 +3,11 @@ of one Ferry app, the same perf_analyzer load over each protocol in turn.
 
     python benchmarks/profile_protocols.py [--config serve_config.yaml] [--model digits]
         [--concurrency 8] [--window-ms 4000] [--rounds 2] [--no-haproxy]
-        [--ports 8000,9000] [--out FILE]
+        [--protocols http,grpc,grpc_stream] [--ports 8000,9000] [--out FILE] [--spy DIR]
 
 Starts the config with ``serve run`` on a Ray of its own (``bench_perf_analyzer``'s way,
-``--ports`` for other ports), then per round runs ``perf_analyzer -i http`` and
-``-i grpc`` against the model, and reads the CPU time of this run's own processes -- the
+``--ports`` for other ports), then per round runs ``perf_analyzer -i http``, ``-i grpc``
+and (``grpc_stream``) ``-i grpc --streaming`` against the model, and reads the CPU time of this run's own processes -- the
 proxy or HAProxy, each replica, by kind and by thread (``profile_pipeline``'s readers; other
 Ray clusters on the machine are left out by their run id) -- before and after. The requests
 are the app's own count (the statistics extension's successes), so each process's CPU ms
@@ -40,6 +40,7 @@ from benchmarks.profile_pipeline import (  # noqa: E402
     cpu_times,
     per_thread,
     ray_processes,
+    start_spies,
     thread_cpu_times,
 )
 from loadtest.run import start_app, wait_ok  # noqa: E402
@@ -51,17 +52,25 @@ def answered(base: str, model: str) -> int:
     return int(stats["model_stats"][0]["inference_stats"]["success"]["count"])
 
 
-def one_run(pa: str, protocol: str, args: argparse.Namespace, pids: dict, idle: dict) -> dict:
-    """perf_analyzer over ``protocol``; each process's CPU ms per request answered."""
+def one_run(
+    pa: str, protocol: str, args: argparse.Namespace, pids: dict, idle: dict, label: str = ""
+) -> dict:
+    """perf_analyzer over ``protocol``; each process's CPU ms per request answered (with
+    ``--spy``, py-spy's raw stacks of the replicas over its first ``--spy-s`` seconds, in
+    ``SPY/label``)."""
     base = f"http://127.0.0.1:{args.http_port}"
     port = args.http_port if protocol == "http" else args.grpc_port
     out = os.path.join(tempfile.mkdtemp(prefix="profile_protocols_"), "pa.csv")
-    cmd = [pa, "-m", args.model, "-u", f"127.0.0.1:{port}", "-i", protocol]
+    cmd = [pa, "-m", args.model, "-u", f"127.0.0.1:{port}", "-i", protocol.split("_")[0]]
+    cmd += ["--streaming"] if protocol == "grpc_stream" else []
     cmd += ["--concurrency-range", str(args.concurrency), "-p", str(args.window_ms)]
     cmd += ["-s", "100", "-r", "10", "-f", out]
     n0, cpu0, th0 = answered(base, args.model), cpu_times(pids), thread_cpu_times(pids)
     t0 = time.perf_counter()
+    spies = start_spies(pids, os.path.join(args.spy, label), args.spy_s) if args.spy else []
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    for s in spies:
+        s.wait()
     wall = time.perf_counter() - t0
     n, cpu1, th1 = answered(base, args.model) - n0, cpu_times(pids), thread_cpu_times(pids)
     row: dict[str, Any] = {"protocol": protocol, "requests": n, "wall_s": round(wall, 1)}
@@ -88,11 +97,24 @@ def arguments() -> argparse.Namespace:
     ap.add_argument("--model", default="digits", help="a model of tensors (perf_analyzer's input)")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--window-ms", type=int, default=4000, help="perf_analyzer's -p")
-    ap.add_argument("--rounds", type=int, default=2, help="http then grpc, this many times")
+    ap.add_argument("--rounds", type=int, default=2, help="the protocols in turn, this many times")
+    ap.add_argument(
+        "--protocols",
+        default="http,grpc",
+        help="of http, grpc, grpc_stream (-i grpc --streaming: one ModelStreamInfer stream a "
+        "client)",
+    )
     ap.add_argument("--idle-s", type=float, default=5.0)
     ap.add_argument("--no-haproxy", action="store_true", help="Serve's own Python proxy")
     ap.add_argument("--ports", default="8000,9000", help="HTTP,gRPC")
     ap.add_argument("--out", default=None, help="write the result to this JSON file")
+    ap.add_argument(
+        "--spy",
+        default=None,
+        help="also sample the replicas with py-spy during each run (raw stacks in this "
+        "folder, a subfolder a run; summarise with scripts/spy_top.py)",
+    )
+    ap.add_argument("--spy-s", type=float, default=8.0, help="seconds sampled a run")
     args = ap.parse_args()
     args.http_port, args.grpc_port = (int(p) for p in args.ports.split(","))
     return args
@@ -114,9 +136,9 @@ def main() -> int:
         idle0 = cpu_times(pids)
         time.sleep(args.idle_s)  # what each process burns without load, taken off below
         idle = {k: (v - idle0.get(k, 0.0)) / args.idle_s for k, v in cpu_times(pids).items()}
-        for _ in range(args.rounds):
-            for protocol in ("http", "grpc"):
-                rows.append(one_run(pa, protocol, args, pids, idle))
+        for i in range(args.rounds):
+            for protocol in args.protocols.split(","):
+                rows.append(one_run(pa, protocol, args, pids, idle, f"{protocol}{i + 1}"))
                 print(json.dumps(rows[-1]), flush=True)
     finally:
         stop(proc)
