@@ -714,11 +714,53 @@ def headline_section() -> list[str]:
 
 
 def perf_analyzer_sections(pa: dict) -> list[str]:
-    """The headline run of perf_analyzer.json, then each run kept beside it (``--key``)."""
+    """The headline run of perf_analyzer.json, then each run kept beside it (``--key``),
+    then its A/B experiments (``experiments``: one setting's values side by side)."""
     out = [*perf_analyzer_section(pa), ""]
     for key, run in pa.get("runs", {}).items():
         out += [f"### `{key}`", "", *perf_analyzer_section(run), ""]
+    for key, exp in pa.get("experiments", {}).items():
+        out += [f"### Experiment: `{key}`", "", *experiment_section(key, exp), ""]
     return out
+
+
+def experiment_section(key: str, exp: dict) -> list[str]:
+    """perf_analyzer's infer/s for each value of ``key`` (rounds joined by ' / '), a row per
+    protocol and concurrency, then the classify route's runs."""
+    values = sorted({r[key] for r in exp["rows"]}, reverse=True)
+    cells: dict[tuple, list[str]] = {}
+    for r in exp["rows"]:
+        cells.setdefault((r["protocol"], r["concurrency"], r[key]), []).append(
+            f"{r['infer_s']:,.0f}" if r.get("infer_s") else "failed"
+        )
+    levels = sorted({(r["protocol"], r["concurrency"]) for r in exp["rows"]},
+                    key=lambda pc: (pc[1], PROTOCOL_ORDER.get(pc[0], 9)))  # fmt: skip
+    lines = [
+        f"{exp['machine']}; {exp['date']}; at {exp['commit']}. {exp['what']}.",
+        "",
+        "| protocol | concurrency | " + " | ".join(f"{key} {v}, infer/s" for v in values) + " |",
+        "|---|---|" + "---|" * len(values),
+    ]
+    for p, c in levels:
+        row = [" / ".join(cells.get((p, c, v), ["-"])) for v in values]
+        lines.append(f"| {p} | {c} | " + " | ".join(row) + " |")
+    if exp.get("classify"):
+        lines += ["", "| classify route | " + " | ".join(f"{key} {v}" for v in values) + " |",
+                  "|---|" + "---|" * len(values)]  # fmt: skip
+        for field, fmt in (
+            ("img_s", "{:,.0f}"),
+            ("p99_ms", "{:.0f}"),
+            ("cpu_ms_per_request", "{:.2f}"),
+        ):
+            row = [
+                " / ".join(fmt.format(r[field]) for r in exp["classify"] if r[key] == v) or "-"
+                for v in values
+            ]
+            lines.append(f"| {field} | " + " | ".join(row) + " |")
+    return lines
+
+
+PROTOCOL_ORDER = {"http": 0, "grpc": 1, "grpc_stream": 2}
 
 
 def perf_analyzer_section(pa: dict) -> list[str]:

@@ -45,3 +45,35 @@ def test_a_keyed_run_sits_beside_the_headline_and_both_are_rendered(tmp_path):
     joined = "\n".join(report.perf_analyzer_sections(again))
     assert joined.index("`serve_config.gpu.yaml`") < joined.index("### `cpu_default`")
     assert "| digits | grpc | 16 | 330.0 |" in joined.split("### `cpu_default`")[1]
+
+
+def test_an_experiment_is_rendered_value_by_value():
+    rows = [
+        {"max_groups_in_flight": g, "round": r, "protocol": p, "concurrency": 64, "infer_s": v}
+        for g, r, p, v in (
+            (4, 1, "grpc", 640.0),
+            (4, 2, "grpc", 620.0),
+            (2, 1, "grpc", 1040.0),
+            (2, 1, "http", 1090.0),
+            (4, 1, "http", 1110.0),
+        )  # fmt: skip
+    ]
+    classify = [{"max_groups_in_flight": 4, "img_s": 800.0, "p99_ms": 80.0, "cpu_ms_per_request": 1.7},
+                {"max_groups_in_flight": 2, "img_s": 950.0, "p99_ms": 76.0, "cpu_ms_per_request": 1.4}]  # fmt: skip
+    exp = {
+        "what": "w",
+        "machine": "m",
+        "date": "d",
+        "commit": "c",
+        "rows": rows,
+        "classify": classify,
+    }
+    lines = report.experiment_section("max_groups_in_flight", exp)
+    assert lines[2] == (
+        "| protocol | concurrency | max_groups_in_flight 4, infer/s | max_groups_in_flight 2, infer/s |"
+    )
+    assert "| http | 64 | 1,110 | 1,090 |" in lines and "| grpc | 64 | 640 / 620 | 1,040 |" in lines
+    assert lines.index("| http | 64 | 1,110 | 1,090 |") < lines.index(
+        "| grpc | 64 | 640 / 620 | 1,040 |"
+    )
+    assert "| cpu_ms_per_request | 1.70 | 1.40 |" in lines

@@ -22,9 +22,16 @@ class IngressConfig(Strict):
     """Requests arriving within this window go downstream as one call."""
     max_coalesce: int = Field(64, ge=1, le=4096)
     """Most requests in one downstream call."""
-    max_groups_in_flight: int = Field(4, ge=1, le=1024)
+    max_groups_in_flight: int = Field(2, ge=1, le=1024)
     """Downstream calls one ingress replica keeps open per model; while they are all out, the
-    next group keeps growing (calls follow the pipeline's pace, not the arrival rate)."""
+    next group keeps growing (calls follow the pipeline's pace, not the arrival rate). 2, not
+    4: on the CPU default (four stages, two cores) 4 let groups of one or two leave whenever
+    requests came one per event-loop turn, as unary gRPC's do -- it ran at 0.56x HTTP at
+    concurrency 64, its downstream replicas spending 3.6x HTTP's CPU a request. With 2,
+    unary gRPC ran 1.6x faster there, HTTP within 5% (+10% at concurrency 16), streams
+    +4-14%, and the classify route 1.14x with 18% less CPU a request
+    (benchmarks/results/perf_analyzer.json, ``experiments``). The GPU configs set their own
+    (4, measured on the H200)."""
     max_request_rows: int | None = Field(None, ge=1, le=1_000_000)
     """Most rows (images, or tensor rows) one v2 request may carry -- Triton's
     ``max_batch_size`` in ``/v2/models/{m}/config``; at most ``batching.max_queue``, which is
