@@ -721,7 +721,39 @@ def perf_analyzer_sections(pa: dict) -> list[str]:
         out += [f"### `{key}`", "", *perf_analyzer_section(run), ""]
     for key, exp in pa.get("experiments", {}).items():
         out += [f"### Experiment: `{key}`", "", *experiment_section(key, exp), ""]
+    for key, prof in pa.get("profiles", {}).items():
+        out += [f"### Where the CPU goes: `{key}` (`profile_protocols.py`)", ""]
+        out += [*protocol_profile_section(prof), ""]
     return out
+
+
+def protocol_profile_section(prof: dict) -> list[str]:
+    """profile_protocols.py's result: per run, perf_analyzer's infer/s and each busy
+    process's CPU ms per request answered."""
+    procs: list[str] = []
+    for r in prof["rows"]:
+        for k, v in r["cpu_ms_per_request"].items():
+            if v >= 0.02 and k not in procs:
+                procs.append(k)
+    lines = [
+        f"{prof['machine']}; {prof['date']}; at {prof['commit']}; `{prof['config']}`, "
+        f"{prof['model']}, concurrency {prof['concurrency']}, {prof['proxy']}. CPU ms per "
+        "request answered, each process's idle burn taken off.",
+        "",
+        "| protocol | infer/s | "
+        + " | ".join(p.replace("ServeReplica:", "") for p in procs)
+        + " | total |",
+        "|---|---|" + "---|" * (len(procs) + 1),
+    ]
+    for r in prof["rows"]:
+        c = r["cpu_ms_per_request"]
+        total = sum(v for v in c.values() if v > 0)
+        lines.append(
+            f"| {r['protocol']} | {r.get('pa_infer_s', 'failed')} | "
+            + " | ".join(f"{c.get(p, 0.0):.3f}" for p in procs)
+            + f" | {total:.2f} |"
+        )
+    return lines
 
 
 def experiment_section(key: str, exp: dict) -> list[str]:

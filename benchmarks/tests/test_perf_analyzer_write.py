@@ -77,3 +77,18 @@ def test_an_experiment_is_rendered_value_by_value():
         "| grpc | 64 | 640 / 620 | 1,040 |"
     )
     assert "| cpu_ms_per_request | 1.70 | 1.40 |" in lines
+
+
+def test_a_protocol_profile_lists_the_busy_processes():
+    row = lambda p, n, ing, inf, idle: {  # noqa: E731
+        "protocol": p,
+        "pa_infer_s": n,
+        "cpu_ms_per_request": {"ServeReplica:ferry:Ingress": ing, "ServeReplica:ferry:Inference": inf, "ProxyActor": idle},
+    }  # fmt: skip
+    prof = {"machine": "m", "date": "d", "commit": "c", "config": "serve_config.yaml",
+            "model": "digits", "concurrency": 64, "proxy": "HAProxy",
+            "rows": [row("http", 1000.0, 0.75, 0.15, -0.002), row("grpc", 650.0, 1.34, 0.55, 0.001)]}  # fmt: skip
+    lines = report.protocol_profile_section(prof)
+    assert lines[2] == "| protocol | infer/s | ferry:Ingress | ferry:Inference | total |"
+    assert lines[4] == "| http | 1000.0 | 0.750 | 0.150 | 0.90 |"  # idle burn off: no ProxyActor
+    assert lines[5] == "| grpc | 650.0 | 1.340 | 0.550 | 1.89 |"
