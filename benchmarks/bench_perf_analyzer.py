@@ -51,12 +51,23 @@ sys.path.insert(0, ROOT)
 from benchmarks import loadgen  # noqa: E402
 from benchmarks.common import commit, machine, today, write_json  # noqa: E402
 from benchmarks.e2e_systems import FERRY_ENV  # noqa: E402
-from benchmarks.report import perf_analyzer_section  # noqa: E402
+from benchmarks.report import PROTOCOL_ORDER, perf_analyzer_section  # noqa: E402
 from loadtest.corpus import corpus  # noqa: E402
 from loadtest.run import start_app, stop_app, wait_ok  # noqa: E402
 
 HTTP_PORT, GRPC_PORT = 8000, 9000  # the shipped configs' (--ports: others)
-PROTOCOLS = ("http", "grpc", "grpc_stream")  # grpc_stream: -i grpc --streaming
+PROTOCOLS = tuple(PROTOCOL_ORDER)  # http, grpc, grpc_stream, in report.py's order
+
+
+def pa_interface(protocol: str) -> list[str]:
+    """perf_analyzer's arguments for ``protocol``: ``-i http``, ``-i grpc``, or for
+    ``grpc_stream`` ``-i grpc --streaming`` (each client's requests on one ModelStreamInfer
+    stream)."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
+    if protocol == "http":
+        return ["-i", "http"]
+    return ["-i", "grpc", *(["--streaming"] if protocol == "grpc_stream" else [])]
 
 
 def config_on_ports(config: str, http: int, grpc: int, tmp: str) -> str:
@@ -140,14 +151,10 @@ def run_pa(
     tmp: str,
     protocol: str = "http",
 ) -> dict[str, Any]:
-    """perf_analyzer at concurrency ``n`` over ``protocol`` (``-i http``, ``-i grpc``, or
-    ``grpc_stream``: ``-i grpc --streaming``, each client's requests on one ModelStreamInfer
-    stream)."""
+    """perf_analyzer at concurrency ``n`` over ``protocol`` (``pa_interface``)."""
     out = os.path.join(tmp, f"{model}_{n}_{protocol}.csv")
     port = args.http_port if protocol == "http" else args.grpc_port
-    iface = "http" if protocol == "http" else "grpc"
-    cmd = [pa, "-m", model, "-u", f"127.0.0.1:{port}", "-i", iface]
-    cmd += ["--streaming"] if protocol == "grpc_stream" else []
+    cmd = [pa, "-m", model, "-u", f"127.0.0.1:{port}", *pa_interface(protocol)]
     cmd += ["--concurrency-range"]
     cmd += [
         str(n),

@@ -33,7 +33,12 @@ import httpx
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.bench_perf_analyzer import config_on_ports, perf_analyzer, stop  # noqa: E402
+from benchmarks.bench_perf_analyzer import (  # noqa: E402
+    config_on_ports,
+    pa_interface,
+    perf_analyzer,
+    stop,
+)
 from benchmarks.common import commit, machine, today, write_json  # noqa: E402
 from benchmarks.e2e_systems import FERRY_ENV  # noqa: E402
 from benchmarks.profile_pipeline import (  # noqa: E402
@@ -61,8 +66,7 @@ def one_run(
     base = f"http://127.0.0.1:{args.http_port}"
     port = args.http_port if protocol == "http" else args.grpc_port
     out = os.path.join(tempfile.mkdtemp(prefix="profile_protocols_"), "pa.csv")
-    cmd = [pa, "-m", args.model, "-u", f"127.0.0.1:{port}", "-i", protocol.split("_")[0]]
-    cmd += ["--streaming"] if protocol == "grpc_stream" else []
+    cmd = [pa, "-m", args.model, "-u", f"127.0.0.1:{port}", *pa_interface(protocol)]
     cmd += ["--concurrency-range", str(args.concurrency), "-p", str(args.window_ms)]
     cmd += ["-s", "100", "-r", "10", "-f", out]
     n0, cpu0, th0 = answered(base, args.model), cpu_times(pids), thread_cpu_times(pids)

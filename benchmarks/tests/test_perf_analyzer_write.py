@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import json
 
+import pytest
+
 from benchmarks import bench_perf_analyzer as B
 from benchmarks import report
 
@@ -92,3 +94,13 @@ def test_a_protocol_profile_lists_the_busy_processes():
     assert lines[2] == "| protocol | infer/s | ferry:Ingress | ferry:Inference | total |"
     assert lines[4] == "| http | 1000.0 | 0.750 | 0.150 | 0.90 |"  # idle burn off: no ProxyActor
     assert lines[5] == "| grpc | 650.0 | 1.340 | 0.550 | 1.89 |"
+
+
+def test_each_protocol_is_one_perf_analyzer_interface():
+    assert [B.pa_interface(p) for p in B.PROTOCOLS] == [
+        ["-i", "http"],
+        ["-i", "grpc"],
+        ["-i", "grpc", "--streaming"],
+    ]
+    with pytest.raises(ValueError, match="grpc_foo"):
+        B.pa_interface("grpc_foo")
