@@ -92,19 +92,9 @@ def summary(book: StreamBook, fps: float, t0: float, t1: float, players: int) ->
     }
 
 
-def idle(b: dict[str, Any]) -> bool:
-    """The replica's stream book holds nothing: no stream, no declared rate, empty
-    coalescers and queue (as tests/integration/test_streams.py judges it)."""
-    return (
-        not b.get("streams")
-        and not any(b.get("admitted_fps", {}).values())
-        and all(c["waiting"] == 0 and c["in_flight"] == 0 for c in b.get("coalescers", {}).values())
-        and b.get("downstream", {}).get("queue_depth", 0) == 0
-    )
-
-
 async def left_behind(url: str, limit_s: float = 30.0, token: str | None = None) -> dict | None:
-    """None once ``GET /v1/streams`` is idle (within ``limit_s``); else its last answer."""
+    """None once ``GET /v1/streams`` is idle (``loadtest.streams.book_idle``, within
+    ``limit_s``); else its last answer."""
     import httpx
 
     headers = {"authorization": f"Bearer {token}"} if token else {}
@@ -112,6 +102,8 @@ async def left_behind(url: str, limit_s: float = 30.0, token: str | None = None)
     async with httpx.AsyncClient(base_url=url, timeout=30) as c:
         while True:
             b = (await c.get("/v1/streams", headers=headers)).json()
-            if idle(b) or time.time() > t_end:
-                return None if idle(b) else b
+            if ls.book_idle(b):
+                return None
+            if time.time() > t_end:
+                return b
             await asyncio.sleep(0.2)

@@ -215,6 +215,17 @@ def summarize(
     }
 
 
+def book_idle(b: dict[str, Any]) -> bool:
+    """Whether the replica's stream book (``GET /v1/streams``) holds nothing: no stream, no
+    declared rate, empty coalescers and GPU queue -- where a run must leave the service."""
+    return (
+        not b["streams"]
+        and not any(b["admitted_fps"].values())
+        and all(c["waiting"] == 0 and c["in_flight"] == 0 for c in b["coalescers"].values())
+        and b["downstream"].get("queue_depth") == 0
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--url", required=True, help="ws://HOST:PORT/v1/streams/MODEL[?query]")

@@ -4,7 +4,7 @@ which closes are unexpected, the halves' figures, and when the replica's book is
 from __future__ import annotations
 
 from benchmarks import soak_streams as S
-from loadtest.streams import StreamStats
+from loadtest.streams import StreamStats, book_idle
 
 
 def _played(answered: int, code: int = 1000, errors: int = 0, late: int = 0) -> StreamStats:
@@ -52,11 +52,11 @@ def test_the_book_is_idle_only_when_nothing_is_held():
         "coalescers": {"digits": {"waiting": 0, "in_flight": 0}},
         "downstream": {"queue_depth": 0},
     }
-    assert S.idle(quiet)
-    assert not S.idle({**quiet, "streams": [{"id": 1}]})
-    assert not S.idle({**quiet, "admitted_fps": {"digits": 10.0}})
-    assert not S.idle({**quiet, "coalescers": {"digits": {"waiting": 1, "in_flight": 0}}})
-    assert not S.idle({**quiet, "downstream": {"queue_depth": 3}})
+    assert book_idle(quiet)
+    assert not book_idle({**quiet, "streams": [{"id": 1}]})
+    assert not book_idle({**quiet, "admitted_fps": {"digits": 10.0}})
+    assert not book_idle({**quiet, "coalescers": {"digits": {"waiting": 1, "in_flight": 0}}})
+    assert not book_idle({**quiet, "downstream": {"queue_depth": 3}})
 
 
 def test_the_results_line_says_what_the_streams_did():

@@ -26,6 +26,7 @@ import pytest
 import websockets
 from PIL import Image
 
+from loadtest.streams import book_idle as idle
 from pipeline.imaging import encode_jpeg, encode_png
 from tests.integration.helpers import BASE, PORT, cpu_config, deploy, png_header_claiming, undeploy
 from tests.models import tasks as tm
@@ -156,16 +157,6 @@ def wait_books(ok, what: str, limit_s: float = 60.0) -> dict:
         time.sleep(0.1)
         b = books()
     return b
-
-
-def idle(b: dict) -> bool:
-    """Nothing held anywhere: no stream, no declared rate, empty coalescers and GPU queue."""
-    return (
-        not b["streams"]
-        and not any(b["admitted_fps"].values())
-        and all(c["waiting"] == 0 and c["in_flight"] == 0 for c in b["coalescers"].values())
-        and b["downstream"].get("queue_depth") == 0
-    )
 
 
 def test_eight_filter_streams_of_ten_fps_every_frame_answered_in_order_or_reported_dropped(app):
