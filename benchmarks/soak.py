@@ -240,23 +240,7 @@ async def soak(args: argparse.Namespace, url: str) -> dict[str, Any]:
         for i in range(args.clients)
     ]
     sbook = soak_streams.StreamBook()
-    if args.streams:
-        from loadtest.streams import frames_corpus
-
-        w, h = (int(x) for x in args.stream_size.lower().split("x"))
-        frames = frames_corpus(w, h)
-        ws = (
-            url.replace("http", "ws", 1)
-            + f"/v1/streams/{args.stream_model}?fps={args.stream_fps:g}"
-        )
-        tasks += [
-            asyncio.ensure_future(
-                soak_streams.player(
-                    ws, frames, args.stream_fps, args.stream_seconds, end, sbook, 1000 + i
-                )
-            )
-            for i in range(args.streams)
-        ]
+    tasks += soak_streams.start(args, url, end, sbook)
     rss: dict[str, list[tuple[float, float]]] = {}
     pool: dict[str, list[tuple[float, float]]] = {}
     last_n = 0
@@ -287,17 +271,7 @@ async def soak(args: argparse.Namespace, url: str) -> dict[str, Any]:
     t_end = time.time()
     out = judge(args, book, rss, pool, t_start, t_end)
     if args.streams:
-        left = await soak_streams.left_behind(url)
-        out["streams"] = {
-            **soak_streams.summary(sbook, args.stream_fps, t_start, t_end, args.streams),
-            "model": args.stream_model,
-            "size": args.stream_size,
-            "life_s": f"{args.stream_seconds * 0.5:g}-{args.stream_seconds * 1.5:g}",
-            "left_behind": left,
-        }
-        out["unexpected"] = {**out["unexpected"], **sbook.unexpected}
-        out["pass"]["no_unexpected"] = not out["unexpected"]
-        out["pass"]["streams_book_idle"] = left is None
+        await soak_streams.judge_into(out, args, sbook, url, t_start, t_end)
     return out
 
 

@@ -71,6 +71,40 @@ async def player(
         await asyncio.sleep(rnd.random() / 2 + (1.0 if st.refused is not None else 0.0))
 
 
+def start(args: Any, url: str, end: float, book: StreamBook) -> list[asyncio.Future]:
+    """``args.streams`` players (soak.py's ``--stream-*`` options) against ``url``'s
+    ``/v1/streams/{args.stream_model}``, until ``end``."""
+    if not args.streams:
+        return []
+    w, h = (int(x) for x in args.stream_size.lower().split("x"))
+    frames = ls.frames_corpus(w, h)
+    ws = url.replace("http", "ws", 1) + f"/v1/streams/{args.stream_model}?fps={args.stream_fps:g}"
+    return [
+        asyncio.ensure_future(
+            player(ws, frames, args.stream_fps, args.stream_seconds, end, book, 1000 + i)
+        )
+        for i in range(args.streams)
+    ]
+
+
+async def judge_into(
+    out: dict[str, Any], args: Any, book: StreamBook, url: str, t0: float, t1: float
+) -> None:
+    """The streams' part of the soak's judgement, added to ``out`` (soak_judge.judge's):
+    their figures, their unexpected outcomes, and whether the stream book came back idle."""
+    left = await left_behind(url)
+    out["streams"] = {
+        **summary(book, args.stream_fps, t0, t1, args.streams),
+        "model": args.stream_model,
+        "size": args.stream_size,
+        "life_s": f"{args.stream_seconds * 0.5:g}-{args.stream_seconds * 1.5:g}",
+        "left_behind": left,
+    }
+    out["unexpected"] = {**out["unexpected"], **book.unexpected}
+    out["pass"]["no_unexpected"] = not out["unexpected"]
+    out["pass"]["streams_book_idle"] = left is None
+
+
 def summary(book: StreamBook, fps: float, t0: float, t1: float, players: int) -> dict[str, Any]:
     """The streams' figures over the whole soak (``loadtest.streams.summarize``'s fields) and
     per half, with how many opened and closed."""
