@@ -19,7 +19,7 @@ decoded on CPU threads), ``ferry_naive`` (``ferry`` in the executor's naive mode
 peers: the usual Ray Serve app (``rayserve_batch_*``, ``benchmarks/peers/rayserve_batch.py``)
 and the expert one (``rayserve_expert_{4,8,12}``, N replicas,
 ``benchmarks/peers/rayserve_expert.py``); for ``image``, ``ferry_image`` (``ferry``'s
-placement, ``configs/ferry_e2e_image.yaml``) and ``rayserve_image_{4,8,12}``
+placement, ``configs/ferry_e2e_image.yaml``) and ``rayserve_image_{2,4,8,12}``
 (``benchmarks/peers/rayserve_image.py``). ``--set section.key=value`` (repeatable; the value
 is YAML) changes the pipeline config of every Ferry system in the run, for experiments; such
 rows are named ``system[key=value,...]`` so they never replace the plain system's.

@@ -165,7 +165,7 @@ SYSTEMS: dict[str, dict[str, Any]] = {
         f"rayserve_image_{n}": _peer(
             "rayserve_image", n, FERRY_ENV, 600, workload="image", model=iw.UNET_PATH
         )
-        for n in (4, 8, 12)
+        for n in (2, 4, 8, 12)  # 2: the smoke run's (scripts/gpu_check.sh)
     },
 }
 

@@ -27,7 +27,7 @@ N_PHOTOS = 20
 
 def _zoo_part() -> list[str]:
     """The models of the 13-model test this run takes: all, or with FERRY_ZOO_PART=k/n the
-    k-th of n interleaved parts (scripts/gpu_check.sh splits the slow test across its calls)."""
+    k-th of n interleaved parts (scripts/gpu_check.sh runs the slow test in two halves)."""
     part = os.environ.get("FERRY_ZOO_PART", "1/1")
     k, n = (int(v) for v in part.split("/"))
     assert 1 <= k <= n, part
