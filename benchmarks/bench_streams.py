@@ -5,12 +5,18 @@
         --model digits --streams 1,4,8,16 --fps 10 --seconds 10 --size 64x64 \\
         [--query "task=image&format=jpeg"] [--label "CPU only"] [--out benchmarks/results/streams.json]
 
-    # on one H200 (issue 34's goal): serve_config.gpu.yaml, 640x360 JPEG at 30 fps
-    python benchmarks/bench_streams.py --config serve_config.gpu.yaml --model resnet50 \\
+``--systems ferry,rayserve_streams_8`` also plays the expert Ray Serve app
+(``peers/rayserve_streams.py``: the image workload's U-Net, WebSockets as a strong Serve user
+writes them) at the same levels, one system after the other, and sets Ferry against it
+level by level (``vs_peer``); Ferry then serves that U-Net too (issue 34's H200 run):
+
+    python benchmarks/bench_streams.py --config benchmarks/configs/ferry_e2e_image.yaml \\
+        --systems ferry,rayserve_streams_8 --model unet --query "task=image&format=jpeg" \\
         --streams 1,16,64,256,512 --fps 30 --size 640x360 --procs 8 --label "one H200"
 
-The config file is run as given but on ``--port`` (a copy with its ``http_options.port``
-changed), so a benchmark never takes another service's port. The results file holds the
+Both systems run under Serve's HAProxy and its throughput mode. The config file is run as
+given but on ``--port`` (a copy with its ``http_options.port`` changed), so a benchmark never
+takes another service's port. The results file holds the
 levels with the machine, the commit, the date and the label -- say what ran (``CPU only``
 when no GPU did).
 """
@@ -46,44 +52,121 @@ def config_on_port(path: str, port: int, out_dir: str) -> str:
     return out
 
 
-def run(a: argparse.Namespace) -> dict[str, Any]:
-    w, h = (int(x) for x in a.size.lower().split("x"))
-    frames = streams.frames_corpus(w, h)
+PEER = "rayserve_streams_"
+"""A system named ``rayserve_streams_N``: the expert Ray Serve app, N replicas."""
+ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
+"""Both systems run under Serve's HAProxy and its throughput mode (the GPU configs' form)."""
+
+
+def peer_config(name: str, port: int, model: str, out_dir: str) -> str:
+    """The Serve config of the peer ``rayserve_streams_N``: N replicas on the GPU where one
+    is visible (else on the CPU, for tests), the U-Net file ``model``."""
+    from pipeline.device import cuda_available
+
+    replicas = int(name.removeprefix(PEER))
+    device = "cuda" if cuda_available() else "cpu"
+    doc = {
+        "proxy_location": "EveryNode",
+        "http_options": {"host": "0.0.0.0", "port": port},
+        "logging_config": {"encoding": "TEXT", "log_level": "WARNING"},
+        "applications": [
+            {
+                "name": "peer",
+                "route_prefix": "/",
+                "import_path": "benchmarks.peers.rayserve_streams:build_app",
+                "args": {"replicas": replicas, "model": model, "device": device},
+            }
+        ],
+    }
+    out = os.path.join(out_dir, f"{name}.yaml")
+    with open(out, "w") as f:
+        yaml.safe_dump(doc, f)
+    return out
+
+
+def peer_model(a: argparse.Namespace) -> str:
+    """The peer's U-Net file (``--peer-model``, else the image workload's), written first
+    where it is missing -- the image workload's Ferry config serves the same file."""
+    from benchmarks.image_workload import UNET_PATH, export_unet
+
+    model = a.peer_model or UNET_PATH
+    if not os.path.exists(model):
+        export_unet(model)
+    return model
+
+
+def run_system(a: argparse.Namespace, name: str, frames: list[bytes]) -> dict[str, Any]:
+    """One system started on ``--port``, warmed, played at each level, stopped by PID."""
     query = f"fps={a.fps:g}" + (f"&deadline_ms={a.deadline_ms:g}" if a.deadline_ms else "")
     query += f"&{a.query}" if a.query else ""
     url = f"ws://127.0.0.1:{a.port}/v1/streams/{a.model}?{query}"
     with tempfile.TemporaryDirectory() as tmp:
+        if name == "ferry":
+            config = config_on_port(a.config, a.port, tmp)
+            about = {"config": os.path.relpath(os.path.abspath(a.config), ROOT), "model": a.model}
+        else:
+            model = peer_model(a)
+            config = peer_config(name, a.port, model, tmp)
+            about = {"config": "benchmarks/peers/rayserve_streams.py", "model": model}
         # a Ray of its own: without an address ``serve run`` joins the newest Ray started
         # on this machine (``ray start``), someone else's service included
-        proc = start_app(
-            config_on_port(a.config, a.port, tmp),
-            os.path.join(tmp, "serve.log"),
-            {"RAY_ADDRESS": "local"},
-        )
+        proc = start_app(config, os.path.join(tmp, "serve.log"), {"RAY_ADDRESS": "local", **ENV})
         try:
             if not wait_ready(f"http://127.0.0.1:{a.port}", 600, proc):
                 with open(os.path.join(tmp, "serve.log"), errors="replace") as f:
-                    raise SystemExit("the service did not become ready:\n" + f.read()[-3000:])
+                    raise SystemExit(f"{name} did not become ready:\n" + f.read()[-3000:])
             streams.run_level(url, 1, a.fps, 2.0, frames, a.token)  # warm: first frames
             levels = []
             for n in (int(x) for x in a.streams.split(",")):
                 time.sleep(a.rest_s)  # the last level's late frames leave admission's window
                 levels.append(streams.run_level(url, n, a.fps, a.seconds, frames, a.token, a.procs))
-                print(json.dumps(levels[-1]), flush=True)
+                print(json.dumps({"system": name, **levels[-1]}), flush=True)
         finally:
             end_local_ray(proc)
+    return {**about, "query": a.query or None, "levels": levels}
+
+
+def vs_peer(systems: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per level, Ferry's answers per second over each peer's (the same streams, fps and
+    frames, one run), with both p99 latencies."""
+    if "ferry" not in systems:
+        return []
+    out = []
+    for name, peer in systems.items():
+        if name == "ferry":
+            continue
+        for f, p in zip(systems["ferry"]["levels"], peer["levels"], strict=True):
+            rate = p["answers_per_s"]
+            out.append(
+                {
+                    "peer": name,
+                    "streams": f["streams"],
+                    "answers_per_s_ratio": round(f["answers_per_s"] / rate, 2) if rate else None,
+                    "ferry_p99_ms": f["latency_ms"]["p99"],
+                    "peer_p99_ms": p["latency_ms"]["p99"],
+                    "ferry_dropped_pct": f["dropped_pct"],
+                }
+            )
+    return out
+
+
+def run(a: argparse.Namespace) -> dict[str, Any]:
+    w, h = (int(x) for x in a.size.lower().split("x"))
+    frames = streams.frames_corpus(w, h)
+    if any(name.startswith(PEER) for name in a.systems.split(",")):
+        peer_model(a)  # before Ferry starts on it too
+    systems = {name: run_system(a, name, frames) for name in a.systems.split(",")}
     return {
         "label": a.label,
         "machine": machine(),
         "commit": commit(),
         "date": today(),
-        "config": os.path.relpath(os.path.abspath(a.config), ROOT),
-        "model": a.model,
-        "query": a.query or None,
         "frames": f"{w}x{h} JPEG, a pan across scikit-image's astronaut, 30 frames cycled",
         "deadline_ms": a.deadline_ms or "the service's default (streams.deadline_frames)",
         "rest_s_between_levels": a.rest_s,
-        "levels": levels,
+        "env": ENV,
+        "systems": systems,
+        "vs_peer": vs_peer(systems),
     }
 
 
@@ -104,19 +187,26 @@ def main() -> None:
     )
     ap.add_argument("--token", default=None)
     ap.add_argument("--label", required=True, help="what ran: 'CPU only', 'one H200', ...")
+    ap.add_argument(
+        "--systems",
+        default="ferry",
+        help="ferry (--config) and/or rayserve_streams_N (the expert Ray Serve app with N "
+        "replicas, on the U-Net of benchmarks/image_workload.py: compare it with Ferry serving "
+        "that model, --model unet --query 'task=image&format=jpeg'), one after the other",
+    )
+    ap.add_argument(
+        "--peer-model", default=None, help="the peer's U-Net file (default: the image workload's)"
+    )
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     doc = run(a)
     cols = ["streams", "opened", "refused", "answered", "dropped_pct", "answers_per_s"]
-    print(
-        table(
-            [
-                {k: lv[k] for k in cols} | {"p99_ms": lv["latency_ms"]["p99"]}
-                for lv in doc["levels"]
-            ],
-            [*cols, "p99_ms"],
-        )
-    )
+    rows = [
+        {"system": name, **{k: lv[k] for k in cols}, "p99_ms": lv["latency_ms"]["p99"]}
+        for name, sysdoc in doc["systems"].items()
+        for lv in sysdoc["levels"]
+    ]
+    print(table(rows, ["system", *cols, "p99_ms"]))
     if a.out:
         write_json(a.out, doc)
 

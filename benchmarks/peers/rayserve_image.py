@@ -44,6 +44,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 from ray import serve
@@ -158,6 +159,29 @@ def once_per_machine(tag: str, fn: Callable[[], None]) -> None:
         fn()
 
 
+def cpu_decode(bodies: Sequence[bytes]) -> list[Any]:
+    """The CPU form's decode: CHW uint8 tensors (simplejpeg), None for a body it refuses."""
+    import simplejpeg
+    import torch  # optional: torch
+
+    out: list[Any] = []
+    for b in bodies:
+        try:
+            out.append(torch.from_numpy(simplejpeg.decode_jpeg(b)).permute(2, 0, 1))
+        except ValueError:
+            out.append(None)
+    return out
+
+
+def cpu_encode(frames: Sequence[Any], quality: int = QUALITY) -> list[bytes]:
+    """The CPU form's encode: each CHW uint8 frame as a JPEG (simplejpeg, 4:4:4)."""
+    import simplejpeg
+
+    return [
+        simplejpeg.encode_jpeg(f.permute(1, 2, 0).contiguous().numpy(), quality) for f in frames
+    ]
+
+
 class ImageCore:
     """The replica's work without Serve: JPEG bodies in, JPEG answers out (None for a body
     the GPU decoder refuses). Needs CUDA and torchvision."""
@@ -169,12 +193,24 @@ class ImageCore:
         compile: bool = True,
         quality: int = QUALITY,
         threads: int | None = None,
+        device: str = "cuda",
     ) -> None:
+        """``device``: ``cuda`` (the peer as measured) or ``cpu`` -- the same steps on the
+        CPU in fp32, JPEGs decoded and encoded by simplejpeg, nothing compiled: what the
+        peer's tests run through a real Serve app on a machine without a GPU."""
         import torch  # optional: torch
 
         self.torch, self.buckets, self.quality = torch, tuple(buckets), quality
+        self.cpu = device == "cpu"
         if threads is not None:
             torch.set_num_threads(threads)
+        if self.cpu:
+            self.net = load_unet(model)
+            self.mean = torch.tensor(MEAN).view(1, 3, 1, 1)
+            self.std = torch.tensor(STD).view(1, 3, 1, 1)
+            self.inputs = {b: torch.zeros(b, 3, UNET_SIZE, UNET_SIZE) for b in self.buckets}
+            self._decode, self._encode = cpu_decode, partial(cpu_encode, quality=quality)
+            return
         torch.backends.cudnn.benchmark = True
         net = load_unet(model).half().cuda().to(memory_format=torch.channels_last)
         if compile:
@@ -213,7 +249,8 @@ class ImageCore:
     def _run(self, bucket: int) -> Any:
         torch = self.torch
         with torch.no_grad():
-            torch.compiler.cudagraph_mark_step_begin()  # the last batch's outputs are read
+            if not self.cpu:
+                torch.compiler.cudagraph_mark_step_begin()  # the last batch's outputs are read
             return self.net(self.inputs[bucket])
 
     def _decode(self, bodies: list[bytes]) -> list[Any]:
@@ -249,38 +286,68 @@ class ImageCore:
         return place(self._encode(frames), ok)
 
 
-@serve.deployment
-class ExpertImage:
-    def __init__(self, model: str = UNET_PATH, threads: int | None = None) -> None:
-        self.gpu = ThreadPoolExecutor(1, thread_name_prefix="image-gpu")  # one: CUDA graphs
-        self.core = self.gpu.submit(lambda: ImageCore(model, threads=threads)).result()
+class ImageBatcher:
+    """A replica's batching of frames, shared by the HTTP peer and the streams peer
+    (``rayserve_streams.py``): ``answer((body, arrived))`` joins a ``@serve.batch`` that runs
+    on the replica's one GPU thread (CUDA graph trees are per thread), and gives back the
+    frame's JPEG (None: not a JPEG) and its (queue, batch) seconds."""
 
-    def _process(self, items: list[tuple[bytes, float]]) -> list[tuple[bytes | None, str]]:
+    def __init__(self, model: str = UNET_PATH, threads: int | None = None, device: str = "cuda"):
+        self.gpu = ThreadPoolExecutor(1, thread_name_prefix="image-gpu")  # one: CUDA graphs
+        self.core = self.gpu.submit(
+            lambda: ImageCore(model, threads=threads, device=device)
+        ).result()
+
+    def _process(
+        self, items: list[tuple[bytes, float]]
+    ) -> list[tuple[bytes | None, tuple[float, float]]]:
         t0 = time.perf_counter()
         out = self.core.process([body for body, _ in items])
         batch_s = time.perf_counter() - t0
-        return [(o, timing_header(t0 - t, batch_s)) for o, (_, t) in zip(out, items, strict=True)]
+        return [(o, (t0 - t, batch_s)) for o, (_, t) in zip(out, items, strict=True)]
 
     @serve.batch(max_batch_size=BUCKETS[-1], batch_wait_timeout_s=WAIT_S)
-    async def answer(self, items: list[tuple[bytes, float]]) -> list[tuple[bytes | None, str]]:
+    async def answer(
+        self, items: list[tuple[bytes, float]]
+    ) -> list[tuple[bytes | None, tuple[float, float]]]:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.gpu, self._process, items)
 
+
+@serve.deployment
+class ExpertImage(ImageBatcher):
     async def __call__(self, request: Request) -> Response:
         body = await request.body()
-        data, timing = await self.answer((body, time.perf_counter()))
+        data, (queue_s, batch_s) = await self.answer((body, time.perf_counter()))
         if data is None:
             return JSONResponse(BAD, status_code=400)
+        timing = timing_header(queue_s, batch_s)
         return Response(data, media_type="image/jpeg", headers={"server-timing": timing})
 
 
 def build_app(args: dict[str, Any]) -> serve.Application:
-    """``args``: ``replicas`` (8), ``model`` (the U-Net's ``.pt2``, ``UNET_PATH``) and
-    ``threads`` (torch's intra-op CPU threads; None keeps torch's default)."""
+    """``args``: ``replicas`` (8), ``model`` (the U-Net's ``.pt2``, ``UNET_PATH``),
+    ``threads`` (torch's intra-op CPU threads; None keeps torch's default) and ``device``
+    (``cuda``; ``cpu`` for tests on a machine without a GPU: then no GPU is asked for)."""
+    return ExpertImage.options(**deployment_options(args)).bind(*batcher_args(args))
+
+
+def deployment_options(args: dict[str, Any], max_ongoing: int = 2 * BUCKETS[-1]) -> dict[str, Any]:
+    """Serve options of ``replicas`` replicas sharing the GPU (none on ``device: cpu``);
+    ``max_ongoing``: by default room for a full batch queued behind one running."""
     replicas = int(args.get("replicas", 8))
+    gpus = 0 if args.get("device", "cuda") == "cpu" else round(1.0 / replicas, 4)
+    return {
+        "num_replicas": replicas,
+        "max_ongoing_requests": max_ongoing,
+        "ray_actor_options": {"num_gpus": gpus, "num_cpus": 0 if gpus == 0 else 1},
+    }
+
+
+def batcher_args(args: dict[str, Any]) -> tuple[str, int | None, str]:
     threads = args.get("threads")
-    return ExpertImage.options(
-        num_replicas=replicas,
-        max_ongoing_requests=2 * BUCKETS[-1],  # room for a full batch queued behind one running
-        ray_actor_options={"num_gpus": round(1.0 / replicas, 4), "num_cpus": 1},
-    ).bind(str(args.get("model", UNET_PATH)), None if threads is None else int(threads))
+    return (
+        str(args.get("model", UNET_PATH)),
+        None if threads is None else int(threads),
+        str(args.get("device", "cuda")),
+    )

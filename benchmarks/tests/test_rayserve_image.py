@@ -28,9 +28,12 @@ def test_the_app_shares_the_gpu_and_batches_as_ferry_does():
     app = peer.build_app({"replicas": 8})._bound_deployment
     assert app.num_replicas == 8 and app.ray_actor_options["num_gpus"] == 0.125
     assert app.max_ongoing_requests >= peer.BUCKETS[-1]  # a full batch can form
-    assert app.init_args == (iw.UNET_PATH, None)  # Ferry's model file, torch's own threads
+    # Ferry's model file, torch's own threads, the GPU
+    assert app.init_args == (iw.UNET_PATH, None, "cuda")
     four = peer.build_app({"replicas": 4, "model": "/m.pt2", "threads": "1"})._bound_deployment
-    assert four.ray_actor_options["num_gpus"] == 0.25 and four.init_args == ("/m.pt2", 1)
+    assert four.ray_actor_options["num_gpus"] == 0.25 and four.init_args == ("/m.pt2", 1, "cuda")
+    cpu = peer.build_app({"replicas": 2, "device": "cpu"})._bound_deployment  # (the tests')
+    assert cpu.ray_actor_options["num_gpus"] == 0 and cpu.init_args[2] == "cpu"
     # a batch holds at most 64 frames, as Ferry's config lets it
     assert peer.BUCKETS[-1] == 64
     assert [peer.bucket_of(n, peer.BUCKETS) for n in (1, 8, 9, 17, 33, 64)] == [
@@ -135,32 +138,12 @@ def test_the_peers_work_around_the_model_is_ferrys(small_unet):
 
 
 @torch_mark
-def test_a_batch_flows_through_the_core_with_cpu_codecs_standing_in(small_unet):
-    """``ImageCore.process`` on CPU tensors, nvJPEG's decode and encode stood in by
-    simplejpeg: a bad body among good ones, two frame sizes, the bucket's padding."""
-    import torch
-
+def test_a_batch_flows_through_the_cpu_form_of_the_core(small_unet):
+    """``ImageCore.process`` in its CPU form (the same steps in fp32 on CPU tensors, JPEGs
+    through simplejpeg instead of nvJPEG): a bad body among good ones, two frame sizes, the
+    bucket's padding."""
     path, _ = small_unet
-    core = peer.ImageCore.__new__(peer.ImageCore)  # its state without CUDA
-    core.torch, core.buckets, core.quality = torch, (2, 4), 90
-    core.net = peer.load_unet(path)
-    core.mean = torch.tensor(peer.MEAN).view(1, 3, 1, 1)
-    core.std = torch.tensor(peer.STD).view(1, 3, 1, 1)
-    core.inputs = {b: torch.zeros(b, 3, iw.UNET_SIZE, iw.UNET_SIZE) for b in core.buckets}
-
-    def decode(bodies):
-        out = []
-        for b in bodies:
-            try:
-                out.append(torch.from_numpy(simplejpeg.decode_jpeg(b)).permute(2, 0, 1))
-            except ValueError:
-                out.append(None)
-        return out
-
-    def encode(frames):
-        return [simplejpeg.encode_jpeg(f.permute(1, 2, 0).contiguous().numpy()) for f in frames]
-
-    core._decode, core._encode = decode, encode
+    core = peer.ImageCore(path, buckets=(2, 4), device="cpu")
     small = simplejpeg.encode_jpeg(np.full((40, 60, 3), 200, np.uint8))
     bodies = [iw.frames(n=1).bodies[0], b"not a jpeg", small]
     answers = core.process(bodies)  # 3 frames: bucket 4
