@@ -9,7 +9,9 @@ title: ``ray::ServeReplica:ferry:Ingress``, ``ray::ProxyActor``, ...). Dividing 
 requests answered, after taking off what each process burns idle over the same span,
 gives CPU ms per request per stage -- the number that decides how many cores a target
 rate needs. ``--set`` (repeatable; the value is YAML, as in bench_e2e.py) changes the
-config's pipeline for an A/B pair without a second config file.
+config's pipeline for an A/B pair without a second config file. ``--bare`` serves
+``peers/serve_floor.py`` instead (the body read, a fixed answer): Serve's own cost per request,
+the floor to set Ferry's beside.
 """
 
 from __future__ import annotations
@@ -156,6 +158,13 @@ def main() -> int:
         "second over the rate is the share of time its GIL was held",
     )
     ap.add_argument(
+        "--bare",
+        action="store_true",
+        help="serve benchmarks/peers/serve_floor.py (the body read, a fixed small JSON answered) "
+        "instead of the config's application, under the config's logging: Serve's own cost per "
+        "request on this machine, the floor beside Ferry's",
+    )
+    ap.add_argument(
         "--set",
         action="append",
         default=[],
@@ -179,12 +188,14 @@ def main() -> int:
     apply_sets(raw["applications"][0]["args"]["config"], sets)
     ray.init(include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
-    serve.run(  # with the file's logging_config, as `serve run` applies it
-        build_app(raw["applications"][0]["args"]),
-        name="ferry",
-        route_prefix="/",
-        logging_config=raw.get("logging_config"),
-    )
+    if args.bare:
+        from benchmarks.peers.serve_floor import Floor
+
+        app = Floor.bind()
+    else:
+        app = build_app(raw["applications"][0]["args"])
+    # with the file's logging_config, as `serve run` applies it
+    serve.run(app, name="ferry", route_prefix="/", logging_config=raw.get("logging_config"))
     image = (
         args.image if args.image != "auto" else ("digit" if args.model == "digits" else "chelsea")
     )
@@ -222,7 +233,7 @@ def main() -> int:
     }
     per = dict(sorted(per.items(), key=lambda kv: -kv[1]))
     result = {
-        "config": args.config,
+        "config": "benchmarks/peers/serve_floor.py" if args.bare else args.config,
         **({"logging_config": raw["logging_config"]} if raw.get("logging_config") else {}),
         **({"set": sets} if sets else {}),
         "model": args.model,

@@ -245,7 +245,10 @@ def profile_pairs_section(doc: dict) -> list[str]:
             "label": label,
             **r["load"],  # clients, img_s, p50_ms, p99_ms, errors
             "cpu": r["cpu_ms_per_request_total"],
-            "ingress_cpu": r["cpu_ms_per_request"].get("ServeReplica:ferry:Ingress", 0.0),
+            "ingress_cpu": r["cpu_ms_per_request"].get(  # (--bare: the floor app's one replica)
+                "ServeReplica:ferry:Ingress",
+                r["cpu_ms_per_request"].get("ServeReplica:ferry:Floor", 0.0),
+            ),
         }
         for label, r in doc["results"].items()
     ]
@@ -256,7 +259,7 @@ def profile_pairs_section(doc: dict) -> list[str]:
         ("p50 ms", "p50_ms"),
         ("p99 ms", "p99_ms"),
         ("CPU ms / request", "cpu"),
-        ("of it in the ingress", "ingress_cpu"),
+        ("of it in the ingress (--bare: its replica)", "ingress_cpu"),
         ("errors", "errors"),
     ]
     out = [f"{doc['machine']}; {doc['date']}. {doc.get('method', '')}", "", md_table(rows, cols)]
