@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import sys
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, PositiveInt, model_validator
 
 from .base import Strict
 
@@ -69,6 +70,14 @@ class DeploymentOptions(Strict):
     ``None`` keeps Python's 5 ms. A replica whose worker threads keep the GIL busy makes its
     event loop -- where Serve takes calls and hands back answers -- wait up to this long
     each time it wants the GIL back; a shorter interval trades some CPU for that wait."""
+    gc_threshold: tuple[PositiveInt, PositiveInt, PositiveInt] | None = (10_000, 10, 10)
+    """The garbage collector's thresholds in the replica processes (``gc.set_threshold``:
+    net allocations before a young collection, then young collections before each older
+    one); ``None`` keeps Python's (700, 10, 10). At Python's, a replica answering 1,600
+    requests a second ran 235 collections a second, about 6% of its CPU; at (10000, 10, 10)
+    its CPU per request was 0.93x (``profile_pipeline.json``, experiment ``gc_threshold``).
+    What reference counting frees -- nearly all a request makes -- never waits for a
+    collection either way; cyclic garbage waits for at most 10,000 more allocations."""
 
     @property
     def holds_gpu(self) -> bool:
@@ -85,6 +94,8 @@ class DeploymentOptions(Strict):
         replica as it starts."""
         if self.switch_interval_ms is not None:
             sys.setswitchinterval(self.switch_interval_ms / 1e3)
+        if self.gc_threshold is not None:
+            gc.set_threshold(*self.gc_threshold)
 
     @model_validator(mode="after")
     def _replicas_or_autoscaling(self) -> DeploymentOptions:

@@ -209,6 +209,25 @@ def test_switch_interval_is_applied_in_the_replica_process_and_bounded():
     assert "switch_interval_ms" not in str(DeploymentOptions(switch_interval_ms=1).serve_options())
 
 
+def test_gc_thresholds_are_set_in_the_replica_process_by_default_and_bounded():
+    import gc
+
+    before = gc.get_threshold()
+    try:
+        DeploymentOptions().apply_in_process()  # the default: fewer young collections
+        assert gc.get_threshold() == (10_000, 10, 10)
+        DeploymentOptions(gc_threshold=(5000, 20, 30)).apply_in_process()
+        assert gc.get_threshold() == (5000, 20, 30)
+        gc.set_threshold(*before)
+        DeploymentOptions(gc_threshold=None).apply_in_process()  # None: the process's own
+        assert gc.get_threshold() == before
+    finally:
+        gc.set_threshold(*before)
+    with pytest.raises(ValidationError):
+        DeploymentOptions(gc_threshold=(0, 10, 10))  # 0 would turn the collector off
+    assert "gc_threshold" not in str(DeploymentOptions().serve_options())
+
+
 def test_one_process_holds_the_gpu_in_the_ingress_and_its_pools_must_fit():
     from deployments.app import build
 
