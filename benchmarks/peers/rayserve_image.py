@@ -184,7 +184,7 @@ def cpu_encode(frames: Sequence[Any], quality: int = QUALITY) -> list[bytes]:
 
 class ImageCore:
     """The replica's work without Serve: JPEG bodies in, JPEG answers out (None for a body
-    the GPU decoder refuses). Needs CUDA and torchvision."""
+    the decoder refuses). Needs CUDA and torchvision, but for its CPU form (``device``)."""
 
     def __init__(
         self,
