@@ -37,6 +37,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.common import commit, machine, table, today, write_json  # noqa: E402
+from benchmarks.e2e_systems import FERRY_ENV, peer_app  # noqa: E402
 from loadtest import streams  # noqa: E402
 from loadtest.run import end_local_ray, start_app, wait_ready  # noqa: E402
 
@@ -54,7 +55,7 @@ def config_on_port(path: str, port: int, out_dir: str) -> str:
 
 PEER = "rayserve_streams_"
 """A system named ``rayserve_streams_N``: the expert Ray Serve app, N replicas."""
-ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
+ENV = FERRY_ENV
 """Both systems run under Serve's HAProxy and its throughput mode (the GPU configs' form)."""
 
 
@@ -63,24 +64,14 @@ def peer_config(name: str, port: int, model: str, out_dir: str) -> str:
     is visible (else on the CPU, for tests), the U-Net file ``model``."""
     from pipeline.device import cuda_available
 
-    replicas = int(name.removeprefix(PEER))
-    device = "cuda" if cuda_available() else "cpu"
-    doc = {
-        "proxy_location": "EveryNode",
-        "http_options": {"host": "0.0.0.0", "port": port},
-        "logging_config": {"encoding": "TEXT", "log_level": "WARNING"},
-        "applications": [
-            {
-                "name": "peer",
-                "route_prefix": "/",
-                "import_path": "benchmarks.peers.rayserve_streams:build_app",
-                "args": {"replicas": replicas, "model": model, "device": device},
-            }
-        ],
+    args = {
+        "replicas": int(name.removeprefix(PEER)),
+        "model": model,
+        "device": "cuda" if cuda_available() else "cpu",
     }
     out = os.path.join(out_dir, f"{name}.yaml")
     with open(out, "w") as f:
-        yaml.safe_dump(doc, f)
+        yaml.safe_dump(peer_app("rayserve_streams", args, "/", port), f)
     return out
 
 

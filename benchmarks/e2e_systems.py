@@ -206,6 +206,24 @@ def row_name(name: str, spec: dict[str, Any], sets: dict[str, Any], mps: bool = 
     return f"{name}[{','.join(f'{k}={v}' for k, v in sets.items())}]{tail}"
 
 
+def peer_app(module: str, args: dict[str, Any], route_prefix: str, port: int = 8000) -> dict:
+    """The Serve config of a peer app: ``benchmarks.peers.MODULE:build_app`` with ``args``,
+    at ``route_prefix`` on ``port``."""
+    return {
+        "proxy_location": "EveryNode",
+        "http_options": {"host": "0.0.0.0", "port": port},
+        "logging_config": {"encoding": "TEXT", "log_level": "WARNING"},
+        "applications": [
+            {
+                "name": "peer",
+                "route_prefix": route_prefix,
+                "import_path": f"benchmarks.peers.{module}:build_app",
+                "args": args,
+            }
+        ],
+    }
+
+
 def serve_config(name: str, spec: dict[str, Any], sets: dict[str, Any] | None = None) -> str:
     """The file ``serve run`` gets for ``spec``: a temporary YAML, for the caller to delete."""
     if spec["kind"] == "ferry":
@@ -216,19 +234,7 @@ def serve_config(name: str, spec: dict[str, Any], sets: dict[str, Any] | None = 
             pipeline["executor"]["mode"] = "naive"
         apply_sets(pipeline, {**spec.get("sets", {}), **(sets or {})})
     else:
-        cfg = {
-            "proxy_location": "EveryNode",
-            "http_options": {"host": "0.0.0.0", "port": 8000},
-            "logging_config": {"encoding": "TEXT", "log_level": "WARNING"},
-            "applications": [
-                {
-                    "name": "peer",
-                    "route_prefix": WORKLOADS[spec["workload"]].peer_path,
-                    "import_path": f"benchmarks.peers.{spec['module']}:build_app",
-                    "args": spec["args"],
-                }
-            ],
-        }
+        cfg = peer_app(spec["module"], spec["args"], WORKLOADS[spec["workload"]].peer_path)
     fd, path = tempfile.mkstemp(prefix=f"{name}_", suffix=".yaml")
     with os.fdopen(fd, "w") as f:
         yaml.safe_dump(cfg, f)
