@@ -77,7 +77,9 @@ class ExpertStreams(ImageBatcher):
             reader.cancel()
 
     async def _read(self, ws: WebSocket, pending: asyncio.Queue) -> None:
-        """Each frame into the batcher, in order, ``IN_FLIGHT`` at most; None at the end."""
+        """Each frame into the batcher, in order, ``IN_FLIGHT`` at most; None at the end --
+        also after a bad message, but not when cancelled (the writer is gone then, and a full
+        queue would hold this task forever)."""
         frame = 0
         try:
             while True:
@@ -91,8 +93,9 @@ class ExpertStreams(ImageBatcher):
                     frame += 1
                 elif msg.get("text") and json.loads(msg["text"]).get("end"):
                     break
-        finally:
-            await pending.put(None)
+        except Exception:  # (a text message that is not JSON: the stream ends as at its end)
+            pass
+        await pending.put(None)
 
     async def _write(self, ws: WebSocket, pending: asyncio.Queue) -> None:
         """The answers in frame order, each as its header and then its JPEG."""
