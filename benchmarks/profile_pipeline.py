@@ -12,6 +12,11 @@ rate needs. ``--set`` (repeatable; the value is YAML, as in bench_e2e.py) change
 config's pipeline for an A/B pair without a second config file. ``--bare`` serves
 ``peers/serve_floor.py`` instead (the body read, a fixed answer): Serve's own cost per request,
 the floor to set Ferry's beside.
+
+Serve runs as the GPU deployments do (docs/deploy.md): HAProxy in front of the replicas and
+Serve's throughput mode (``e2e_systems.FERRY_ENV``), unless the shell already sets either
+variable (``RAY_SERVE_ENABLE_HA_PROXY=0`` measures Serve's own Python proxy); the result
+records what ran (``serve_env``).
 """
 
 from __future__ import annotations
@@ -177,7 +182,7 @@ def main() -> int:
     from ray import serve
 
     from benchmarks import loadgen
-    from benchmarks.e2e_systems import apply_sets, parse_sets
+    from benchmarks.e2e_systems import FERRY_ENV, apply_sets, parse_sets
     from deployments.app import build_app
     from loadtest.cores import busy_cores_since
     from pipeline.imaging import encode_png
@@ -186,6 +191,7 @@ def main() -> int:
         raw = yaml.safe_load(f)
     sets = parse_sets(args.set)
     apply_sets(raw["applications"][0]["args"]["config"], sets)
+    serve_env = {k: os.environ.setdefault(k, v) for k, v in FERRY_ENV.items()}
     ray.init(include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
     if args.bare:
@@ -235,6 +241,7 @@ def main() -> int:
     result = {
         "config": "benchmarks/peers/serve_floor.py" if args.bare else args.config,
         **({"logging_config": raw["logging_config"]} if raw.get("logging_config") else {}),
+        "serve_env": serve_env,
         **({"set": sets} if sets else {}),
         "model": args.model,
         "image": image,
