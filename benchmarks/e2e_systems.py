@@ -150,6 +150,15 @@ SYSTEMS: dict[str, dict[str, Any]] = {
         f"rayserve_expert_{n}_serial": _peer("rayserve_expert", n, FERRY_ENV, 600, pipelined=False)
         for n in (4, 8, 12)
     },
+    # the same with only the batch's event wait asleep, nvJPEG's syncs spinning (the
+    # 2026-12-03 _t1_block form: photos 2,098 img/s at 256 clients, against 1,029 with the
+    # whole context asleep on 2026-12-04)
+    **{
+        f"rayserve_expert_{n}_evwait": _peer(
+            "rayserve_expert", n, FERRY_ENV, 600, context_sleep=False
+        )
+        for n in (4, 8, 12)
+    },
     # the first committed peer's settings, too weak to count (results/e2e_notes.md): torch's
     # CPU threads (one a core in each replica), spinning waits, one batch at a time (its
     # per-group index copy and Serve's JSON encoder are gone in every form)

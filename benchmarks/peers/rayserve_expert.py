@@ -39,7 +39,10 @@ main stream (``record_stream``) so its memory waits for those kernels in turn.
 
 ``args`` beside ``replicas``: ``threads`` (1; None keeps torch's default), ``blocking``
 (True: sleeping waits; False: spin, as CUDA's default), ``pipelined`` (True: two batches in
-flight; False: a batch's launch and wait on the one GPU thread, one at a time) --
+flight; False: a batch's launch and wait on the one GPU thread, one at a time),
+``context_sleep`` (True: with ``blocking``, every host wait of the replica's CUDA context
+sleeps, nvJPEG's own syncs included; False: only the batch's event wait sleeps, as the
+2026-12-03 ``_t1_block`` form that served photos at 2,098 img/s did) --
 ``blocking=False, threads=None, pipelined=False`` is the peer as first committed (weak).
 
 The weights are random (``weights=None``), as in the usual app: the same work either way.
@@ -333,9 +336,13 @@ class ExpertCore:
 @serve.deployment
 class ExpertClassifier:
     def __init__(
-        self, threads: int | None = 1, blocking: bool = True, pipelined: bool = True
+        self,
+        threads: int | None = 1,
+        blocking: bool = True,
+        pipelined: bool = True,
+        context_sleep: bool = True,
     ) -> None:
-        if blocking:
+        if blocking and context_sleep:
             sleep_on_sync()  # before CUDA starts in this replica
         self.pipelined = pipelined
         self.gpu = ThreadPoolExecutor(1, thread_name_prefix="expert-gpu")  # one thread: CUDA graphs
@@ -367,7 +374,7 @@ class ExpertClassifier:
 
 def build_app(args: dict[str, Any]) -> serve.Application:
     """``args``: ``replicas`` (8), ``threads`` (1; None: torch's default), ``blocking``
-    (True) and ``pipelined`` (True), as the module docstring says."""
+    (True), ``pipelined`` (True) and ``context_sleep`` (True), as the module docstring says."""
     replicas = int(args.get("replicas", 8))
     threads = args.get("threads", 1)
     return ExpertClassifier.options(
@@ -378,4 +385,5 @@ def build_app(args: dict[str, Any]) -> serve.Application:
         None if threads is None else int(threads),
         bool(args.get("blocking", True)),
         bool(args.get("pipelined", True)),
+        bool(args.get("context_sleep", True)),
     )

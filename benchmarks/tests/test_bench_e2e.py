@@ -149,7 +149,8 @@ def test_expert_peer_loads_without_torch_and_sizes_its_batches():
     assert app.num_replicas == 8 and app.ray_actor_options["num_gpus"] == 0.125
     # Serve's default is 5 a replica: batches of 128, two in flight, need room for all of them
     assert app.max_ongoing_requests >= expert.BUCKETS[-1] * expert.CONCURRENT_BATCHES
-    assert app.init_args == (1, True, True)  # one torch thread, sleeping waits, pipelined
+    # one torch thread, sleeping waits, pipelined, the whole CUDA context asleep
+    assert app.init_args == (1, True, True, True)
     weak = expert.build_app(
         {"replicas": 4, "threads": None, "blocking": False, "pipelined": False}
     )._bound_deployment
@@ -175,6 +176,7 @@ def test_expert_peer_system_names_pick_its_form():
     for n in (4, 8, 12):
         assert served[f"rayserve_expert_{n}"] == {"replicas": n}  # the strong form: defaults
         assert served[f"rayserve_expert_{n}_serial"] == {"replicas": n, "pipelined": False}
+        assert served[f"rayserve_expert_{n}_evwait"] == {"replicas": n, "context_sleep": False}
         assert served[f"rayserve_expert_{n}_weak"] == {
             "replicas": n,
             "threads": None,
