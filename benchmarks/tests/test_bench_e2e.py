@@ -154,7 +154,10 @@ def test_expert_peer_loads_without_torch_and_sizes_its_batches():
     weak = expert.build_app(
         {"replicas": 4, "threads": None, "blocking": False, "pipelined": False}
     )._bound_deployment
-    assert weak.ray_actor_options["num_gpus"] == 0.25 and weak.init_args == (None, False, False)
+    assert weak.ray_actor_options["num_gpus"] == 0.25
+    assert weak.init_args == (None, False, False, True)  # (blocking off: the context spins)
+    evwait = expert.build_app({"replicas": 8, "context_sleep": False})._bound_deployment
+    assert evwait.init_args == (1, True, True, False)
     batch = expert.ExpertClassifier.func_or_class.classify
     assert batch._get_max_batch_size() == expert.BUCKETS[-1] == 128
     assert batch._get_batch_wait_timeout_s() == expert.WAIT_S == 0.004
