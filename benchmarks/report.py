@@ -504,7 +504,7 @@ def render() -> str:
 # (e2e's ``runs``) or, where those name none, the commit that added the result ("added in":
 # ``git log -S`` on the figure in benchmarks/results/). Keyed by file, or file:section.
 MEASURED_AT = {
-    "e2e.json": "736d5c6",
+    "e2e.json": "a78ba16",
     "engine.json": "734acef (added in)",
     "models.json": "3f5958b (added in)",
     "alloc.json": "f5be890 (added in)",
