@@ -51,7 +51,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks import loadgen  # noqa: E402
-from benchmarks.common import commit, machine, today, write_json  # noqa: E402
+from benchmarks.common import Budget, commit, machine, today, write_json  # noqa: E402
 from benchmarks.e2e_systems import (  # noqa: E402
     SYSTEMS,
     WORKLOADS,
@@ -197,6 +197,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="run every system as clients of one CUDA MPS server (rows named system+mps)",
     )
     ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="the run's wall-clock allowance: a system is not started, and a level not begun, "
+        "unless it fits in what is left (a system's usual start-up, e2e_systems' up_s, and one "
+        "level), so a run under a time limit ends by itself with what it measured saved; what "
+        "was left out is said in the run's note",
+    )
+    ap.add_argument(
         "--strict",
         action="store_true",
         help="exit 1 unless every system came up and answered every level without an error "
@@ -278,15 +287,21 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _exit_on_term)
     setup(args)
 
+    budget, note, cuts = Budget(args.budget_s), runs[max(runs, key=_run_no)], []
+
     def save() -> None:
+        runs[max(runs, key=_run_no)] = note + "".join(f"; {c}" for c in cuts)
         _write(args, described, runs, rows, breakdown, extra)
 
     failed: list[str] = []
     with mps_server(args.mps):
         for name in args.names:
             start = len(rows)
-            if not run_system(name, corpora, levels, args, log_dir, rows, breakdown, save):
-                failed.append(f"{name}: did not come up")
+            status = run_system(name, corpora, levels, args, log_dir, rows, breakdown, save, budget)
+            if status != "ok":
+                failed.append(f"{name}: {status}")
+            if status.startswith("not started") or status.startswith("cut"):
+                cuts.append(f"{name} {status}")
             failed += [
                 f"{r['system']} at {r['clients']} clients on {r['corpus']}: "
                 f"{r['img_s']} answers/s, errors {r['errors_by_status']}"
@@ -318,13 +333,20 @@ def run_system(
     rows: list[dict[str, Any]],
     breakdown: dict[str, Any],
     save: Any,
-) -> bool:
+    budget: Budget | None = None,
+) -> str:
     """Start ``name``, measure it on every corpus at every level into ``rows`` (and its
     per-stage timings into ``breakdown``), ``save()`` after each level, and stop it by PID.
-    False when it did not come up."""
+    Returns ``ok``, ``did not come up``, or, where ``budget`` ran short, ``not started ...``
+    or ``cut ...`` (the levels it measured are in ``rows``)."""
     spec, system = SYSTEMS[name], row_name(name, SYSTEMS[name], args.sets, args.mps)
     w = WORKLOADS[spec["workload"]]
+    budget = budget or Budget(None)
+    level_s = args.warmup + args.seconds + 3  # a level: its warm-up, its window, the reads
     print(f"== {system}", flush=True)
+    if not budget.fits(spec["up_s"] + 10 + level_s):  # its start-up, a level, its stop
+        print(f"   not started: {budget.left():.0f} s left of --budget-s", flush=True)
+        return f"not started ({budget.left():.0f} s of the budget left)"
     if port_taken():  # something left from an earlier run would answer for this system
         stop(None)
         deadline = time.time() + 60  # a run cut by `timeout` may still be shutting down
@@ -343,11 +365,14 @@ def run_system(
         up = wait_ok(url, spec["startup_s"], proc, body=first, headers=headers, request_timeout=10)
         if not up:
             print(f"{name} did not come up; see serve_{name}.log", flush=True)
-            return False
+            return "did not come up"
         print(f"   up in {time.time() - t0:.0f} s", flush=True)
         for c in corpora:
             loadgen.run(url, c.bodies, "image/jpeg", 32, 4, warmup=1, extra_headers=w.headers())
             for n in levels:
+                if not budget.fits(level_s + 10):  # the level and the system's stop
+                    print(f"   cut by --budget-s before {c.name} at {n} clients", flush=True)
+                    return f"cut before {c.name} at {n} clients (--budget-s)"
                 row, timings = measure(
                     system, url, c, n, args, collect, proc.ferry_run_id, spec.get("replicas")
                 )
@@ -358,7 +383,12 @@ def run_system(
     finally:
         stop(proc)
         os.unlink(config)
-    return True
+    return "ok"
+
+
+def _run_no(key: str) -> int:
+    """``run12`` -> 12: the runs' keys in their order (``max`` of the strings puts run9 last)."""
+    return int(key[3:]) if key[3:].isdigit() else -1
 
 
 def _write(

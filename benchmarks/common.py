@@ -1,4 +1,5 @@
-"""Shared benchmark plumbing: machine description, JSON output, a small table printer."""
+"""Shared benchmark plumbing: machine description, JSON output, a small table printer, a
+run's time budget."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import os
 import platform
 import subprocess
+import time
 from typing import Any
 
 
@@ -81,3 +83,19 @@ def table(rows: list[dict[str, Any]], cols: list[str]) -> str:
             " | ".join(fmt(r.get(c, "")).rjust(w) for c, w in zip(cols, widths, strict=True))
         )
     return "\n".join(lines)
+
+
+class Budget:
+    """A run's wall-clock allowance (``--budget-s``): whether the next step still fits, so
+    that a run on a lent machine ends on its own, with every measured level saved, instead
+    of being killed by the call's limit in the middle of a start-up. ``None``: no limit."""
+
+    def __init__(self, seconds: float | None, clock: Any = time.monotonic) -> None:
+        self.clock = clock
+        self.end = None if seconds is None else clock() + seconds
+
+    def left(self) -> float:
+        return float("inf") if self.end is None else self.end - self.clock()
+
+    def fits(self, need_s: float) -> bool:
+        return self.left() >= need_s

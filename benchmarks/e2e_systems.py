@@ -90,6 +90,18 @@ def corpus_of(name: str) -> Corpus:
     return iw.frames() if name == iw.CORPUS else corpus(name)
 
 
+# A system's usual start-up on the H200, what ``bench_e2e.py --budget-s`` plans with (seen in
+# the runs' logs: ferry 44-53 s; the expert peer 94 s, torch.compile's first replica; the image
+# systems compile the U-Net per batch size); ``startup_s`` is how long it may take at most.
+UP_S = {
+    "ferry": 60,
+    "ferry_image": 240,
+    "rayserve_batch": 40,
+    "rayserve_expert": 120,
+    "rayserve_image": 240,
+}
+
+
 def _ferry(
     config: str,
     naive: bool = False,
@@ -105,6 +117,7 @@ def _ferry(
         "config": os.path.join(CONFIGS, config),
         "naive": naive,
         "startup_s": startup_s,
+        "up_s": UP_S["ferry_image" if workload == "image" else "ferry"],
         "sets": sets or {},
     }
 
@@ -125,6 +138,7 @@ def _peer(
         "replicas": replicas,
         "env": env,
         "startup_s": startup_s,
+        "up_s": UP_S.get(module, 120),
         "args": {"replicas": replicas, **args},
     }
 

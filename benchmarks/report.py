@@ -525,7 +525,8 @@ def _e2e(doc: dict) -> list[tuple[str, str]]:
         top = max(f.values(), key=lambda r: r["img_s"])
         cpu = top.get("server_cpu_ms_per_img")
         runs = doc.get("runs", {})
-        older = top.get("run") and top["run"] != max(runs, default=None)
+        newest = max(runs, key=lambda k: int(k[3:]) if k[3:].isdigit() else -1, default=None)
+        older = top.get("run") and top["run"] != newest  # (run10 after run9, not before)
         at = re.search(r"commit ([0-9a-f]{7})", runs.get(top.get("run"), "")) if older else None
         out.append(
             (

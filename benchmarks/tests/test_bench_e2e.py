@@ -246,3 +246,42 @@ def test_bench_e2e_keeps_the_output_files_other_keys(tmp_path):
     assert list(doc)[: len(bench_e2e.WRITTEN)] == list(bench_e2e.WRITTEN)
     assert doc["profiles"] == {"p": [1, 2]} and doc["rows"] == [other, row]
     assert doc["peer_notes"] == {"rayserve_batch_1rep": "usual"}
+
+
+def test_budget_says_what_still_fits():
+    from benchmarks.common import Budget
+
+    now = [100.0]
+    b = Budget(30, clock=lambda: now[0])
+    assert b.left() == 30 and b.fits(30) and not b.fits(30.5)
+    now[0] = 125.0
+    assert b.left() == 5 and b.fits(5) and not b.fits(6)
+    assert Budget(None).fits(1e12) and Budget(None).left() == float("inf")
+
+
+def test_a_system_that_does_not_fit_the_budget_is_not_started_and_the_run_says_so(tmp_path):
+    """--budget-s below a system's usual start-up and one level: nothing starts (no Serve,
+    no port taken), the run's note names what was left out and --strict fails the run."""
+    import json
+    import time
+
+    from benchmarks import bench_e2e
+    from benchmarks.e2e_systems import UP_S
+
+    out = tmp_path / "e2e.json"
+    argv = ["--systems", "ferry,rayserve_expert_4", "--corpus", "chelsea", "--clients", "16"]
+    argv += ["--seconds", "1", "--warmup", "0", "--budget-s", str(UP_S["ferry"] - 1)]
+    t0 = time.monotonic()
+    assert bench_e2e.main([*argv, "--out", str(out), "--log-dir", str(tmp_path), "--strict"]) == 1
+    assert time.monotonic() - t0 < 30  # nothing was started, nothing waited for
+    doc = json.loads(out.read_text())
+    assert doc["rows"] == []
+    note = doc["runs"]["run1"]
+    assert "; ferry not started (" in note and "; rayserve_expert_4 not started (" in note
+
+
+def test_run_keys_sort_by_number():
+    from benchmarks.bench_e2e import _run_no
+
+    runs = {f"run{i}": "" for i in range(1, 12)}
+    assert max(runs, key=_run_no) == "run11" and max(runs) == "run9"
