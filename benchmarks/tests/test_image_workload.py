@@ -281,9 +281,9 @@ def test_a_run_merges_its_rows_into_the_file_and_strict_fails_on_errors(tmp_path
     monkeypatch.setattr(bench_e2e, "export_unet", lambda: exported.append(1) or "/m.pt2")
     monkeypatch.setattr(bench_e2e, "corpus_of", lambda name: corpus_of("chelsea"))
 
-    def fake_system(name, corpora, levels, args, log_dir, rows, breakdown, save):
+    def fake_system(name, corpora, levels, args, log_dir, rows, breakdown, save, budget):
         if name == "rayserve_image_4":
-            return False  # did not come up
+            return "did not come up"
         for n in levels:
             errors = 2 if n == 16 else 0
             rows.append(
@@ -292,7 +292,7 @@ def test_a_run_merges_its_rows_into_the_file_and_strict_fails_on_errors(tmp_path
                  "errors_by_status": {"503": errors} if errors else {}}
             )  # fmt: skip
             save()
-        return True
+        return "ok"
 
     monkeypatch.setattr(bench_e2e, "run_system", fake_system)
     common = ["--workload", "image", "--clients", "1,16", "--out", str(out)]
