@@ -164,9 +164,10 @@ SYSTEMS: dict[str, dict[str, Any]] = {
         f"rayserve_expert_{n}_serial": _peer("rayserve_expert", n, FERRY_ENV, 600, pipelined=False)
         for n in (4, 8, 12)
     },
-    # the same with only the batch's event wait asleep, nvJPEG's syncs spinning (the
-    # 2026-12-03 _t1_block form: photos 2,098 img/s at 256 clients, against 1,029 with the
-    # whole context asleep on 2026-12-04)
+    # the same with only the batch's event wait asleep, nvJPEG's syncs spinning, as in the
+    # 2026-12-03 _t1_block form (photos 2,098 img/s at 256 clients; that form also ran one
+    # batch at a time). Measured 2026-12-05 (e2e.json run3): photos 993 -- the context flag
+    # is not what the 2,098 lost
     **{
         f"rayserve_expert_{n}_evwait": _peer(
             "rayserve_expert", n, FERRY_ENV, 600, context_sleep=False

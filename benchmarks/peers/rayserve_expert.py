@@ -41,8 +41,8 @@ main stream (``record_stream``) so its memory waits for those kernels in turn.
 (True: sleeping waits; False: spin, as CUDA's default), ``pipelined`` (True: two batches in
 flight; False: a batch's launch and wait on the one GPU thread, one at a time),
 ``context_sleep`` (True: with ``blocking``, every host wait of the replica's CUDA context
-sleeps, nvJPEG's own syncs included; False: only the batch's event wait sleeps, as the
-2026-12-03 ``_t1_block`` form that served photos at 2,098 img/s did) --
+sleeps, nvJPEG's own syncs included; False: only the batch's event wait sleeps, as in
+the 2026-12-03 ``_t1_block`` form, which served photos at 2,098 img/s one batch at a time) --
 ``blocking=False, threads=None, pipelined=False`` is the peer as first committed (weak).
 
 The weights are random (``weights=None``), as in the usual app: the same work either way.
