@@ -174,6 +174,15 @@ SYSTEMS: dict[str, dict[str, Any]] = {
         )
         for n in (4, 8, 12)
     },
+    # the settings of the 2026-12-03 _t1_block form (on today's peer, which also admits 384 a
+    # replica and answers with orjson): one torch thread, the event wait asleep, nvJPEG's
+    # syncs spinning, one batch at a time
+    **{
+        f"rayserve_expert_{n}_t1_block": _peer(
+            "rayserve_expert", n, FERRY_ENV, 600, context_sleep=False, pipelined=False
+        )
+        for n in (4, 8, 12)
+    },
     # the first committed peer's settings, too weak to count (results/e2e_notes.md): torch's
     # CPU threads (one a core in each replica), spinning waits, one batch at a time (its
     # per-group index copy and Serve's JSON encoder are gone in every form)

@@ -180,6 +180,11 @@ def test_expert_peer_system_names_pick_its_form():
         assert served[f"rayserve_expert_{n}"] == {"replicas": n}  # the strong form: defaults
         assert served[f"rayserve_expert_{n}_serial"] == {"replicas": n, "pipelined": False}
         assert served[f"rayserve_expert_{n}_evwait"] == {"replicas": n, "context_sleep": False}
+        assert served[f"rayserve_expert_{n}_t1_block"] == {
+            "replicas": n,
+            "context_sleep": False,
+            "pipelined": False,
+        }
         assert served[f"rayserve_expert_{n}_weak"] == {
             "replicas": n,
             "threads": None,
