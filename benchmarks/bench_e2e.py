@@ -51,7 +51,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks import loadgen  # noqa: E402
-from benchmarks.common import Budget, commit, machine, today, write_json  # noqa: E402
+from benchmarks.common import Budget, commit, machine, run_no, today, write_json  # noqa: E402
 from benchmarks.e2e_systems import (  # noqa: E402
     SYSTEMS,
     WORKLOADS,
@@ -287,10 +287,11 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _exit_on_term)
     setup(args)
 
-    budget, note, cuts = Budget(args.budget_s), runs[max(runs, key=_run_no)], []
+    budget, this_run, cuts = Budget(args.budget_s), max(runs, key=run_no), []
+    note = runs[this_run]
 
     def save() -> None:
-        runs[max(runs, key=_run_no)] = note + "".join(f"; {c}" for c in cuts)
+        runs[this_run] = note + "".join(f"; {c}" for c in cuts)
         _write(args, described, runs, rows, breakdown, extra)
 
     failed: list[str] = []
@@ -384,11 +385,6 @@ def run_system(
         stop(proc)
         os.unlink(config)
     return "ok"
-
-
-def _run_no(key: str) -> int:
-    """``run12`` -> 12: the runs' keys in their order (``max`` of the strings puts run9 last)."""
-    return int(key[3:]) if key[3:].isdigit() else -1
 
 
 def _write(

@@ -85,6 +85,12 @@ def table(rows: list[dict[str, Any]], cols: list[str]) -> str:
     return "\n".join(lines)
 
 
+def run_no(key: str) -> int:
+    """``run12`` -> 12: ``e2e.json``'s runs in their order (``max`` of the strings would put
+    run9 after run10); -1 for a key of another form."""
+    return int(key[3:]) if key[3:].isdigit() else -1
+
+
 class Budget:
     """A run's wall-clock allowance (``--budget-s``): whether the next step still fits, so
     that a run on a lent machine ends on its own, with every measured level saved, instead

@@ -17,6 +17,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RES = os.path.join(HERE, "results")
 sys.path.insert(0, os.path.dirname(HERE))
 
+from benchmarks.common import run_no  # noqa: E402
 from benchmarks.report_image import image_lines  # noqa: E402
 
 
@@ -525,8 +526,7 @@ def _e2e(doc: dict) -> list[tuple[str, str]]:
         top = max(f.values(), key=lambda r: r["img_s"])
         cpu = top.get("server_cpu_ms_per_img")
         runs = doc.get("runs", {})
-        newest = max(runs, key=lambda k: int(k[3:]) if k[3:].isdigit() else -1, default=None)
-        older = top.get("run") and top["run"] != newest  # (run10 after run9, not before)
+        older = top.get("run") and top["run"] != max(runs, key=run_no, default=None)
         at = re.search(r"commit ([0-9a-f]{7})", runs.get(top.get("run"), "")) if older else None
         out.append(
             (

@@ -286,7 +286,7 @@ def test_a_system_that_does_not_fit_the_budget_is_not_started_and_the_run_says_s
 
 
 def test_run_keys_sort_by_number():
-    from benchmarks.bench_e2e import _run_no
+    from benchmarks.common import run_no
 
     runs = {f"run{i}": "" for i in range(1, 12)}
-    assert max(runs, key=_run_no) == "run11" and max(runs) == "run9"
+    assert max(runs, key=run_no) == "run11" and max(runs) == "run9"
