@@ -90,6 +90,15 @@ smoke() {  # smoke NAME LIMIT_S CMD...
   clean
 }
 
+# The device's memory every 5 s, and each process's, into the logs: lanes share one GPU, and
+# an out-of-memory error in one lane is explained by what the others held at that time
+nvidia-smi --query-gpu=timestamp,memory.used,memory.total,utilization.gpu --format=csv,noheader \
+  -l 5 > "$OUT/logs/gpu_memory.csv" 2>/dev/null &
+MEM_PID=$!
+( while sleep 10; do date -u +%T; nvidia-smi --query-compute-apps=pid,used_memory \
+    --format=csv,noheader 2>/dev/null; done ) > "$OUT/logs/gpu_memory_by_process.log" &
+MEM_LOOP=$!
+
 ZOO=tests/gpu/test_torch_engine_gpu.py::test_thirteen_torchvision_models_over_http_agree_with_torch_fp32
 SMOKE="$OUT/smoke"; mkdir -p "$SMOKE"
 python3 -m loadtest.corpus > /dev/null 2>&1  # bench_e2e's and overload's photos
@@ -170,6 +179,8 @@ case "$PART" in
   *) echo "usage: $0 1|2|collect DIR..." >&2; exit 2 ;;
 esac
 cat "$OUT"/lane_a.txt "$OUT"/lane_b.txt "$OUT"/lane_c.txt >> "$RESULT"
+kill "$MEM_PID" "$MEM_LOOP" 2>/dev/null
+sort -t, -k2 -n "$OUT/logs/gpu_memory.csv" 2>/dev/null | tail -1 | sed 's/^/# the most device memory in use (every 5 s): /' >> "$RESULT"
 echo "# part $PART took $(( $(date +%s) - T0 )) s" >> "$RESULT"
 # the device tool brings back at most 8 files: the logs and smoke outputs as one archive
 tar czf "$OUT/gpu_check_${PART}_logs.tgz" -C "$OUT" logs smoke && rm -rf "$OUT/logs" "$OUT/smoke" \

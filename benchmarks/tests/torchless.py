@@ -19,7 +19,10 @@ def assert_builds_without_torch(module: str, args: dict) -> None:
         "bad = [k for k in ('torch', 'torchvision') if k in sys.modules]\n"
         "assert not bad, bad\n"
     )
-    env = {**os.environ, "PYTHONPATH": ROOT}
+    # ROOT first, the caller's path kept: where Ray is on PYTHONPATH (the GPU machine's
+    # bundle) it must stay importable
+    path = [ROOT, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     r = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
     )

@@ -183,12 +183,21 @@ def zoo_app(tmp_path_factory):
     ray.init(num_cpus=14, num_gpus=1, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     t0 = time.perf_counter()
-    serve.run_many(
-        [
-            RunTarget(target=build(c), name=f"g{k}", route_prefix=f"/g{k}")
-            for k, c in enumerate(cfgs)
-        ]
-    )
+    try:
+        serve.run_many(
+            [
+                RunTarget(target=build(c), name=f"g{k}", route_prefix=f"/g{k}")
+                for k, c in enumerate(cfgs)
+            ]
+        )
+    except RuntimeError as exc:  # Serve's message names only the deployment: add its reason
+        why = {
+            f"{a}/{d}": st.message[-1500:]
+            for a, app in serve.status().applications.items()
+            for d, st in app.deployments.items()
+            if st.message
+        }
+        raise RuntimeError(f"{exc}; the deployments say: {why}") from None
     print(
         f"{len(zoo)} torch models in {GROUPS} apps loaded, compiled and captured (bucket 8, both feeds): "
         f"{time.perf_counter() - t0:.0f} s"
