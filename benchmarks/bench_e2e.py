@@ -52,6 +52,7 @@ sys.path.insert(0, ROOT)
 
 from benchmarks import loadgen  # noqa: E402
 from benchmarks.common import Budget, commit, machine, run_no, today, write_json  # noqa: E402
+from benchmarks.device_sampler import DeviceSampler  # noqa: E402
 from benchmarks.e2e_systems import (  # noqa: E402
     SYSTEMS,
     WORKLOADS,
@@ -101,8 +102,10 @@ def _row(
     busy: float | None,
     server_cores: float,
     threads: list[dict[str, Any]],
+    device: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One level's row: the load generator's figures ``r`` and the server's CPU."""
+    """One level's row: the load generator's figures ``r``, the server's CPU and the
+    device's utilisation (``DeviceSampler.result()``: None where there is no NVML)."""
     return {
         "system": system,
         "workload": w.name,
@@ -124,6 +127,8 @@ def _row(
         "server_cpu_ms_per_img": round(server_cores / r["img_s"] * 1e3, 3) if r["img_s"] else None,
         # where those cores went: the busiest (process kind, thread name) pairs
         "server_threads": threads,
+        # the GPU's SM and JPEG-engine utilisation over the level (means, 0-1)
+        **(device or {"gpu_util": None, "gpu_jpeg_util": None}),
     }
 
 
@@ -142,29 +147,31 @@ def measure(
     w: Workload = WORKLOADS[args.workload]
     mark, _ = busy_cores_since()
     cpu0, threads0, t0 = run_cpu_s(run_id), thread_cpu_s(run_id), time.monotonic()
-    r = loadgen.run(
-        url,
-        c.bodies,
-        "image/jpeg",
-        n,
-        args.seconds,
-        warmup=args.warmup,
-        extra_headers=w.headers(),
-        collect_timings=collect,
-        expect_sizes=w.expect(c),
-    )
+    with DeviceSampler() as device:
+        r = loadgen.run(
+            url,
+            c.bodies,
+            "image/jpeg",
+            n,
+            args.seconds,
+            warmup=args.warmup,
+            extra_headers=w.headers(),
+            collect_timings=collect,
+            expect_sizes=w.expect(c),
+        )
     # warm-up included: the level's whole span, its rate taken as the measured one
     wall_s = max(time.monotonic() - t0, 1e-9)
     server_cores = (run_cpu_s(run_id) - cpu0) / wall_s
     threads = busiest(threads0, thread_cpu_s(run_id), wall_s)
     _, busy = busy_cores_since(mark)
-    row = _row(system, w, c, n, args, r, replicas, busy, server_cores, threads)
+    row = _row(system, w, c, n, args, r, replicas, busy, server_cores, threads, device.result())
     unit = "frames/s" if w.name == "image" else "img/s"
     print(
         f"   {c.name:>7} {n:>5} clients: {r['img_s']:8.1f} {unit}  p50 {r['p50_ms']} ms  "
         f"p99 {r['p99_ms']} ms  errors {r['errors_by_status'] or 0}  loadgen cpu "
         f"{r['loadgen_cpu_per_proc']}  busy cores {busy}  server cpu "
-        f"{row['server_cpu_ms_per_img']} ms/img",
+        f"{row['server_cpu_ms_per_img']} ms/img  GPU {row['gpu_util']}  JPEG engines "
+        f"{row['gpu_jpeg_util']}",
         flush=True,
     )
     for t in threads[:6]:

@@ -1,0 +1,95 @@
+"""The GPU's SM and JPEG-engine utilisation over a load level, from NVML, for any system.
+
+``bench_e2e`` runs one ``DeviceSampler`` around each level: a thread reads every device's
+utilisation (``nvmlDeviceGetUtilizationRates``) and its JPEG engines'
+(``nvmlDeviceGetJpgUtilization``, A100/H100/H200) every ``every_s``, and ``result()`` gives
+the means over the level, as fractions. It reads the device, not a process, so it measures
+Ferry and the peers alike -- whether a system's decoder uses the hardware JPEG engines at
+all shows as ``jpeg_util`` near 0.
+
+NVML comes from ``nvidia-ml-py`` where installed, else from the copy Ray ships
+(``ray._private.thirdparty.pynvml``). Without either, or without a driver, ``result()`` is
+None and the level is measured as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from types import ModuleType
+from typing import Any
+
+
+def load_nvml() -> ModuleType | None:
+    """NVML's Python binding, initialised; None where there is none or no driver."""
+    try:
+        import pynvml as nvml  # nvidia-ml-py
+    except ImportError:
+        try:
+            from ray._private.thirdparty import pynvml as nvml  # Ray's own copy
+        except ImportError:
+            return None
+    try:
+        nvml.nvmlInit()
+    except Exception:  # no driver, no device: nothing to sample
+        return None
+    return nvml
+
+
+class DeviceSampler:
+    """``with DeviceSampler() as s: ...`` then ``s.result()``: the span's mean utilisations."""
+
+    def __init__(self, every_s: float = 0.25, nvml: Any = None) -> None:
+        self.every_s = every_s
+        self._nvml = nvml if nvml is not None else load_nvml()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._sm: list[float] = []
+        self._jpeg: list[float] = []
+
+    def _handles(self) -> list[Any]:
+        nvml = self._nvml
+        return [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+
+    def _sample(self, handles: list[Any]) -> None:
+        nvml = self._nvml
+        for h in handles:
+            self._sm.append(nvml.nvmlDeviceGetUtilizationRates(h).gpu / 100.0)
+            with contextlib.suppress(Exception):  # a GPU without JPEG engines: no reading
+                self._jpeg.append(nvml.nvmlDeviceGetJpgUtilization(h)[0] / 100.0)
+
+    def _run(self, handles: list[Any]) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                self._sample(handles)
+            except Exception:  # a reading must never fail the level
+                return
+
+    def __enter__(self) -> DeviceSampler:
+        if self._nvml is not None:
+            try:
+                handles = self._handles()
+            except Exception:
+                self._nvml = None
+                return self
+            self._thread = threading.Thread(
+                target=self._run, args=(handles,), name="device-sampler", daemon=True
+            )
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def result(self) -> dict[str, Any] | None:
+        """``gpu_util`` and ``gpu_jpeg_util`` (means, 0-1; the latter None on a GPU without
+        JPEG engines) and ``gpu_samples``; None where nothing was sampled."""
+        if not self._sm:
+            return None
+        return {
+            "gpu_util": round(sum(self._sm) / len(self._sm), 3),
+            "gpu_jpeg_util": round(sum(self._jpeg) / len(self._jpeg), 3) if self._jpeg else None,
+            "gpu_samples": len(self._sm),
+        }

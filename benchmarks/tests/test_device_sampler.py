@@ -1,0 +1,70 @@
+"""benchmarks.device_sampler: the GPU's utilisation over a level, from NVML.
+
+This machine has no GPU: the real NVML (Ray's copy) must give None, not fail the level. The
+means are checked against a stand-in NVML of two devices, one without JPEG engines."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+from benchmarks.device_sampler import DeviceSampler, load_nvml
+
+
+def test_without_a_driver_there_is_nothing_to_sample_and_the_level_goes_on():
+    assert load_nvml() is None  # Ray's pynvml is importable here, but no driver answers
+    with DeviceSampler(every_s=0.01) as s:
+        pass
+    assert s.result() is None
+
+
+class StandInNvml:
+    """Device 0 has JPEG engines, device 1 has none; each reading is the next of a list."""
+
+    def __init__(self, sm: list[list[int]], jpg: list[int]) -> None:
+        self.sm, self.jpg = sm, jpg
+        self.reads = [0, 0]
+        self.enough = threading.Event()
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> SimpleNamespace:
+        k = self.reads[h]
+        self.reads[h] += 1
+        if h == 1 and self.reads[1] >= len(self.sm[1]):
+            self.enough.set()
+        return SimpleNamespace(gpu=self.sm[h][min(k, len(self.sm[h]) - 1)])
+
+    def nvmlDeviceGetJpgUtilization(self, h: int) -> tuple[int, int]:
+        if h == 1:
+            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+        return self.jpg[min(self.reads[0] - 1, len(self.jpg) - 1)], 1000
+
+
+def test_the_means_over_the_level_from_every_device():
+    nvml = StandInNvml(sm=[[50, 70], [10, 30]], jpg=[20, 40])
+    with DeviceSampler(every_s=0.001, nvml=nvml) as s:
+        assert nvml.enough.wait(5)
+    # the sampler stopped at __exit__: what it read is what it reports
+    got = s.result()
+    n = got["gpu_samples"]
+    assert n >= 4 and n % 2 == 0  # a reading of each device a round
+    assert 0.1 <= got["gpu_util"] <= 0.7
+    assert 0.2 <= got["gpu_jpeg_util"] <= 0.4  # device 0's only
+    reads = list(nvml.reads)
+    time.sleep(0.05)  # fifty of its periods: a thread still running would read again
+    assert nvml.reads == reads
+
+
+def test_two_rounds_give_their_exact_means():
+    nvml = StandInNvml(sm=[[50, 70], [10, 30]], jpg=[20, 40])
+    s = DeviceSampler(nvml=nvml)
+    handles = s._handles()
+    s._sample(handles)
+    s._sample(handles)
+    assert s.result() == {"gpu_util": 0.4, "gpu_jpeg_util": 0.3, "gpu_samples": 4}
