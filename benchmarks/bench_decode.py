@@ -1,9 +1,12 @@
 """Preprocessing throughput and its CPU cost: JPEG decode + resize to ResNet-50's input.
 
     python benchmarks/bench_decode.py [--out benchmarks/results/decode.json] [--seconds 3]
+        [--corpus chelsea,photos] [--batches 4,16,64] [--threads 1,4,8]
+        [--backends auto,hardware,cuda,hybrid] [--no-peer]
 
-The same JPEG (scikit-image chelsea, 451x300, quality 90), made into uint8 224x224x3
-batches by:
+The JPEGs of ``bench_e2e``'s corpora (``loadtest.corpus``: ``chelsea``, one 451x300 photo,
+quality 90; ``photos``, 16 photos of 640x480 to 1920x1080, quality 85), ``batch`` of them a
+call, made into uint8 224x224x3 batches by:
 
 * ``cpu_simplejpeg_<t>t``: Ferry's CPU stage (``PreprocessStage``): simplejpeg at the
   smallest DCT scale that suffices, Pillow's bilinear resize and centre crop, on ``t``
@@ -12,6 +15,15 @@ batches by:
   (``PreprocessGpuStage(local=True)``): nvImageCodec decodes the call's JPEGs on the GPU
   (nvJPEG's hardware engines, its CUDA decoder, or hybrid), the antialiased resize
   kernel fits them into one device batch; two calls in flight.
+* ``peer_torchvision``: the expert Ray Serve peer's own code for the same step
+  (``benchmarks/peers/rayserve_expert.ExpertCore``: torchvision's batched
+  ``decode_jpeg(..., device="cuda")`` -- nvJPEG's hardware engines for baseline JPEGs --
+  then an antialiased resize and crop per group of same-sized images), one call at a time
+  as its replica's GPU thread runs it, each waited for. Where torch, torchvision or CUDA
+  is missing, or with ``--no-peer``, it has no row.
+
+The batch size matters on the GPU: Ferry's replica decodes what arrived during its last
+round (a few images a call at 64 clients), the peer a whole ``@serve.batch`` (up to 128).
 
 ``cpu_ms_per_img`` is the process's CPU time (all its threads: user + system) per image.
 On a node whose cores are the end-to-end limit that is the number that matters: at the
@@ -65,69 +77,144 @@ async def _rate(run, items, seconds: float, in_flight: int) -> tuple[float, floa
     return done / wall, cpu * 1e3 / max(1, done), done
 
 
+def _peer_rate(bodies: list[bytes], seconds: float) -> tuple[float, float, int]:
+    """(img/s, CPU ms per image, images) of the expert peer's decode and resize of
+    ``bodies``, a call at a time, each waited for."""
+    import torch
+
+    from benchmarks.peers.rayserve_expert import ExpertCore, bucket_of
+
+    core = ExpertCore(compile=False)  # the model is not run here: no compile
+    x = core.inputs[bucket_of(len(bodies), core.buckets)]
+    stream = torch.cuda.current_stream()
+
+    def once() -> int:
+        n = len(core._fill(core._decode(bodies), x))
+        stream.synchronize()
+        return n
+
+    for _ in range(2):
+        once()
+    done, t0, c0 = 0, time.perf_counter(), time.process_time()
+    while time.perf_counter() - t0 < seconds:
+        done += once()
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return done / wall, cpu * 1e3 / max(1, done), done
+
+
+def _peer_available() -> bool:
+    try:
+        import torch
+        import torchvision  # noqa: F401
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def _row(rows: list, path: str, corpus: str, batch: int, measured: tuple) -> None:
+    rate, cpu_ms, n = measured
+    rows.append(
+        {"path": path, "corpus": corpus, "batch": batch, "img_s": rate, "cpu_ms_per_img": cpu_ms}
+    )
+    print(f"{corpus} x{batch} {path}: {rate:,.0f} img/s, {cpu_ms:.3f} CPU ms/img ({n} images)")
+
+
+def _ratios(rows: list) -> None:
+    """Each row's rate and CPU over the one-thread CPU row of its corpus and batch size, and
+    each GPU row's rate over the peer's (``img_s_vs_peer``)."""
+    for r in rows:
+        base = next(
+            (
+                b
+                for b in rows
+                if b["path"] == "cpu_simplejpeg_1t"
+                and (b["corpus"], b["batch"]) == (r["corpus"], r["batch"])
+            ),
+            None,
+        )
+        if base:
+            r["img_s_vs_cpu_1t"] = r["img_s"] / base["img_s"]
+            r["cpu_ms_vs_cpu_1t"] = r["cpu_ms_per_img"] / base["cpu_ms_per_img"]
+        peer = next(
+            (
+                p
+                for p in rows
+                if p["path"] == "peer_torchvision"
+                and (p["corpus"], p["batch"]) == (r["corpus"], r["batch"])
+            ),
+            None,
+        )
+        if peer and r["path"].startswith("gpu_"):  # Ferry's GPU paths over the peer's
+            r["img_s_vs_peer"] = r["img_s"] / peer["img_s"]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="benchmarks/results/decode.json")
     ap.add_argument("--seconds", type=float, default=3.0)
-    ap.add_argument("--batch", type=int, default=64, help="images per call")
+    ap.add_argument("--corpus", default="chelsea", help="loadtest.corpus names, comma-separated")
+    ap.add_argument("--batches", default="64", help="images per call, comma-separated")
     ap.add_argument("--threads", default="1,4,8", help="CPU stage thread counts")
     ap.add_argument("--backends", default="auto,hardware,cuda,hybrid")
+    ap.add_argument("--no-peer", action="store_true", help="no peer_torchvision rows")
     args = ap.parse_args()
-    import skimage.data
 
-    from pipeline.imaging import encode_jpeg
-
-    blob = encode_jpeg(skimage.data.chelsea(), quality=90)
-    from pipeline.models.repository import model_card
-    from pipeline.stages.messages import Encoded
-
-    target = model_card(_config().models[0]).target()
-    one = Encoded.checked(blob, "image/jpeg", target, 1 << 31, 1 << 36)  # checked once
-    items = [one] * args.batch
-    rows = []
-
-    from pipeline.stages.decode import PreprocessStage
-
-    for t in [int(x) for x in args.threads.split(",") if x]:
-        core = PreprocessStage(_config(threads=t))
-        rate, cpu_ms, n = asyncio.run(
-            _rate(lambda it, c=core: c.run("resnet50", it), items, args.seconds, 2)
-        )
-        core.pool.shutdown()
-        rows.append({"path": f"cpu_simplejpeg_{t}t", "img_s": rate, "cpu_ms_per_img": cpu_ms})
-        print(f"{rows[-1]['path']}: {rate:,.0f} img/s, {cpu_ms:.3f} CPU ms/img ({n} images)")
-
+    from loadtest.corpus import corpus
     from pipeline import gpu_decode
+    from pipeline.models.repository import model_card
+    from pipeline.stages.decode import PreprocessStage
+    from pipeline.stages.messages import Encoded
     from pipeline.stages.preprocess_gpu import PreprocessGpuStage
 
-    if not gpu_decode.available():
-        print("nvImageCodec is not installed: no GPU rows")
-    for b in [x for x in args.backends.split(",") if x] if gpu_decode.available() else []:
-        cfg = _config(gpu=True, decoder="nvimgcodec", gpu_decode_backend=b, threads=4)
-        core = PreprocessGpuStage(cfg, 0, local=True)
-        rate, cpu_ms, n = asyncio.run(
-            _rate(lambda it, c=core: c.run("resnet50", it), items, args.seconds, 2)
-        )
-        core.close()
-        rows.append({"path": f"gpu_{b}", "img_s": rate, "cpu_ms_per_img": cpu_ms})
-        print(f"{rows[-1]['path']}: {rate:,.0f} img/s, {cpu_ms:.3f} CPU ms/img ({n} images)")
-
-    base = next((r for r in rows if r["path"].startswith("cpu_") and "_1t" in r["path"]), None)
-    for r in rows:
-        if base:
-            r["img_s_vs_cpu_1t"] = r["img_s"] / base["img_s"]
-            r["cpu_ms_vs_cpu_1t"] = r["cpu_ms_per_img"] / base["cpu_ms_per_img"]
-    print(table(rows, ["path", "img_s", "cpu_ms_per_img", "img_s_vs_cpu_1t", "cpu_ms_vs_cpu_1t"]))
+    target = model_card(_config().models[0]).target()
+    corpora = [corpus(c) for c in args.corpus.split(",") if c]
+    gpu = gpu_decode.available()
+    if not gpu:
+        print("nvImageCodec is not installed: no gpu_ rows")
+    peer = not args.no_peer and _peer_available()
+    rows: list[dict] = []
+    for c in corpora:
+        checked = [Encoded.checked(b, "image/jpeg", target, 1 << 31, 1 << 36) for b in c.bodies]
+        for batch in [int(x) for x in args.batches.split(",") if x]:
+            bodies = [c.bodies[i % len(c.bodies)] for i in range(batch)]
+            items = [checked[i % len(checked)] for i in range(batch)]
+            for t in [int(x) for x in args.threads.split(",") if x]:
+                core = PreprocessStage(_config(threads=t))
+                run = lambda it, k=core: k.run("resnet50", it)  # noqa: E731
+                _row(rows, f"cpu_simplejpeg_{t}t", c.name, batch,
+                     asyncio.run(_rate(run, items, args.seconds, 2)))  # fmt: skip
+                core.pool.shutdown()
+            for b in [x for x in args.backends.split(",") if x] if gpu else []:
+                cfg = _config(gpu=True, decoder="nvimgcodec", gpu_decode_backend=b, threads=4)
+                core = PreprocessGpuStage(cfg, 0, local=True)
+                run = lambda it, k=core: k.run("resnet50", it)  # noqa: E731
+                _row(rows, f"gpu_{b}", c.name, batch,
+                     asyncio.run(_rate(run, items, args.seconds, 2)))  # fmt: skip
+                core.close()
+            if peer:
+                _row(rows, "peer_torchvision", c.name, batch, _peer_rate(bodies, args.seconds))
+    _ratios(rows)
+    cols = [
+        "corpus",
+        "batch",
+        "path",
+        "img_s",
+        "cpu_ms_per_img",
+        "img_s_vs_cpu_1t",
+        "img_s_vs_peer",
+    ]
+    print(table(rows, cols))
     write_json(
         args.out,
         {
             "machine": machine(),
             "date": today(),
-            "image": f"scikit-image chelsea 451x300, JPEG quality 90, {len(blob)} bytes",
+            "image": "; ".join(f"{c.name}: {c.description}" for c in corpora),
             "method": (
-                f"{args.batch} images per call, 2 calls in flight, {args.seconds} s per row, "
-                "one process; CPU ms = process CPU time (all threads) per image; baseline "
-                "cpu_simplejpeg_1t measured in the same run"
+                f"batch images per call, 2 calls in flight (peer_torchvision: one, waited "
+                f"for), {args.seconds} s per row, one process; CPU ms = process CPU time (all "
+                "threads) per image; baseline cpu_simplejpeg_1t of the same corpus and batch "
+                "measured in the same run"
             ),
             "rows": rows,
         },

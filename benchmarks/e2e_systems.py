@@ -151,6 +151,21 @@ SYSTEMS: dict[str, dict[str, Any]] = {
     # ``ferry`` with every CUDA host wait of the replicas asleep (executor.host_wait: sleep):
     # nvImageCodec's threads spun on up to 6 of the 16 cores at 1,024 clients (e2e.json)
     "ferry_sleep": _ferry("ferry_e2e.yaml", sets={"executor.host_wait": "sleep"}),
+    # The decode questions of 2026-12-05 (results/e2e_notes.md, run6), each beside ``ferry`` in
+    # one run with the rows' gpu_jpeg_util: nvImageCodec's host threads a replica (4 in
+    # ``ferry``; 8 replicas x 4 on 16 cores), the hardware JPEG engines alone, and 4 replicas
+    # (a replica decodes a round of images per nvImageCodec call: fewer replicas, larger
+    # rounds, as the peer decodes up to 128 in one call)
+    **{f"ferry_t{n}": _ferry("ferry_e2e.yaml", sets={"preprocess.threads": n}) for n in (1, 2)},
+    "ferry_hw": _ferry("ferry_e2e.yaml", sets={"preprocess.gpu_decode_backend": "hardware"}),
+    "ferry_4rep": _ferry(
+        "ferry_e2e.yaml",
+        sets={
+            "ingress_deployment.num_replicas": 4,
+            "ingress_deployment.num_gpus": 0.25,
+            "executor.pool_limit_fraction": 0.226,
+        },
+    ),
     "rayserve_batch_1rep": _peer("rayserve_batch", 1, {}),
     "rayserve_batch_4rep": _peer("rayserve_batch", 4, {}),
     "rayserve_batch_haproxy_4rep": _peer("rayserve_batch", 4, HAPROXY),

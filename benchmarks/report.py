@@ -208,11 +208,21 @@ def decode_section(dec: dict) -> list[str]:
         md_table(
             dec["rows"],
             [
+                *(
+                    [("corpus", "corpus"), ("images a call", "batch")]
+                    if "batch" in dec["rows"][0]
+                    else []
+                ),
                 ("path", "path"),
                 ("img/s", "img_s"),
                 ("CPU ms / img", "cpu_ms_per_img"),
                 ("img/s vs 1 CPU thread", "img_s_vs_cpu_1t"),
                 ("CPU ms vs 1 CPU thread", "cpu_ms_vs_cpu_1t"),
+                *(
+                    [("img/s vs the peer", "img_s_vs_peer")]
+                    if any("img_s_vs_peer" in r for r in dec["rows"])
+                    else []
+                ),
             ],
         ),
     ]

@@ -149,7 +149,7 @@ kernel_smokes() {  # the benchmarks without a Serve app: seconds each
   smoke bench_alloc.py 40 python3 benchmarks/bench_alloc.py --seconds 0.3 --threads 1,8 --out "$SMOKE/alloc.json"
   smoke bench_conv.py 60 python3 benchmarks/bench_conv.py --batches 8 --out "$SMOKE/conv.json"
   smoke bench_engine.py 60 python3 benchmarks/bench_engine.py --seconds 0.3 --batches 1,8 --out "$SMOKE/engine.json"
-  smoke bench_decode.py 60 python3 benchmarks/bench_decode.py --seconds 0.3 --batch 8 --threads 1 --out "$SMOKE/decode.json"
+  smoke bench_decode.py 90 python3 benchmarks/bench_decode.py --seconds 0.3 --corpus chelsea,photos --batches 8 --threads 1 --backends auto --out "$SMOKE/decode.json"
   smoke bench_onnx.py 90 python3 benchmarks/bench_onnx.py --seconds 0.3 --batches 8 --out "$SMOKE/onnx.json"
   smoke bench_models.py 120 python3 benchmarks/bench_models.py --models resnet18 --batches 8 --seconds 0.3 --jobs 1 --no-merge --out "$SMOKE/models.json"
   smoke profile_inference.py 120 python3 benchmarks/profile_inference.py --groups 8 --calls 4 --seconds 1 --out "$SMOKE/profile_inference.json"
