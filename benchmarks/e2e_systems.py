@@ -158,6 +158,8 @@ SYSTEMS: dict[str, dict[str, Any]] = {
     # rounds, as the peer decodes up to 128 in one call)
     **{f"ferry_t{n}": _ferry("ferry_e2e.yaml", sets={"preprocess.threads": n}) for n in (1, 2)},
     "ferry_hw": _ferry("ferry_e2e.yaml", sets={"preprocess.gpu_decode_backend": "hardware"}),
+    # a replica's next decode round starts while the GPU still works on the last one
+    "ferry_overlap": _ferry("ferry_e2e.yaml", sets={"preprocess.overlap_rounds": True}),
     "ferry_4rep": _ferry(
         "ferry_e2e.yaml",
         sets={

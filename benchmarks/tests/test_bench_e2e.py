@@ -24,6 +24,7 @@ FERRY_SYSTEMS = {  # system -> (its ingress replicas, its inference replicas)
     "ferry_t1": (8, None),  # ferry with 1 or 2 nvImageCodec threads a replica
     "ferry_t2": (8, None),
     "ferry_hw": (8, None),  # ferry on the hardware JPEG engines alone
+    "ferry_overlap": (8, None),  # ferry with preprocess.overlap_rounds
     "ferry_4rep": (4, None),  # ferry in 4 replicas of a quarter of the GPU
 }
 
@@ -57,6 +58,7 @@ def test_benchmark_serve_configs_validate(system):
     assert cfg.executor.host_wait == ("sleep" if system == "ferry_sleep" else "auto")
     assert cfg.preprocess.threads == {"ferry_t1": 1, "ferry_t2": 2}.get(system, 4)
     assert cfg.preprocess.gpu_decode_backend == ("hardware" if system == "ferry_hw" else "auto")
+    assert cfg.preprocess.overlap_rounds == (system == "ferry_overlap")
     cpus = cfg.ingress_deployment.num_cpus * cfg.ingress_deployment.num_replicas
     inf = cfg.inference_deployment
     if cfg.placement == "one_process":  # one deployment holds the GPU

@@ -75,6 +75,12 @@ class PreprocessConfig(Strict):
     gpu_decode_backend: Literal["auto", "hardware", "cuda", "hybrid"] = "auto"
     """Which nvJPEG backend nvImageCodec prefers: the hardware engines (A100/H100/H200),
     CUDA kernels, or hybrid (Huffman on the CPU); ``auto`` lets it choose per image."""
+    overlap_rounds: bool = False
+    """Where the GPU decodes in the inference replica (``one_process``): start the next
+    round of decoding once this one is enqueued on the GPU, not once the GPU has finished
+    it, so the device's time for a round overlaps the next round's host work (parsing,
+    nvImageCodec's host side, the fit's plan). The rows still reach the model complete on
+    the device. Off until measured on a GPU node (``bench_e2e`` system ``ferry_overlap``)."""
 
 
 class TransportConfig(Strict):

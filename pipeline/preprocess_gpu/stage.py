@@ -46,6 +46,19 @@ from .fitter import GpuFitter
 
 logger = logging.getLogger(__name__)
 RETRY = object()  # a round's answer for a JPEG the GPU decoder refused: decode it on the CPU
+
+
+class Landing:
+    """A round's device row whose GPU work may still run (``preprocess.overlap_rounds``):
+    ``done`` is the round's completion, shared by its rows."""
+
+    __slots__ = ("done", "row")
+
+    def __init__(self, row: Any, done: asyncio.Future) -> None:
+        self.row = row
+        self.done = done
+
+
 Items = list[Encoded]  # checked by the ingress: bytes, media type, the plan of its header
 
 
@@ -98,6 +111,7 @@ class PreprocessGpuCore:
         else:
             self._init_senders()
         self._senders: dict[str, Any] = {}
+        self._last_round: asyncio.Future | None = None  # (overlap_rounds) the newest round
         self._same_gpu_warned = False
         self.warmup()  # (as the inference stage, always before the replica is ready)
 
@@ -117,7 +131,6 @@ class PreprocessGpuCore:
     def _init_senders(self) -> None:
 
         if nccl_available():
-
             self.endpoint = NcclEndpoint(
                 self.backend.device_id, timeout_s=self.config.transport.timeout_s
             )
@@ -200,6 +213,7 @@ class PreprocessGpuCore:
                 futs.append(asyncio.get_running_loop().create_future())
                 futs[-1].set_exception(exc.with_traceback(None))  # (as InferenceStage._logits)
         done = await asyncio.gather(*futs, return_exceptions=True)
+        done = await self._landed(done)
         retry = []
         for (i, _), r in zip(entries, done, strict=True):
             if r is RETRY:
@@ -214,12 +228,41 @@ class PreprocessGpuCore:
 
     async def _run_round(self, batch: Batch) -> list[Any]:
         """The scheduler's batch: decoded and fitted on the GPU thread; one answer per item
-        (a device row, ``RETRY``, or the error of a refused image)."""
+        (a device row, ``RETRY``, or the error of a refused image). The round ends -- and
+        the scheduler may start the next -- when the GPU has finished it, or, with
+        ``overlap_rounds``, once it is enqueued and the round before it is done (two rounds
+        at most on the device): its rows then come as ``Landing``s."""
         loop = asyncio.get_running_loop()
         datas = [p.item for p in batch.items]
         answers, ready = await loop.run_in_executor(self.gpu_pool, self._round, batch.key, datas)
-        await self._when_done(ready)
-        return answers
+        if not self.config.preprocess.overlap_rounds:
+            await self._when_done(ready)
+            return answers
+        done = asyncio.ensure_future(self._when_done(ready))
+        done.add_done_callback(lambda f: f.cancelled() or f.exception())  # (seen: no warning)
+        # at most two rounds on the device: the next starts once the one before this is done
+        last, self._last_round = self._last_round, done
+        if last is not None and not last.done():
+            await asyncio.wait([last])
+        return [
+            a if a is RETRY or isinstance(a, BaseException) else Landing(a, done) for a in answers
+        ]
+
+    @staticmethod
+    async def _landed(results: list[Any]) -> list[Any]:
+        """``results`` with each ``Landing`` replaced by its row once its round is complete
+        on the device, or by the error that round's wait ended in."""
+        rounds = {id(r.done): r.done for r in results if isinstance(r, Landing)}
+        if not rounds:
+            return results
+        await asyncio.wait(list(rounds.values()))
+        out = []
+        for r in results:
+            if isinstance(r, Landing):
+                exc = r.done.exception() if not r.done.cancelled() else asyncio.CancelledError()
+                r = r.row if exc is None else exc
+            out.append(r)
+        return out
 
     def _round(self, model: str, datas: list[Any]) -> tuple[list[Any], Event]:
         t = self.targets[model]

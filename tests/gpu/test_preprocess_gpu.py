@@ -15,7 +15,7 @@ from pipeline.models.registry import model_info
 pytestmark = pytest.mark.gpu
 
 
-def _stage(local=True, **transport):
+def _stage(local=True, overlap_rounds=False, **transport):
     from pipeline.stages.preprocess_gpu import PreprocessGpuStage
 
     cfg = PipelineConfig.model_validate(
@@ -26,7 +26,7 @@ def _stage(local=True, **transport):
             ],
             "executor": {"pool_limit_fraction": 0.05},
             "placement": "gpu_preprocess",
-            "preprocess": {"decoder": "cpu"},
+            "preprocess": {"decoder": "cpu", "overlap_rounds": overlap_rounds},
             "preprocess_deployment": {"num_gpus": 1},
             "transport": transport or {"staging_slots": 2, "staging_slot_bytes": 1 << 20},
         }
@@ -123,14 +123,18 @@ def test_gpu_batch_matches_cpu_decode_for_photos_jpeg_and_png():
     core.close()
 
 
-def test_local_form_batches_digits_through_the_scheduler():
+@pytest.mark.parametrize("overlap_rounds", [False, True])
+def test_local_form_batches_digits_through_the_scheduler(overlap_rounds):
+    """Ten calls of 20 share rounds, and every row is the CPU reference's -- also where a
+    round's rows are handed on before its GPU work is done (``overlap_rounds``: they are
+    complete by the time the call returns them)."""
     import asyncio
 
     import cupy
 
     from pipeline.models import digits
 
-    core = _stage()
+    core = _stage(overlap_rounds=overlap_rounds)
     _, _, xte, _ = digits.load_split()
     big = np.repeat(np.repeat(xte[:200], 2, axis=1), 2, axis=2)
     from pipeline.stages.messages import Encoded

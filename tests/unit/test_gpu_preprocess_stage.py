@@ -8,20 +8,22 @@ import asyncio
 import time
 
 import numpy as np
+import pytest
 
 from pipeline.config import PipelineConfig
 from pipeline.device import Backend
 from pipeline.imaging import decode, encode_jpeg, encode_png
-from pipeline.preprocess_gpu.stage import PreprocessGpuCore
+from pipeline.preprocess_gpu.stage import Landing, PreprocessGpuCore
 from pipeline.stages.decode import PreprocessStage
 from pipeline.stages.messages import DeviceRows, Encoded
 
 
-def _core(**transport):
+def _core(overlap_rounds=False, **transport):
     cfg = PipelineConfig.model_validate(
         {
             "models": [{"name": "digits", "source": "digits", "max_batch": 64}],
             "transport": transport or {"staging_slots": 2, "staging_slot_bytes": 1 << 20},
+            "preprocess": {"overlap_rounds": overlap_rounds},
         }
     )
     cpu = PreprocessStage(cfg, fitted=False)
@@ -43,15 +45,22 @@ def _blobs(n, seed=0):
     return out
 
 
-def test_local_stage_batches_calls_through_the_scheduler_and_matches_cpu():
-    core = _core()
+@pytest.mark.parametrize("overlap_rounds", [False, True])
+def test_local_stage_batches_calls_through_the_scheduler_and_matches_cpu(overlap_rounds):
+    """(``overlap_rounds``: a round's rows come back before its device work is waited for,
+    and each call takes its rows once their round is done.)"""
+    core = _core(overlap_rounds)
     target = core.targets["digits"]
     seen: list[int] = []
     run = core.scheduler.run_batch
 
+    landings: list[int] = []
+
     async def counted(batch):
         seen.append(len(batch))
-        return await run(batch)
+        out = await run(batch)
+        landings.append(sum(isinstance(r, Landing) for r in out))
+        return out
 
     core.scheduler.run_batch = counted
     calls = [_blobs(5, seed=s) for s in range(4)]
@@ -64,6 +73,9 @@ def test_local_stage_batches_calls_through_the_scheduler_and_matches_cpu():
 
     results = asyncio.run(go())
     assert sum(seen) == 20 and len(seen) < 20  # images of several calls shared a fit
+    # with overlap_rounds every row of a round left it early (the truncated PNG failed on
+    # the CPU before any round)
+    assert sum(landings) == (20 if overlap_rounds else 0)
     for items, got in zip(calls, results, strict=True):
         rows, owner, errors = got.data or [], got.owner, got.errors
         assert isinstance(got, DeviceRows) and got.envelope is None and got.preprocess_ms > 0
