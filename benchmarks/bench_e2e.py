@@ -127,7 +127,8 @@ def _row(
         "server_cpu_ms_per_img": round(server_cores / r["img_s"] * 1e3, 3) if r["img_s"] else None,
         # where those cores went: the busiest (process kind, thread name) pairs
         "server_threads": threads,
-        # the GPU's SM and JPEG-engine utilisation over the level (means, 0-1)
+        # the GPU's busy time (a kernel running) and JPEG-engine utilisation over the level
+        # (means, 0-1, from NVML; device_sampler.py)
         **(device or {"gpu_util": None, "gpu_jpeg_util": None}),
     }
 
@@ -145,9 +146,10 @@ def measure(
     """One load level: its row, and the answers' mean per-stage timings when ``collect``.
     ``run_id``: the system's ``serve run`` (its processes' CPU is the server's)."""
     w: Workload = WORKLOADS[args.workload]
+    device = DeviceSampler()  # (before the span: NVML's first load may import Ray)
     mark, _ = busy_cores_since()
     cpu0, threads0, t0 = run_cpu_s(run_id), thread_cpu_s(run_id), time.monotonic()
-    with DeviceSampler() as device:
+    with device:
         r = loadgen.run(
             url,
             c.bodies,

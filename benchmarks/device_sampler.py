@@ -1,9 +1,11 @@
-"""The GPU's SM and JPEG-engine utilisation over a load level, from NVML, for any system.
+"""The GPU's busy time and JPEG-engine utilisation over a load level, from NVML, for any
+system.
 
 ``bench_e2e`` runs one ``DeviceSampler`` around each level: a thread reads every device's
-utilisation (``nvmlDeviceGetUtilizationRates``) and its JPEG engines'
+utilisation (``nvmlDeviceGetUtilizationRates().gpu``: the share of the sample period in which
+any kernel ran -- not how many SMs it kept busy) and its JPEG engines'
 (``nvmlDeviceGetJpgUtilization``, A100/H100/H200) every ``every_s``, and ``result()`` gives
-the means over the level, as fractions. It reads the device, not a process, so it measures
+the means over the level and every device of the node, as fractions. It reads the device, not a process, so it measures
 Ferry and the peers alike -- whether a system's decoder uses the hardware JPEG engines at
 all shows as ``jpeg_util`` near 0.
 
@@ -15,13 +17,16 @@ None and the level is measured as before.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from types import ModuleType
 from typing import Any
 
 
+@functools.cache
 def load_nvml() -> ModuleType | None:
-    """NVML's Python binding, initialised; None where there is none or no driver."""
+    """NVML's Python binding, initialised once a process; None where there is none or no
+    driver. (Call it before a timed span: the first call may import Ray.)"""
     try:
         import pynvml as nvml  # nvidia-ml-py
     except ImportError:
@@ -46,6 +51,8 @@ class DeviceSampler:
         self._thread: threading.Thread | None = None
         self._sm: list[float] = []
         self._jpeg: list[float] = []
+        self.failed = False  # a reading failed: the means cover only the span before it
+        self.devices = 0
 
     def _handles(self) -> list[Any]:
         nvml = self._nvml
@@ -62,7 +69,8 @@ class DeviceSampler:
         while not self._stop.wait(self.every_s):
             try:
                 self._sample(handles)
-            except Exception:  # a reading must never fail the level
+            except Exception:  # a reading must never fail the level: it says so instead
+                self.failed = True
                 return
 
     def __enter__(self) -> DeviceSampler:
@@ -72,6 +80,7 @@ class DeviceSampler:
             except Exception:
                 self._nvml = None
                 return self
+            self.devices = len(handles)
             self._thread = threading.Thread(
                 target=self._run, args=(handles,), name="device-sampler", daemon=True
             )
@@ -85,11 +94,14 @@ class DeviceSampler:
 
     def result(self) -> dict[str, Any] | None:
         """``gpu_util`` and ``gpu_jpeg_util`` (means, 0-1; the latter None on a GPU without
-        JPEG engines) and ``gpu_samples``; None where nothing was sampled."""
+        JPEG engines), ``gpu_samples`` (readings: devices x rounds), ``gpu_devices`` and
+        ``gpu_sampling_failed``; None where nothing was sampled."""
         if not self._sm:
             return None
         return {
             "gpu_util": round(sum(self._sm) / len(self._sm), 3),
             "gpu_jpeg_util": round(sum(self._jpeg) / len(self._jpeg), 3) if self._jpeg else None,
             "gpu_samples": len(self._sm),
+            "gpu_devices": self.devices,
+            "gpu_sampling_failed": self.failed,
         }

@@ -95,9 +95,12 @@ smoke() {  # smoke NAME LIMIT_S CMD...
 nvidia-smi --query-gpu=timestamp,memory.used,memory.total,utilization.gpu --format=csv,noheader \
   -l 5 > "$OUT/logs/gpu_memory.csv" 2>/dev/null &
 MEM_PID=$!
-( while sleep 10; do date -u +%T; nvidia-smi --query-compute-apps=pid,used_memory \
-    --format=csv,noheader 2>/dev/null; done ) > "$OUT/logs/gpu_memory_by_process.log" &
+( trap 'kill $! 2>/dev/null; exit 0' TERM  # (the sleep is waited for: TERM ends it at once)
+  while sleep 10 & wait $!; do date -u +%T; nvidia-smi --query-compute-apps=pid,used_memory \
+    --format=csv,noheader 2>/dev/null; done ) > "$OUT/logs/gpu_memory_by_process.log" 2>&1 &
 MEM_LOOP=$!
+stop_samplers() { kill "$MEM_PID" "$MEM_LOOP" 2>/dev/null; wait "$MEM_PID" "$MEM_LOOP" 2>/dev/null; }
+trap stop_samplers EXIT  # also when the part is cut short or refused
 
 ZOO=tests/gpu/test_torch_engine_gpu.py::test_thirteen_torchvision_models_over_http_agree_with_torch_fp32
 SMOKE="$OUT/smoke"; mkdir -p "$SMOKE"
@@ -116,6 +119,7 @@ for app in cfg["applications"]:
     c["ingress_deployment"]["replicas_per_gpu"] = 2
 yaml.safe_dump(cfg, open(sys.argv[2], "w"), sort_keys=False)
 PY
+[ -s "$SMALL" ] || echo "FAILED making $SMALL from serve_config.gpu.yaml: the smokes that use it fail too" >> "$RESULT"
 SMALL_E2E=(--set ingress_deployment.num_replicas=2 --set "executor.buckets=[1,8,32]")
 python3 -m loadtest.corpus > /dev/null 2>&1  # bench_e2e's and overload's photos
 
@@ -196,7 +200,7 @@ case "$PART" in
   *) echo "usage: $0 1|2|collect DIR..." >&2; exit 2 ;;
 esac
 cat "$OUT"/lane_a.txt "$OUT"/lane_b.txt "$OUT"/lane_c.txt >> "$RESULT"
-kill "$MEM_PID" "$MEM_LOOP" 2>/dev/null
+stop_samplers
 sort -t, -k2 -n "$OUT/logs/gpu_memory.csv" 2>/dev/null | tail -1 | sed 's/^/# the most device memory in use (every 5 s): /' >> "$RESULT"
 echo "# part $PART took $(( $(date +%s) - T0 )) s" >> "$RESULT"
 # the device tool brings back at most 8 files: the logs and smoke outputs as one archive

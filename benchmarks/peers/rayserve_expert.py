@@ -217,6 +217,7 @@ class ExpertCore:
             inductor.freezing = True  # weights as constants: batch norm folded into the convs
             model = torch.compile(model, mode="reduce-overhead", dynamic=False)
         self.model = model
+        self.compiled = compile
         self.labels = torchvision.models.ResNet50_Weights.IMAGENET1K_V1.meta["categories"]
         self.mean = torch.tensor(MEAN, device="cuda").view(1, 3, 1, 1) * 255
         self.inv_std = 1 / (torch.tensor(STD, device="cuda").view(1, 3, 1, 1) * 255)
@@ -237,7 +238,10 @@ class ExpertCore:
         alone and fills inductor's on-disk cache, the others then load from it."""
         marker = os.path.join(
             os.environ.get("TMPDIR", "/tmp"),
-            f"ferry-expert-{self.torch.__version__}-{'-'.join(map(str, self.buckets))}.warm",
+            # (an uncompiled core -- bench_decode's -- must not tell compiled replicas that
+            # inductor's cache is warm)
+            f"ferry-expert-{self.torch.__version__}-{'-'.join(map(str, self.buckets))}"
+            f"{'' if self.compiled else '-eager'}.warm",
         )
         with open(marker + ".lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)

@@ -5,13 +5,17 @@ means are checked against a stand-in NVML of two devices, one without JPEG engin
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from types import SimpleNamespace
 
+import pytest
+
 from benchmarks.device_sampler import DeviceSampler, load_nvml
 
 
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has a driver")
 def test_without_a_driver_there_is_nothing_to_sample_and_the_level_goes_on():
     assert load_nvml() is None  # Ray's pynvml is importable here, but no driver answers
     with DeviceSampler(every_s=0.01) as s:
@@ -52,6 +56,7 @@ def test_the_means_over_the_level_from_every_device():
         assert nvml.enough.wait(5)
     # the sampler stopped at __exit__: what it read is what it reports
     got = s.result()
+    assert got["gpu_devices"] == 2 and not got["gpu_sampling_failed"]
     n = got["gpu_samples"]
     assert n >= 4 and n % 2 == 0  # a reading of each device a round
     assert 0.1 <= got["gpu_util"] <= 0.7
@@ -67,4 +72,10 @@ def test_two_rounds_give_their_exact_means():
     handles = s._handles()
     s._sample(handles)
     s._sample(handles)
-    assert s.result() == {"gpu_util": 0.4, "gpu_jpeg_util": 0.3, "gpu_samples": 4}
+    assert s.result() == {
+        "gpu_util": 0.4,
+        "gpu_jpeg_util": 0.3,
+        "gpu_samples": 4,
+        "gpu_devices": 0,  # (set on entering the span; this test samples by hand)
+        "gpu_sampling_failed": False,
+    }

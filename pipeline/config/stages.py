@@ -76,7 +76,8 @@ class PreprocessConfig(Strict):
     """Which nvJPEG backend nvImageCodec prefers: the hardware engines (A100/H100/H200),
     CUDA kernels, or hybrid (Huffman on the CPU); ``auto`` lets it choose per image."""
     overlap_rounds: bool = False
-    """Where the GPU decodes in the inference replica (``one_process``): start the next
+    """Where the GPU decodes in the process that owns the executor (``one_process``, and
+    ``split`` on a GPU; not ``gpu_preprocess``, whose stage sends each batch): start the next
     round of decoding once this one is enqueued on the GPU, not once the GPU has finished
     it, so the device's time for a round overlaps the next round's host work (parsing,
     nvImageCodec's host side, the fit's plan). The rows still reach the model complete on

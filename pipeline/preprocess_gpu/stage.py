@@ -256,13 +256,14 @@ class PreprocessGpuCore:
         if not rounds:
             return results
         await asyncio.wait(list(rounds.values()))
-        out = []
-        for r in results:
-            if isinstance(r, Landing):
-                exc = r.done.exception() if not r.done.cancelled() else asyncio.CancelledError()
-                r = r.row if exc is None else exc
-            out.append(r)
-        return out
+        failed: dict[int, BaseException] = {}
+        for k, f in rounds.items():
+            exc = asyncio.CancelledError() if f.cancelled() else f.exception()
+            if exc is not None:  # as the scheduler treats a failed batch: no traceback kept
+                failed[k] = exc.with_traceback(None)
+                if not isinstance(exc, FerryError):
+                    logger.error("a preprocessing round failed on the device: %r", exc)
+        return [(failed.get(id(r.done), r.row) if isinstance(r, Landing) else r) for r in results]
 
     def _round(self, model: str, datas: list[Any]) -> tuple[list[Any], Event]:
         t = self.targets[model]

@@ -107,3 +107,72 @@ def test_stage_fits_a_call_bigger_than_the_ring_in_parts():
         want = decode(encode_png(big[k]), "image/png", target, 1 << 30)
         assert np.abs(out[k].astype(np.int16) - want).max() <= 1
     core.close()
+
+
+def test_overlapped_rounds_hand_rows_on_only_when_done_and_two_at_most_are_out():
+    """With ``overlap_rounds`` the next round starts while one waits for the device, but a
+    call gets its rows only when their round is done, and a third round waits until the
+    first is done. The device's completions are held here by hand (``_when_done``)."""
+    core = _core(overlap_rounds=True)
+    checked = [[_checked(core, *it) for it in _blobs(3, seed=s)] for s in range(3)]
+    gates: list[asyncio.Future] = []
+    started = []
+    run = core.scheduler.run_batch
+
+    async def counted(batch):
+        started.append(len(batch))
+        return await run(batch)
+
+    core.scheduler.run_batch = counted
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        new_gate = asyncio.Event()
+
+        async def held(event):  # the round's device work completes when the test says
+            gates.append(loop.create_future())
+            new_gate.set()
+            await gates[-1]
+
+        core._when_done = held
+
+        async def gate(n):  # wait until n rounds wait on the device (a hang guard only)
+            while len(gates) < n:
+                new_gate.clear()
+                await asyncio.wait_for(new_gate.wait(), 60)
+
+        async def spin():  # let every ready task run (no thread work is pending)
+            for _ in range(50):
+                await asyncio.sleep(0)
+
+        a = asyncio.ensure_future(core.process("digits", checked[0]))
+        await gate(1)
+        b = asyncio.ensure_future(core.process("digits", checked[1]))
+        await gate(2)  # round 2 is enqueued while round 1 is on the device
+        c = asyncio.ensure_future(core.process("digits", checked[2]))
+        # c's images are decoded on CPU threads first (numpy), then queued: wait for that,
+        # or for a third round (which the bound forbids: the assertion below says so)
+        deadline = loop.time() + 60  # a hang guard only
+        while core.scheduler.queue.depth("digits") < 3 and len(started) < 3:
+            assert loop.time() < deadline, "c's images never reached the queue"
+            await asyncio.sleep(0.01)
+        await spin()
+        assert not a.done() and not b.done() and not c.done()
+        assert len(started) == 2  # round 3 waits for round 1
+        gates[0].set_result(None)
+        got_a = await asyncio.wait_for(a, 60)
+        await gate(3)  # round 1 done: round 3 started
+        await spin()
+        assert not b.done() and not c.done()
+        gates[1].set_result(None)
+        gates[2].set_result(None)
+        return got_a, await b, await c
+
+    results = asyncio.run(go())
+    assert started == [3, 3, 3]
+    target = core.targets["digits"]
+    for items, r in zip([_blobs(3, seed=s) for s in range(3)], results, strict=True):
+        assert r.owner == [0, 1, 2] and not r.errors
+        for row, it in zip(r.data, items, strict=True):
+            assert np.abs(row.astype(np.int16) - decode(*it, target, 1 << 20)).max() <= 1
+    core.close()
