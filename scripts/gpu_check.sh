@@ -194,9 +194,12 @@ image_tests() {
   tests 420 tests_image.log benchmarks/tests/test_rayserve_image_gpu.py \
     benchmarks/tests/test_rayserve_image.py benchmarks/tests/test_image_workload.py
 }
+# (each lane's pid waited for: a bare `wait` would also wait for the memory samplers)
 case "$PART" in
-  1) all_listed; lane a kernel_tests & lane b torch_tests & lane c serve_lane_1 & wait ;;
-  2) lane a zoo_then_kernel_smokes & lane b serve_lane_2 & lane c image_tests & wait ;;
+  1) all_listed; lane a kernel_tests & A=$!; lane b torch_tests & B=$!; lane c serve_lane_1 & C=$!
+     wait $A $B $C ;;
+  2) lane a zoo_then_kernel_smokes & A=$!; lane b serve_lane_2 & B=$!; lane c image_tests & C=$!
+     wait $A $B $C ;;
   *) echo "usage: $0 1|2|collect DIR..." >&2; exit 2 ;;
 esac
 cat "$OUT"/lane_a.txt "$OUT"/lane_b.txt "$OUT"/lane_c.txt >> "$RESULT"
