@@ -176,6 +176,15 @@ SYSTEMS: dict[str, dict[str, Any]] = {
     # and Serve's throughput mode, as Ferry gets; one torch CPU thread a replica, sleeping
     # CUDA waits, two batches in flight; torch.compile takes minutes to start
     **{f"rayserve_expert_{n}": _peer("rayserve_expert", n, FERRY_ENV, 600) for n in (4, 8, 12)},
+    # the same decoding with nvImageCodec, as Ferry does (peers/expert_decoders.py): on
+    # 2026-12-05 torchvision's decode served the photos at 3,282-4,867 img/s but chelsea at
+    # 1,546-1,672 (e2e.json run6), where Ferry's decode is fastest
+    **{
+        f"rayserve_expert_{n}_nvimgcodec": _peer(
+            "rayserve_expert", n, FERRY_ENV, 600, decoder="nvimgcodec"
+        )
+        for n in (4, 8, 12)
+    },
     # the same, one batch at a time on the GPU thread (what the two in flight add)
     **{
         f"rayserve_expert_{n}_serial": _peer("rayserve_expert", n, FERRY_ENV, 600, pipelined=False)

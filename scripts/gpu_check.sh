@@ -15,7 +15,7 @@
 #   bash scripts/gpu_check.sh 2   # the 13-model test, both halves, then the smoke runs of the
 #                                 #   benchmarks without a Serve app | Serve lane: overload,
 #                                 #   perf_analyzer, streams, the image workload's smoke |
-#                                 #   the image workload's tests
+#                                 #   the image workload's tests and the expert peer's GPU core
 #   bash scripts/gpu_check.sh collect DIR [DIR ...] > benchmarks/results/gpu_tests.txt
 #
 # Only one lane a part starts Serve apps on ports 8000/9000 (its steps one after the other);
@@ -192,7 +192,8 @@ serve_lane_2() {
 zoo_then_kernel_smokes() { zoo_half 1; zoo_half 2; kernel_smokes; }
 image_tests() {
   tests 420 tests_image.log benchmarks/tests/test_rayserve_image_gpu.py \
-    benchmarks/tests/test_rayserve_image.py benchmarks/tests/test_image_workload.py
+    benchmarks/tests/test_rayserve_image.py benchmarks/tests/test_image_workload.py \
+    benchmarks/tests/test_rayserve_expert_gpu.py  # (and the expert peer's GPU core)
 }
 # (each lane's pid waited for: a bare `wait` would also wait for the memory samplers)
 case "$PART" in

@@ -42,8 +42,10 @@ main stream (``record_stream``) so its memory waits for those kernels in turn.
 flight; False: a batch's launch and wait on the one GPU thread, one at a time),
 ``context_sleep`` (True: with ``blocking``, every host wait of the replica's CUDA context
 sleeps, nvJPEG's own syncs included; False: only the batch's event wait sleeps, as in
-the 2026-12-03 ``_t1_block`` form, which served photos at 2,098 img/s one batch at a time) --
-``blocking=False, threads=None, pipelined=False`` is the peer as first committed (weak).
+the 2026-12-03 ``_t1_block`` form, which served photos at 2,098 img/s one batch at a time),
+``decoder`` (``torchvision``; ``nvimgcodec``: NVIDIA's nvImageCodec, which Ferry uses too;
+``expert_decoders.py``) -- ``blocking=False, threads=None, pipelined=False`` is the peer as
+first committed (weak).
 
 The weights are random (``weights=None``), as in the usual app: the same work either way.
 Start with ``RAY_SERVE_ENABLE_HA_PROXY=1`` (bench_e2e sets it, and Serve's throughput mode).
@@ -64,6 +66,8 @@ from typing import Any
 from ray import serve
 from starlette.requests import Request
 from starlette.responses import Response
+
+from benchmarks.peers.expert_decoders import DECODERS, NvImageCodecDecoder, decode_on_gpu
 
 try:  # the answers' JSON: orjson where installed (Ferry's dependency), else the stdlib's
     from orjson import dumps as _dumps
@@ -155,24 +159,6 @@ def sleep_on_sync(ordinal: int = 0) -> bool:
     return set_flags(dev, ctypes.c_uint(0x04)) == 0  # CU_CTX_SCHED_BLOCKING_SYNC
 
 
-def decode_on_gpu(torch: Any, bodies: list[bytes]) -> list[Any]:
-    """CHW uint8 images on the GPU, one batched nvJPEG call; a body it refuses is None.
-    nvJPEG writes them on a private stream and waits for it before returning."""
-    from torchvision.io import ImageReadMode, decode_jpeg  # optional: torchvision
-
-    datas = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in bodies]
-    try:
-        return list(decode_jpeg(datas, mode=ImageReadMode.RGB, device="cuda"))
-    except (RuntimeError, ValueError):  # one bad image fails the batch: one by one
-        out = []
-        for d in datas:
-            try:
-                out.append(decode_jpeg(d, mode=ImageReadMode.RGB, device="cuda"))
-            except (RuntimeError, ValueError):
-                out.append(None)
-        return out
-
-
 @dataclass
 class Pending:
     """A batch launched on the GPU: its size, the rows' images (``order``), the host tensor
@@ -195,8 +181,10 @@ class ExpertCore:
         compile: bool = True,
         threads: int | None = 1,
         blocking: bool = True,
+        decoder: str = "torchvision",
     ) -> None:
-        """``threads``: torch's intra-op CPU threads (``torch.set_num_threads``; None keeps
+        """``decoder``: ``torchvision`` or ``nvimgcodec`` (``expert_decoders``);
+        ``threads``: torch's intra-op CPU threads (``torch.set_num_threads``; None keeps
         torch's default, one per core); ``blocking``: wait for a batch on an event that
         sleeps (``torch.cuda.Event(blocking=True)``) after an asynchronous copy, rather than
         in a synchronous copy's spin-wait."""
@@ -224,6 +212,9 @@ class ExpertCore:
         # decoded images are allocated here, apart from the main stream's memory (the module
         # docstring says why)
         self.decode_stream = torch.cuda.Stream()
+        if decoder not in DECODERS:
+            raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
+        self.nvimgcodec = NvImageCodecDecoder(torch) if decoder == "nvimgcodec" else None
         # one static input per bucket: the CUDA graph of that size reads from it
         self.inputs = {
             b: torch.zeros((b, 3, CROP, CROP), device="cuda", dtype=torch.float16).to(
@@ -273,6 +264,8 @@ class ExpertCore:
     def _decode(self, bodies: list[bytes]) -> list[Any]:
         """The batch's images on the GPU, ready for the main stream's kernels."""
         torch = self.torch
+        if self.nvimgcodec is not None:  # its own stream and ordering (expert_decoders)
+            return self.nvimgcodec(bodies)
         main = torch.cuda.current_stream()
         with torch.cuda.stream(self.decode_stream):
             images = decode_on_gpu(torch, bodies)
@@ -345,13 +338,16 @@ class ExpertClassifier:
         blocking: bool = True,
         pipelined: bool = True,
         context_sleep: bool = True,
+        decoder: str = "torchvision",
     ) -> None:
         if blocking and context_sleep:
             sleep_on_sync()  # before CUDA starts in this replica
         self.pipelined = pipelined
         self.gpu = ThreadPoolExecutor(1, thread_name_prefix="expert-gpu")  # one thread: CUDA graphs
         self.waits = ThreadPoolExecutor(CONCURRENT_BATCHES, thread_name_prefix="expert-wait")
-        self.core = self.gpu.submit(lambda: ExpertCore(threads=threads, blocking=blocking)).result()
+        self.core = self.gpu.submit(
+            lambda: ExpertCore(threads=threads, blocking=blocking, decoder=decoder)
+        ).result()
 
     def _finish(self, p: Pending) -> list[tuple[int, bytes]]:
         return encoded(self.core.finish(p))
@@ -378,7 +374,8 @@ class ExpertClassifier:
 
 def build_app(args: dict[str, Any]) -> serve.Application:
     """``args``: ``replicas`` (8), ``threads`` (1; None: torch's default), ``blocking``
-    (True), ``pipelined`` (True) and ``context_sleep`` (True), as the module docstring says."""
+    (True), ``pipelined`` (True), ``context_sleep`` (True) and ``decoder`` (``torchvision``;
+    ``nvimgcodec``: ``expert_decoders``), as the module docstring says."""
     replicas = int(args.get("replicas", 8))
     threads = args.get("threads", 1)
     return ExpertClassifier.options(
@@ -390,4 +387,5 @@ def build_app(args: dict[str, Any]) -> serve.Application:
         bool(args.get("blocking", True)),
         bool(args.get("pipelined", True)),
         bool(args.get("context_sleep", True)),
+        str(args.get("decoder", "torchvision")),
     )

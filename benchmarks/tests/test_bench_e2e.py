@@ -157,15 +157,17 @@ def test_expert_peer_loads_without_torch_and_sizes_its_batches():
     assert app.num_replicas == 8 and app.ray_actor_options["num_gpus"] == 0.125
     # Serve's default is 5 a replica: batches of 128, two in flight, need room for all of them
     assert app.max_ongoing_requests >= expert.BUCKETS[-1] * expert.CONCURRENT_BATCHES
-    # one torch thread, sleeping waits, pipelined, the whole CUDA context asleep
-    assert app.init_args == (1, True, True, True)
+    # one torch thread, sleeping waits, pipelined, the whole CUDA context asleep, torchvision
+    assert app.init_args == (1, True, True, True, "torchvision")
     weak = expert.build_app(
         {"replicas": 4, "threads": None, "blocking": False, "pipelined": False}
     )._bound_deployment
     assert weak.ray_actor_options["num_gpus"] == 0.25
-    assert weak.init_args == (None, False, False, True)  # (blocking off: the context spins)
+    assert weak.init_args == (None, False, False, True, "torchvision")  # (blocking off: spins)
     evwait = expert.build_app({"replicas": 8, "context_sleep": False})._bound_deployment
-    assert evwait.init_args == (1, True, True, False)
+    assert evwait.init_args == (1, True, True, False, "torchvision")
+    nvimg = expert.build_app({"replicas": 8, "decoder": "nvimgcodec"})._bound_deployment
+    assert nvimg.init_args == (1, True, True, True, "nvimgcodec")
     batch = expert.ExpertClassifier.func_or_class.classify
     assert batch._get_max_batch_size() == expert.BUCKETS[-1] == 128
     assert batch._get_batch_wait_timeout_s() == expert.WAIT_S == 0.004

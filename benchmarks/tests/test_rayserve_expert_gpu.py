@@ -19,6 +19,23 @@ def _cuda() -> bool:
 needs_cuda = pytest.mark.skipif(not _cuda(), reason="needs CUDA, torch and torchvision")
 
 
+def _nvimgcodec() -> bool:
+    try:
+        from nvidia import nvimgcodec  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+DECODERS = [
+    "torchvision",
+    pytest.param(
+        "nvimgcodec",
+        marks=pytest.mark.skipif(not _nvimgcodec(), reason="needs nvImageCodec"),
+    ),
+]
+
+
 def _reference(core, bodies):
     """The same images through PIL and torchvision's transforms, eager, fp32."""
     import io
@@ -41,15 +58,16 @@ def _reference(core, bodies):
 
 
 @needs_cuda
+@pytest.mark.parametrize("decoder", DECODERS)
 @pytest.mark.parametrize("compiled", [False, True])
-def test_expert_core_classifies_both_corpora_like_eager_torchvision(compiled):
+def test_expert_core_classifies_both_corpora_like_eager_torchvision(compiled, decoder):
     import torch
 
     from benchmarks.peers.rayserve_expert import ExpertCore
     from loadtest.corpus import corpus
 
     # torch's own threads: the test process is not a replica
-    core = ExpertCore(buckets=(8, 32), compile=compiled, threads=None)
+    core = ExpertCore(buckets=(8, 32), compile=compiled, threads=None, decoder=decoder)
     photos = list(corpus("photos").bodies)
     bodies = photos + list(corpus("chelsea").bodies) * 3  # 19 images: padded to 32
     pending = core.submit(bodies)  # launched, not waited for
@@ -78,13 +96,14 @@ def test_expert_core_classifies_both_corpora_like_eager_torchvision(compiled):
 
 
 @needs_cuda
-def test_expert_core_keeps_two_batches_in_flight_apart():
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_expert_core_keeps_two_batches_in_flight_apart(decoder):
     """Two batches launched before either is waited for (as the replica pipelines them)
     answer as each alone: the second's decode does not overwrite the first's memory."""
     from benchmarks.peers.rayserve_expert import ExpertCore
     from loadtest.corpus import corpus
 
-    core = ExpertCore(buckets=(8, 32), compile=False, threads=None)
+    core = ExpertCore(buckets=(8, 32), compile=False, threads=None, decoder=decoder)
     photos, chelsea = list(corpus("photos").bodies), list(corpus("chelsea").bodies)
     one, two = photos[:8] + chelsea * 4, chelsea * 3 + photos[8:]
     alone = [core.classify(one), core.classify(two)]
