@@ -51,12 +51,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks import loadgen  # noqa: E402
-from benchmarks.common import Budget, commit, machine, run_no, today, write_json  # noqa: E402
-from benchmarks.device_sampler import DeviceSampler  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    Budget,
+    commit,
+    gpu_name,
+    machine,
+    run_no,
+    today,
+    write_json,
+)
+from benchmarks.e2e_level import measure  # noqa: E402
 from benchmarks.e2e_systems import (  # noqa: E402
     SYSTEMS,
     WORKLOADS,
-    Workload,
     apply_sets,
     corpus_of,
     parse_sets,
@@ -67,7 +74,6 @@ from benchmarks.e2e_systems import (  # noqa: E402
 )
 from benchmarks.image_workload import export_unet  # noqa: E402
 from benchmarks.mps import mps_server  # noqa: E402
-from loadtest.cores import busiest, busy_cores_since, run_cpu_s, thread_cpu_s  # noqa: E402
 from loadtest.corpus import Corpus  # noqa: E402
 from loadtest.run import end_local_ray, plot, start_app, wait_ok  # noqa: E402
 
@@ -89,98 +95,6 @@ def _exit_on_term(signum: int, frame: Any) -> None:
     # `timeout` sends SIGTERM: leave through the `finally` that stops the system under test,
     # or it keeps answering on port 8000 and the next run measures it instead of its own
     raise SystemExit(128 + signum)
-
-
-def _row(
-    system: str,
-    w: Workload,
-    c: Corpus,
-    n: int,
-    args: argparse.Namespace,
-    r: dict[str, Any],
-    replicas: int | None,
-    busy: float | None,
-    server_cores: float,
-    threads: list[dict[str, Any]],
-    device: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """One level's row: the load generator's figures ``r``, the server's CPU and the
-    device's utilisation (``DeviceSampler.result()``: None where there is no NVML)."""
-    return {
-        "system": system,
-        "workload": w.name,
-        "corpus": c.name,
-        "replicas": replicas,
-        "mps": args.mps,
-        "clients": n,
-        "img_s": r["img_s"],  # answers a second: images classified, or frames answered
-        "p50_ms": r["p50_ms"],
-        "p99_ms": r["p99_ms"],
-        "errors": r["errors"],
-        "errors_by_status": r["errors_by_status"],
-        "loadgen_procs": r["loadgen_procs"],
-        "loadgen_cpu_per_proc": r["loadgen_cpu_per_proc"],
-        "machine_busy_cores": busy,
-        "server_cores": round(server_cores, 2),
-        # the server's CPU per answered image: every process of its `serve run` (Ray, Serve,
-        # HAProxy, replicas), the load generator excluded
-        "server_cpu_ms_per_img": round(server_cores / r["img_s"] * 1e3, 3) if r["img_s"] else None,
-        # where those cores went: the busiest (process kind, thread name) pairs
-        "server_threads": threads,
-        # the GPU's busy time (a kernel running) and JPEG-engine utilisation over the level
-        # (means, 0-1, from NVML; device_sampler.py)
-        **(device or {"gpu_util": None, "gpu_jpeg_util": None}),
-    }
-
-
-def measure(
-    system: str,
-    url: str,
-    c: Corpus,
-    n: int,
-    args: argparse.Namespace,
-    collect: bool,
-    run_id: str,
-    replicas: int | None = None,
-) -> tuple[dict[str, Any], dict[str, float] | None]:
-    """One load level: its row, and the answers' mean per-stage timings when ``collect``.
-    ``run_id``: the system's ``serve run`` (its processes' CPU is the server's)."""
-    w: Workload = WORKLOADS[args.workload]
-    device = DeviceSampler()  # (before the span: NVML's first load may import Ray)
-    mark, _ = busy_cores_since()
-    cpu0, threads0, t0 = run_cpu_s(run_id), thread_cpu_s(run_id), time.monotonic()
-    with device:
-        r = loadgen.run(
-            url,
-            c.bodies,
-            "image/jpeg",
-            n,
-            args.seconds,
-            warmup=args.warmup,
-            extra_headers=w.headers(),
-            collect_timings=collect,
-            expect_sizes=w.expect(c),
-        )
-    # warm-up included: the level's whole span, its rate taken as the measured one
-    wall_s = max(time.monotonic() - t0, 1e-9)
-    server_cores = (run_cpu_s(run_id) - cpu0) / wall_s
-    threads = busiest(threads0, thread_cpu_s(run_id), wall_s)
-    _, busy = busy_cores_since(mark)
-    row = _row(system, w, c, n, args, r, replicas, busy, server_cores, threads, device.result())
-    unit = "frames/s" if w.name == "image" else "img/s"
-    print(
-        f"   {c.name:>7} {n:>5} clients: {r['img_s']:8.1f} {unit}  p50 {r['p50_ms']} ms  "
-        f"p99 {r['p99_ms']} ms  errors {r['errors_by_status'] or 0}  loadgen cpu "
-        f"{r['loadgen_cpu_per_proc']}  busy cores {busy}  server cpu "
-        f"{row['server_cpu_ms_per_img']} ms/img  GPU {row['gpu_util']}  JPEG engines "
-        f"{row['gpu_jpeg_util']}",
-        flush=True,
-    )
-    for t in threads[:6]:
-        print(f"      {t['cores']:6.2f} cores  {t['process']} / {t['thread']}", flush=True)
-    if r.get("mean_timings_ms"):
-        print(f"      stages (mean ms): {r['mean_timings_ms']}", flush=True)
-    return row, r.get("mean_timings_ms")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -275,7 +189,8 @@ def kept(
     runs = dict(previous.get("runs", {}))
     w = WORKLOADS[args.workload]
     runs[f"run{len(runs) + 1}"] = (
-        f"{today()}, commit {commit()}: {', '.join(names)} on {', '.join(c.name for c in corpora)}"
+        f"{today()}, commit {commit()}, {getattr(args, 'gpu', None) or gpu_name()}: "
+        f"{', '.join(names)} on {', '.join(c.name for c in corpora)}"
         + (f" ({w.name}: {w.model})" if w.name != "classify" else "")
         + (f", with {sets}" if sets else "")
     )
@@ -288,6 +203,7 @@ def kept(
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    args.gpu = gpu_name()
     corpora = [corpus_of(c) for c in args.corpus.split(",") if c]
     levels = [int(c) for c in args.clients.split(",")]
     log_dir = args.log_dir or os.path.dirname(os.path.abspath(args.out))

@@ -27,6 +27,12 @@ def machine() -> str:
     return f"{gpu} | {os.cpu_count()} CPU cores | {platform.processor() or platform.machine()} | Python {platform.python_version()}"
 
 
+def gpu_name(described: str | None = None) -> str:
+    """The device's name alone (``NVIDIA H200``) from ``machine()``'s line (or this one's):
+    what rows carry where one file gathers runs of several machines."""
+    return (described or machine()).split("|")[0].split(",")[0].strip() or "no GPU"
+
+
 def commit() -> str:
     """HEAD's short hash; FERRY_COMMIT where the tree is a copy without .git (the GPU machine)."""
     try:

@@ -146,6 +146,10 @@ def e2e_section(e2e: dict) -> list[str]:
     lines = [f"Machine: {e2e['machine']}; {e2e['date']}. Method: {e2e['method']}.", ""]
     lines += [f"* corpus `{k}`: {v}." for k, v in e2e["corpora"].items()]
     lines += [f"* {k}: {v}." for k, v in e2e.get("runs", {}).items()]
+    gpus = {r.get("run"): r["gpu"] for r in rows if r.get("gpu")}
+    if len(set(gpus.values())) > 1:  # the file's machine line is its last run's
+        by = ", ".join(f"{k} on {v}" for k, v in sorted(gpus.items(), key=lambda kv: str(kv[0])))
+        lines += [f"* The runs' devices differ ({by}): compare rows of one device only."]
     bd = e2e.get("ferry_breakdown", {})
     for corpus in e2e["corpora"]:
         part = [r for r in rows if r["corpus"] == corpus]

@@ -300,3 +300,26 @@ def test_run_keys_sort_by_number():
 
     runs = {f"run{i}": "" for i in range(1, 12)}
     assert max(runs, key=run_no) == "run11" and max(runs) == "run9"
+
+
+def test_rows_carry_their_device_and_results_md_says_when_runs_differ():
+    import copy
+    import json
+
+    from benchmarks.common import gpu_name
+
+    assert (
+        gpu_name("NVIDIA H100 80GB HBM3, 81559 MiB, 580.1 | 16 CPU cores")
+        == "NVIDIA H100 80GB HBM3"
+    )
+    assert gpu_name(" | 2 CPU cores | x86_64") == "no GPU"
+    path = os.path.join(os.path.dirname(report.__file__), "results", "e2e.json")
+    doc = json.load(open(path))
+    assert all(r.get("gpu") for r in doc["rows"])  # every committed row names its device
+    assert "devices differ" not in "\n".join(report.e2e_section(doc))
+    mixed = copy.deepcopy(doc)
+    last = max(mixed["runs"], key=report.run_no)
+    for r in mixed["rows"]:
+        if r["run"] == last:
+            r["gpu"] = "NVIDIA H100 80GB HBM3"
+    assert f"{last} on NVIDIA H100 80GB HBM3" in "\n".join(report.e2e_section(mixed))

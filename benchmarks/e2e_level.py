@@ -1,0 +1,108 @@
+"""One load level of ``bench_e2e.py``: the load generator's figures, the server's CPU (every
+process of the system's ``serve run``, the load generator excluded) and the device's
+utilisation, as one row of ``e2e.json``."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from benchmarks import loadgen
+from benchmarks.device_sampler import DeviceSampler
+from benchmarks.e2e_systems import WORKLOADS, Workload
+from loadtest.cores import busiest, busy_cores_since, run_cpu_s, thread_cpu_s
+from loadtest.corpus import Corpus
+
+
+def _row(
+    system: str,
+    w: Workload,
+    c: Corpus,
+    n: int,
+    args: argparse.Namespace,
+    r: dict[str, Any],
+    replicas: int | None,
+    busy: float | None,
+    server_cores: float,
+    threads: list[dict[str, Any]],
+    device: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One level's row: the load generator's figures ``r``, the server's CPU and the
+    device's utilisation (``DeviceSampler.result()``: None where there is no NVML)."""
+    return {
+        "system": system,
+        "gpu": getattr(args, "gpu", None),  # the run's device: one file holds several runs'
+        "workload": w.name,
+        "corpus": c.name,
+        "replicas": replicas,
+        "mps": args.mps,
+        "clients": n,
+        "img_s": r["img_s"],  # answers a second: images classified, or frames answered
+        "p50_ms": r["p50_ms"],
+        "p99_ms": r["p99_ms"],
+        "errors": r["errors"],
+        "errors_by_status": r["errors_by_status"],
+        "loadgen_procs": r["loadgen_procs"],
+        "loadgen_cpu_per_proc": r["loadgen_cpu_per_proc"],
+        "machine_busy_cores": busy,
+        "server_cores": round(server_cores, 2),
+        # the server's CPU per answered image: every process of its `serve run` (Ray, Serve,
+        # HAProxy, replicas), the load generator excluded
+        "server_cpu_ms_per_img": round(server_cores / r["img_s"] * 1e3, 3) if r["img_s"] else None,
+        # where those cores went: the busiest (process kind, thread name) pairs
+        "server_threads": threads,
+        # the GPU's busy time (a kernel running) and JPEG-engine utilisation over the level
+        # (means, 0-1, from NVML; device_sampler.py)
+        **(device or {"gpu_util": None, "gpu_jpeg_util": None}),
+    }
+
+
+def measure(
+    system: str,
+    url: str,
+    c: Corpus,
+    n: int,
+    args: argparse.Namespace,
+    collect: bool,
+    run_id: str,
+    replicas: int | None = None,
+) -> tuple[dict[str, Any], dict[str, float] | None]:
+    """One load level: its row, and the answers' mean per-stage timings when ``collect``.
+    ``run_id``: the system's ``serve run`` (its processes' CPU is the server's)."""
+    w: Workload = WORKLOADS[args.workload]
+    device = DeviceSampler()  # (before the span: NVML's first load may import Ray)
+    mark, _ = busy_cores_since()
+    cpu0, threads0, t0 = run_cpu_s(run_id), thread_cpu_s(run_id), time.monotonic()
+    with device:
+        r = loadgen.run(
+            url,
+            c.bodies,
+            "image/jpeg",
+            n,
+            args.seconds,
+            warmup=args.warmup,
+            extra_headers=w.headers(),
+            collect_timings=collect,
+            expect_sizes=w.expect(c),
+        )
+    # warm-up included: the level's whole span, its rate taken as the measured one
+    wall_s = max(time.monotonic() - t0, 1e-9)
+    server_cores = (run_cpu_s(run_id) - cpu0) / wall_s
+    threads = busiest(threads0, thread_cpu_s(run_id), wall_s)
+    _, busy = busy_cores_since(mark)
+    row = _row(system, w, c, n, args, r, replicas, busy, server_cores, threads, device.result())
+    unit = "frames/s" if w.name == "image" else "img/s"
+    print(
+        f"   {c.name:>7} {n:>5} clients: {r['img_s']:8.1f} {unit}  p50 {r['p50_ms']} ms  "
+        f"p99 {r['p99_ms']} ms  errors {r['errors_by_status'] or 0}  loadgen cpu "
+        f"{r['loadgen_cpu_per_proc']}  busy cores {busy}  server cpu "
+        f"{row['server_cpu_ms_per_img']} ms/img  GPU {row['gpu_util']}  JPEG engines "
+        f"{row['gpu_jpeg_util']}",
+        flush=True,
+    )
+    for t in threads[:6]:
+        print(f"      {t['cores']:6.2f} cores  {t['process']} / {t['thread']}", flush=True)
+    if r.get("mean_timings_ms"):
+        print(f"      stages (mean ms): {r['mean_timings_ms']}", flush=True)
+    return row, r.get("mean_timings_ms")
