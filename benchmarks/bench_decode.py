@@ -124,34 +124,22 @@ def _row(rows: list, path: str, corpus: str, batch: int, measured: tuple) -> Non
     print(f"{corpus} x{batch} {path}: {rate:,.0f} img/s, {cpu_ms:.3f} CPU ms/img ({n} images)")
 
 
+def _of(rows: list, path: str, r: dict) -> dict | None:
+    """The row of ``path`` with ``r``'s corpus and batch size, if it was measured."""
+    key = (r["corpus"], r["batch"])
+    return next((b for b in rows if b["path"] == path and (b["corpus"], b["batch"]) == key), None)
+
+
 def _ratios(rows: list) -> None:
     """Each row's rate and CPU over the one-thread CPU row of its corpus and batch size, and
     each GPU row's rate over the peer's (``img_s_vs_peer``)."""
     for r in rows:
-        base = next(
-            (
-                b
-                for b in rows
-                if b["path"] == "cpu_simplejpeg_1t"
-                and (b["corpus"], b["batch"]) == (r["corpus"], r["batch"])
-            ),
-            None,
-        )
+        base = _of(rows, "cpu_simplejpeg_1t", r)
         if base and base["img_s"] and base["cpu_ms_per_img"]:
             r["img_s_vs_cpu_1t"] = r["img_s"] / base["img_s"]
             r["cpu_ms_vs_cpu_1t"] = r["cpu_ms_per_img"] / base["cpu_ms_per_img"]
-        peer = next(
-            (
-                p
-                for p in rows
-                if p["path"] == "peer_torchvision"
-                and (p["corpus"], p["batch"]) == (r["corpus"], r["batch"])
-            ),
-            None,
-        )
-        if (
-            peer and peer["img_s"] and r["path"].startswith("gpu_")
-        ):  # Ferry's GPU paths over the peer's
+        peer = _of(rows, "peer_torchvision", r)
+        if peer and peer["img_s"] and r["path"].startswith("gpu_"):  # Ferry's GPU paths
             r["img_s_vs_peer"] = r["img_s"] / peer["img_s"]
 
 

@@ -148,7 +148,9 @@ def e2e_section(e2e: dict) -> list[str]:
     lines += [f"* {k}: {v}." for k, v in e2e.get("runs", {}).items()]
     gpus = {r.get("run"): r["gpu"] for r in rows if r.get("gpu")}
     if len(set(gpus.values())) > 1:  # the file's machine line is its last run's
-        by = ", ".join(f"{k} on {v}" for k, v in sorted(gpus.items(), key=lambda kv: str(kv[0])))
+        by = ", ".join(
+            f"{k} on {v}" for k, v in sorted(gpus.items(), key=lambda kv: run_no(str(kv[0])))
+        )
         lines += [f"* The runs' devices differ ({by}): compare rows of one device only."]
     bd = e2e.get("ferry_breakdown", {})
     for corpus in e2e["corpora"]:
