@@ -25,6 +25,17 @@ logger = logging.getLogger(__name__)
 RunBatch = Callable[[Batch], Awaitable[Sequence[Any]]]
 
 
+def answered_error(exc: BaseException, what: str) -> BaseException:
+    """A failed batch's error as its items are answered with it: a bug (not a
+    ``FerryError``) goes to the log with its traceback, and the answers carry it without
+    one -- the traceback holds the frames below it (the batch, its rows and their device
+    memory) in a cycle only the cyclic collector would end, keeping the bytes whose
+    shortage often caused the failure."""
+    if not isinstance(exc, FerryError):
+        logger.error("%s failed", what, exc_info=exc)
+    return exc.with_traceback(None)
+
+
 class BatchScheduler:
     """Drives a ``BatchQueue`` from asyncio; ``run_batch`` returns one result per item.
 
@@ -160,12 +171,7 @@ class BatchScheduler:
                     (f.set_exception if isinstance(r, BaseException) else f.set_result)(r)
         except BaseException as exc:  # the whole batch failed: every item hears of it
             if not isinstance(exc, asyncio.CancelledError):
-                if not isinstance(exc, FerryError):  # a bug: its traceback goes to the log
-                    logger.error("batch of %d (%s) failed", len(batch), batch.key, exc_info=exc)
-                # and not with the answers: it holds this frame and the ones below it --
-                # the batch, its rows and their device memory -- in a cycle only the cyclic
-                # collector would end, keeping the bytes whose shortage often caused it
-                exc = exc.with_traceback(None)
+                exc = answered_error(exc, f"batch of {len(batch)} ({batch.key})")
             for p in batch.items:
                 if p.future is not None and not p.future.done():
                     p.future.set_exception(exc)

@@ -30,7 +30,7 @@ import numpy as np
 
 from .. import gpu_decode, metrics
 from ..async_result import AsyncResult, CompletionWatcher
-from ..batch_scheduler import BatchScheduler
+from ..batch_scheduler import BatchScheduler, answered_error
 from ..batching import Batch
 from ..config import PipelineConfig
 from ..device import Backend, Event, Stream, select_backend
@@ -259,10 +259,8 @@ class PreprocessGpuCore:
         failed: dict[int, BaseException] = {}
         for k, f in rounds.items():
             exc = asyncio.CancelledError() if f.cancelled() else f.exception()
-            if exc is not None:  # as the scheduler treats a failed batch: no traceback kept
-                failed[k] = exc.with_traceback(None)
-                if not isinstance(exc, FerryError):
-                    logger.error("a preprocessing round failed on the device: %r", exc)
+            if exc is not None:  # as the scheduler answers a failed batch
+                failed[k] = answered_error(exc, "a preprocessing round on the device")
         return [(failed.get(id(r.done), r.row) if isinstance(r, Landing) else r) for r in results]
 
     def _round(self, model: str, datas: list[Any]) -> tuple[list[Any], Event]:
