@@ -7,6 +7,7 @@ exists: `serve run` starts its own local Ray, as it does on a laptop.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import socket
 import sys
@@ -77,11 +78,20 @@ def test_serve_deploy_to_a_running_ray_start_head():
     bindir = os.path.dirname(sys.executable)
     ray_bin = shutil.which("ray", path=bindir) or "ray"
     serve_bin = shutil.which("serve", path=bindir) or "serve"
-    # Ray 2.60's `ray start` turns token auth on; the CLI must send it. The run id marks what
-    # `ray start` leaves running, so the test stops its own cluster by PID, no other
+    # token auth on, as a cluster runs it: `ray start` and `serve deploy` read the token from
+    # RAY_AUTH_TOKEN. The test brings its own -- `ray start` makes none, and ~/.ray/auth_token
+    # exists on a clean machine only if another test's local Ray happened to write it first
+    # (CI on 062bb17 with a new home: "Token authentication is enabled but no authentication
+    # token was found"). The run id marks what `ray start` leaves running, so the test stops
+    # its own cluster by PID, no other
     run_id = procs.new_run_id("ray-start")
     env = subprocess_env(
-        {"RAY_AUTH_MODE": "token", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", procs.MARK: run_id}
+        {
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN": secrets.token_hex(32),
+            "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+            procs.MARK: run_id,
+        }
     )
     # its own temp dir: `ray start` writes its address there (ray_current_cluster), where a
     # later ray.init() on this machine would find it -- under /tmp/ray, stale once the
