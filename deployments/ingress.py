@@ -45,7 +45,7 @@ from pipeline.stages.messages import (
     TensorRequest,
 )
 
-from . import drain, load_board, one_write, triton_stats
+from . import drain, load_board, triton_stats
 from .grpc_service import GrpcInference
 from .grpc_stream import GrpcStream
 from .http_errors import request_id_of, unwrap
@@ -96,8 +96,6 @@ class Ingress(TritonRoutes, TaskRoutes, V2Core, GrpcInference, GrpcStream):  # (
         inference stage here). The composition root (``deployments/app.py``) gives both."""
         self.cfg = PipelineConfig.model_validate(config)
         self.cfg.ingress_deployment.apply_in_process()
-        if self.cfg.ingress.one_write:
-            one_write.install()  # an answer in one socket write (uvicorn's, in this process)
         self.down = way_down(way, self.cfg, preprocess, inference, postprocess)
         self.models = {m.name: m for m in self.cfg.models}
         self.cards = {m.name: model_card(m) for m in self.cfg.models}

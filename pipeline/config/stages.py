@@ -61,12 +61,6 @@ class IngressConfig(Strict):
     closes."""
     body_timeout_s: float = Field(30.0, gt=0.0, le=3600.0)
     """A request body not complete this long after its first read gets 408."""
-    one_write: bool = True
-    """Each HTTP answer leaves the ingress replica in one socket write, its headers held
-    for its body (``deployments/one_write.py``: uvicorn, which Serve runs in the replica
-    behind HAProxy, writes them apart -- two system calls and two TCP segments an answer).
-    Acts where the replica serves HTTP itself (HAProxy, Serve's throughput mode); false
-    leaves uvicorn as it is."""
 
 
 class PreprocessConfig(Strict):
