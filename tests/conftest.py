@@ -12,16 +12,27 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 
+# integration tests that bring up a Ray of their own (`ray start`, `serve run`), not the session's
+OWN_RAY = ("tests/integration/test_00_serve_config.py", "tests/integration/test_01_readme.py")
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """Under pytest-xdist (pyproject's addopts: ``-n 2``) one worker runs every integration
-    test, in collection order -- they share one local Ray, its ports and README's port 8000
-    -- while the other runs the unit and benchmark tests beside them. (A scheduler of our
-    own: xdist's ``loadgroup`` renames node ids, which pytest 9 no longer reads.)"""
+    """Under pytest-xdist (pyproject's addopts: ``-n 2``) one worker runs the integration
+    tests of the session's local Ray (``tests/integration/conftest.py``), in collection
+    order -- they share it and its ports -- while the other runs, beside them, the two that
+    start a Ray of their own on README's port 8000 (``OWN_RAY``: one after the other, in
+    collection order), then the unit and benchmark tests. (On 2026-12-05 the integration
+    worker ran 590 s of tests while the other idled after 124; the two own-Ray tests are
+    117 s of the 590. Two local Rays on one machine each take free ports: checked.) (A
+    scheduler of our own: xdist's ``loadgroup`` renames node ids, which pytest 9 no longer
+    reads.)"""
     from xdist.scheduler import LoadScopeScheduling  # only ever called under xdist
 
     class IntegrationTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
+            if nodeid.startswith(OWN_RAY):
+                return "own_ray"
             return "integration" if nodeid.startswith("tests/integration/") else nodeid
 
     return IntegrationTogether(config, log)

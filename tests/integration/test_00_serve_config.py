@@ -1,7 +1,9 @@
 """`serve run serve_config.yaml` -- README's main-job command -- brings Ferry up and it answers.
 
-Runs first (file order), before the session cluster of the other integration tests
-exists: `serve run` starts its own local Ray, as it does on a laptop.
+Runs beside the integration tests of the session's local Ray, on the other pytest-xdist
+worker (``tests/conftest.py``, ``OWN_RAY``), then test_01_readme: `serve run` starts its own
+local Ray, as it does on a laptop -- it would join only a Ray that `ray start` left (its
+address in /tmp/ray/ray_current_cluster), never the session's ``ray.init`` one.
 """
 
 from __future__ import annotations

@@ -28,7 +28,8 @@ README's test command itself (``tests/unit/test_readme_commands.py`` checks that
 same command), with real downloads. The GPU and cluster screens are not run here.
 
 Ports: README's service binds 127.0.0.1:8000, as test_00_serve_config's does; pytest runs the
-modules one after the other, test_00 first, so the two never overlap. It fails at once if
+two modules one after the other on one worker, test_00 first (``tests/conftest.py``,
+``OWN_RAY``), so the two never overlap. It fails at once if
 something else holds port 8000, naming it.
 """
 
