@@ -146,6 +146,21 @@ def _peer(
 SYSTEMS: dict[str, dict[str, Any]] = {
     "ferry": _ferry("ferry_e2e.yaml"),
     "ferry_split": _ferry("ferry_e2e_split.yaml"),
+    # split's hop (6 ingress, 4 inference replicas) as a Serve call, against ``ferry_split``'s
+    # Unix socket (transport.local_hop, the default since it was built)
+    "ferry_split_serve": _ferry("ferry_e2e_split.yaml", sets={"transport.local_hop": False}),
+    # HTTP in 8 CPU replicas, the GPU owned by 2 inference replicas fed over the local hop:
+    # two CUDA contexts instead of eight, and decode rounds that gather the images of every
+    # ingress (nvImageCodec's host cost falls with the images a call)
+    "ferry_hop2": _ferry(
+        "ferry_e2e_split.yaml",
+        sets={
+            "ingress_deployment.num_replicas": 8,
+            "inference_deployment.num_replicas": 2,
+            "inference_deployment.num_gpus": 0.5,
+            "executor.pool_limit_fraction": 0.45,
+        },
+    ),
     "ferry_4stage": _ferry("ferry_e2e_4stage.yaml"),
     "ferry_naive": _ferry("ferry_e2e.yaml", naive=True),
     # ``ferry`` with every CUDA host wait of the replicas asleep (executor.host_wait: sleep):

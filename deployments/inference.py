@@ -3,7 +3,8 @@ in every placement but ``one_process`` (there the ingress replica runs the stage
 
 ``logits(model, rows, meta, feed)`` runs decoded images or v2 tensors; ``answers(model,
 rows, meta, specs, feed)`` answers them too; ``encoded(model, items, meta, specs)`` decodes
-checked image bytes here (or through PreprocessGPU) and answers. What the replica is given
+checked image bytes here (or through PreprocessGPU) and answers. The ingresses of its own
+node send ``encoded`` and ``answers`` over a Unix socket instead (``local_hop.py``). What the replica is given
 -- a decoder, an answerer, a PreprocessGPU handle -- is the composition root's choice
 (``deployments/app.py``), passed as this deployment's arguments.
 """
@@ -17,7 +18,7 @@ from pipeline.stages.build import build_inference
 from pipeline.stages.inference import InferenceStage
 from pipeline.stages.messages import SendTo
 
-from . import load_board
+from . import load_board, local_hop
 from .replica import stage_deployment
 
 
@@ -36,13 +37,15 @@ def inference_replica(
             return await preprocess.remote(model, items, to)
 
     board = load_board.for_this_replica(config)
-    return build_inference(
+    stage = build_inference(
         config,
         decode_here=decode_here,
         answer_here=answer_here,
         fetch=fetch,
         progress=board.publish if board is not None else None,
     )
+    local_hop.serve_stage(stage, config)  # the ingresses of this node call it over a socket
+    return stage
 
 
 Inference = stage_deployment(

@@ -8,10 +8,12 @@ builds it.
   the small answers come back here.
 * ``ServeHop`` (``split``, ``gpu_preprocess``): one Serve call per coalesced group to an
   inference replica, which decodes (or has PreprocessGPU decode) and answers.
+* ``LocalHop`` (the same placements, ``transport.local_hop``): the group over a Unix socket
+  to an inference replica of this node, a Serve call where there is none.
 * ``InProcess`` (``one_process``): the inference stage built in this process and called
   directly: no handle, no hop.
 
-Where a Serve call reaches the replica that answers (``ServeHop``), that replica stamps
+Where a call reaches the replica that answers (``ServeHop``, ``LocalHop``), that replica stamps
 when the call arrived and left (``Timings.hop``), and the ingress splits the hop's time;
 elsewhere the answers carry no hop.
 """
@@ -26,6 +28,9 @@ from pipeline.errors import FerryError
 from pipeline.stages.build import build_inference
 from pipeline.stages.inference import InferenceStage
 from pipeline.stages.messages import Answer, Encoded, HostRows, PostSpec, RequestMeta
+from pipeline.transport.local_hop import HopClient, HopLost
+
+from . import local_hop
 
 
 class ServeChain:
@@ -71,6 +76,33 @@ class ServeHop(ServeChain):
         return await self.inf.answers.remote(model, rows, meta, specs, "tensors")
 
 
+class LocalHop(ServeHop):
+    """``split``, ``gpu_preprocess`` where an inference replica runs on this node: the group
+    over a Unix socket to it (``transport/local_hop.py``); Serve's call where none does, or
+    where its socket closed before the group was answered."""
+
+    def __init__(self, inference: Any, client: HopClient) -> None:
+        super().__init__(inference)
+        self.client = client
+
+    async def classify(
+        self, model: str, items: list[Encoded], meta: list[RequestMeta], specs: list[PostSpec]
+    ) -> list[Answer | FerryError]:
+        try:
+            return await self.client.call("encoded", (model, items, meta, specs), len(items))
+        except HopLost:
+            return await super().classify(model, items, meta, specs)
+
+    async def tensors(
+        self, model: str, rows: HostRows, meta: list[RequestMeta], specs: list[PostSpec]
+    ) -> list[Answer | FerryError]:
+        try:
+            args = (model, rows, meta, specs, "tensors")
+            return await self.client.call("answers", args, len(meta))
+        except HopLost:
+            return await super().tensors(model, rows, meta, specs)
+
+
 class InProcess:
     """``one_process``: the inference stage in this process, called directly."""
 
@@ -110,4 +142,7 @@ def way_down(
         return InProcess(build_inference(config, decode_here=True, answer_here=True))
     if way == "chain":
         return ServeChain(preprocess, inference, postprocess)
+    where = local_hop.directory() if local_hop.enabled(config) else None
+    if where is not None:
+        return LocalHop(inference, HopClient(where[0]))
     return ServeHop(inference)

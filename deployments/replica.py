@@ -22,7 +22,7 @@ from pipeline.stages.base import Stage
 from pipeline.stages.messages import Answer, Hop
 
 
-def _stamp_hops(out: Any, arrived: float) -> Any:
+def stamp_hops(out: Any, arrived: float) -> Any:
     if isinstance(out, list):
         left = time.time() * 1e3
         for a in out:
@@ -39,7 +39,7 @@ def _forward(method: str, stamp: bool) -> Callable[..., Any]:
         out = getattr(self.core, target)(*args, **kwargs)
         if inspect.isawaitable(out):
             out = await out
-        return _stamp_hops(out, arrived) if stamp else out
+        return stamp_hops(out, arrived) if stamp else out
 
     call.__name__ = method
     return call

@@ -86,7 +86,8 @@ class PreprocessConfig(Strict):
 
 class TransportConfig(Strict):
     """How batches move from PreprocessGPU to the inference replica (``gpu_preprocess``): NCCL
-    when both ends hold CUDA devices and NCCL loads, the object store otherwise."""
+    when both ends hold CUDA devices and NCCL loads, the object store otherwise; and how an
+    ingress reaches an inference replica of its node (``local_hop``)."""
 
     timeout_s: float = Field(30.0, gt=0.0, le=3600.0)
     """Deadline of each transfer; past it the NCCL link is aborted (``TransportError``) and
@@ -95,6 +96,12 @@ class TransportConfig(Strict):
     """Pinned buffers the GPU preprocess stage uploads decoded images through."""
     staging_slot_bytes: int = Field(64 << 20, ge=1 << 20, le=4 << 30)
     """Size of each; a call whose decoded images do not fit is uploaded in parts."""
+    local_hop: bool = True
+    """``split`` and ``gpu_preprocess``: an ingress sends its coalesced groups to the
+    inference replicas of its own node over a Unix socket (``transport/local_hop.py``), not
+    as Serve calls -- Serve's call where none runs there, and for a group whose socket
+    closed before it was answered. Off (every group a Serve call) where the inference
+    deployment autoscales: Serve counts only its own calls as a replica's load."""
 
 
 class StreamsConfig(Strict):

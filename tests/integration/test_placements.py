@@ -5,12 +5,15 @@ v1 and v2, with the deployments its form names and hop timings only where a hop 
 
 from __future__ import annotations
 
+import os
+
 import httpx
 import numpy as np
 import pytest
 
 from pipeline.imaging import encode_jpeg, encode_png
 from pipeline.models import digits
+from pipeline.transport.local_hop import hop_dir
 from tests.integration.helpers import BASE, classify_many, cpu_config, deploy, photos, undeploy
 
 pytestmark = pytest.mark.integration
@@ -60,9 +63,19 @@ def _answers_of(placement: str) -> tuple[dict, set]:
     cfg = cpu_config(placement=placement)  # (the queue budget off, as in every cpu_config)
     deploy(cfg, name=placement)
     try:
-        return _answers(BASE), set(serve.status().applications[placement].deployments)
+        answers = _answers(BASE)
+        answers["sockets"] = _hop_sockets(placement)
+        return answers, set(serve.status().applications[placement].deployments)
     finally:
         undeploy(placement)
+
+
+def _hop_sockets(app: str) -> list[str]:
+    """The local hop's sockets of ``app`` on this node (``transport/local_hop.py``)."""
+    import ray
+
+    d = hop_dir(ray.get_runtime_context().get_node_id(), app)
+    return sorted(n for n in os.listdir(d) if n.endswith(".sock")) if os.path.isdir(d) else []
 
 
 def test_every_cpu_placement_answers_as_the_four_stage_one(ray_cluster):
@@ -80,10 +93,13 @@ def test_every_cpu_placement_answers_as_the_four_stage_one(ray_cluster):
         assert f["top"] == plain["top"]
         assert np.allclose(f["v2"], plain["v2"], rtol=1e-5, atol=1e-5)
         assert f["timings"]["preprocess"] > 0 and "postprocess" in f["timings"]
-    # the Serve call to the answering replica is split into the way there and back ...
+    # the call to the answering replica is split into the way there and back ...
     t = split["timings"]
     assert t["hop_in"] > 0 and t["hop_out"] > 0
     assert t["hop_in"] + t["hop_out"] <= t["hops"] + 0.01, t  # parts of it (rounding)
+    # split's ingress reaches its inference replica over the local hop: its socket is there
+    assert len(split["sockets"]) == 1, split["sockets"]
+    assert plain["sockets"] == [] and one["sockets"] == []  # no hop there
     # ... and where there is no such call, no hop is stamped
     assert "hop_in" not in one["timings"] and "hop_out" not in one["timings"]
     assert "hop_in" not in plain["timings"]  # answered by the Postprocess deployment

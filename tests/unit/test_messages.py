@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deployments.replica import _stamp_hops
+from deployments.replica import stamp_hops
 from pipeline.config import PipelineConfig
 from pipeline.device import Backend
 from pipeline.errors import InvalidInput, TransportError
@@ -138,7 +138,7 @@ def test_the_stages_fill_every_timing_and_a_replica_stamps_its_hop():
         assert t.hop is None and t.left_coalescer is None and 1 <= a.batch_size <= 3
         assert len(a.top_k) == 3 and a.outputs is None
     arrived = 1.7e12
-    stamped = _hop(_stamp_hops(out, arrived))  # as the inference replica sends them back
+    stamped = _hop(stamp_hops(out, arrived))  # as the inference replica sends them back
     for a in stamped:
         assert a.timings.hop.arrived == arrived and a.timings.hop.left >= arrived
         assert a.timings.hop.sent is None  # the ingress stamps that
