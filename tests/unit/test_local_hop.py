@@ -188,3 +188,19 @@ async def test_the_ingress_falls_back_to_its_serve_call_where_no_socket_answers(
     assert len(serve_calls) == 1  # the socket answered; Serve was not called
     server.close()
     way.client.close()
+
+
+def test_the_hop_is_local_in_split_and_gpu_preprocess_unless_off_or_autoscaled():
+    from deployments import local_hop as app_hop
+    from pipeline.config import PipelineConfig
+
+    def cfg(placement, **over):
+        base = {"models": [{"name": "digits", "arch": "digits"}], "placement": placement}
+        return PipelineConfig.model_validate({**base, **over})
+
+    assert app_hop.enabled(cfg("split"))
+    assert not app_hop.enabled(cfg("split", transport={"local_hop": False}))
+    scaled = {"num_replicas": None, "autoscaling_config": {"min_replicas": 1, "max_replicas": 2}}
+    assert not app_hop.enabled(cfg("split", inference_deployment=scaled))
+    assert not app_hop.enabled(cfg("four_stage")) and not app_hop.enabled(cfg("one_process"))
+    assert app_hop.directory() is None  # outside a Serve replica: Serve's calls only
