@@ -19,6 +19,7 @@ FERRY_SYSTEMS = {  # system -> (its ingress replicas, its inference replicas)
     "ferry_split": (6, 4),  # over the local hop (a Unix socket), the default
     "ferry_split_serve": (6, 4),  # the same hop as a Serve call
     "ferry_hop2": (8, 2),  # 8 HTTP replicas, 2 GPU owners fed over the local hop
+    "ferry_hop2_hw": (8, 2),  # the same, every JPEG on the hardware engines
     "ferry_4stage": (6, 1),
     "ferry_naive": (8, None),
     "ferry_sleep": (8, None),  # ferry with sleeping CUDA waits
