@@ -60,7 +60,8 @@ def test_benchmark_serve_configs_validate(system):
     assert (cfg.executor.mode == "naive") == (system == "ferry_naive")
     assert cfg.executor.host_wait == ("sleep" if system == "ferry_sleep" else "auto")
     assert cfg.preprocess.threads == {"ferry_t1": 1, "ferry_t2": 2}.get(system, 4)
-    assert cfg.preprocess.gpu_decode_backend == ("hardware" if system == "ferry_hw" else "auto")
+    hw = system in ("ferry_hw", "ferry_hop2_hw")
+    assert cfg.preprocess.gpu_decode_backend == ("hardware" if hw else "auto")
     assert cfg.preprocess.overlap_rounds == (system == "ferry_overlap")
     cpus = cfg.ingress_deployment.num_cpus * cfg.ingress_deployment.num_replicas
     inf = cfg.inference_deployment
