@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from benchmarks.common import run_no  # noqa: E402
 from benchmarks.report_image import image_lines  # noqa: E402
+from benchmarks.report_threads import thread_lines  # noqa: E402
 
 
 def load(name: str) -> dict | None:
@@ -190,6 +191,7 @@ def e2e_section(e2e: dict) -> list[str]:
                 "-" if r.get("machine_busy_cores") is None else f"{r['machine_busy_cores']:.1f}"
             ),
         )
+        lines += thread_lines(part)
         picks = {k: v for k, v in bd.items() if k.startswith(f"ferry@{corpus}@")}
         if picks:
             lines += [
