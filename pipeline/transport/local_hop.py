@@ -132,8 +132,12 @@ class _ServerSide(_Framed):
             reply: tuple = (call_id, True, await self.handler(method, args))
         except Exception as exc:
             reply = (call_id, False, _portable(exc))
-        if self.transport is not None and not self.transport.is_closing():
+        if self.transport is None or self.transport.is_closing():
+            return
+        try:
             self.send(reply)
+        except Exception as exc:  # an answer that does not pickle: the caller hears why
+            self.send((call_id, False, _portable(exc)))
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.transport = None  # the calls still running finish; their answers have nowhere to go

@@ -32,6 +32,8 @@ def _echo(tag: str, log: list | None = None):
             raise QueueFull("queue is full", retry_after_s=1.5, model=args[0])
         if method == "unpicklable":
             raise RuntimeError(lambda: None)  # (a lambda does not pickle)
+        if method == "unpicklable_answer":
+            return lambda: None
         return (tag, method, args)
 
     return handle
@@ -65,6 +67,8 @@ async def test_errors_cross_as_the_callee_raised_them(hop_dir):
         assert err.value.retry_after_s == 1.5
         with pytest.raises(RuntimeError, match="RuntimeError"):  # its text, not a hang
             await client.call("unpicklable", ())
+        with pytest.raises(Exception, match="pickle"):  # an answer that cannot cross
+            await asyncio.wait_for(client.call("unpicklable_answer", ()), 5)
         assert await client.call("ok", ()) == ("a", "ok", ())  # the connection lives on
     finally:
         client.close()
