@@ -143,6 +143,14 @@ def _peer(
     }
 
 
+HOP2 = {
+    "ingress_deployment.num_replicas": 8,
+    "inference_deployment.num_replicas": 2,
+    "inference_deployment.num_gpus": 0.5,
+    "executor.pool_limit_fraction": 0.45,
+}
+"""``ferry_e2e_split.yaml`` as 8 HTTP replicas and 2 GPU owners of half the GPU each."""
+
 SYSTEMS: dict[str, dict[str, Any]] = {
     "ferry": _ferry("ferry_e2e.yaml"),
     "ferry_split": _ferry("ferry_e2e_split.yaml"),
@@ -152,26 +160,11 @@ SYSTEMS: dict[str, dict[str, Any]] = {
     # HTTP in 8 CPU replicas, the GPU owned by 2 inference replicas fed over the local hop:
     # two CUDA contexts instead of eight, and decode rounds that gather the images of every
     # ingress (nvImageCodec's host cost falls with the images a call)
-    "ferry_hop2": _ferry(
-        "ferry_e2e_split.yaml",
-        sets={
-            "ingress_deployment.num_replicas": 8,
-            "inference_deployment.num_replicas": 2,
-            "inference_deployment.num_gpus": 0.5,
-            "executor.pool_limit_fraction": 0.45,
-        },
-    ),
+    "ferry_hop2": _ferry("ferry_e2e_split.yaml", sets=HOP2),
     # ``ferry_hop2`` with every JPEG on the hardware engines (nvImageCodec's default balances
     # a batch onto its CPU-side hybrid decoder under load: 3.7 cores at 4,143 img/s)
     "ferry_hop2_hw": _ferry(
-        "ferry_e2e_split.yaml",
-        sets={
-            "ingress_deployment.num_replicas": 8,
-            "inference_deployment.num_replicas": 2,
-            "inference_deployment.num_gpus": 0.5,
-            "executor.pool_limit_fraction": 0.45,
-            "preprocess.gpu_decode_backend": "hardware",
-        },
+        "ferry_e2e_split.yaml", sets={**HOP2, "preprocess.gpu_decode_backend": "hardware"}
     ),
     "ferry_4stage": _ferry("ferry_e2e_4stage.yaml"),
     "ferry_naive": _ferry("ferry_e2e.yaml", naive=True),
