@@ -4,9 +4,9 @@ in every placement but ``one_process`` (there the ingress replica runs the stage
 ``logits(model, rows, meta, feed)`` runs decoded images or v2 tensors; ``answers(model,
 rows, meta, specs, feed)`` answers them too; ``encoded(model, items, meta, specs)`` decodes
 checked image bytes here (or through PreprocessGPU) and answers. The ingresses of its own
-node send ``encoded`` and ``answers`` over a Unix socket instead (``local_hop.py``). What the replica is given
--- a decoder, an answerer, a PreprocessGPU handle -- is the composition root's choice
-(``deployments/app.py``), passed as this deployment's arguments.
+node send ``encoded`` and ``answers`` over a Unix socket instead (``local_hop.py``). What
+the replica is given -- a decoder, an answerer, a PreprocessGPU handle -- is the composition
+root's choice (``deployments/app.py``), passed as this deployment's arguments.
 """
 
 from __future__ import annotations

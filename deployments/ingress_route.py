@@ -13,9 +13,9 @@ builds it.
 * ``InProcess`` (``one_process``): the inference stage built in this process and called
   directly: no handle, no hop.
 
-Where a call reaches the replica that answers (``ServeHop``, ``LocalHop``), that replica stamps
-when the call arrived and left (``Timings.hop``), and the ingress splits the hop's time;
-elsewhere the answers carry no hop.
+Where a call reaches the replica that answers (``ServeHop``, ``LocalHop``), that replica
+stamps when the call arrived and left (``Timings.hop``), and the ingress splits the hop's
+time; elsewhere the answers carry no hop.
 """
 
 from __future__ import annotations
