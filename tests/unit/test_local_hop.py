@@ -208,3 +208,60 @@ def test_the_hop_is_local_in_split_and_gpu_preprocess_unless_off_or_autoscaled()
     assert not app_hop.enabled(cfg("split", inference_deployment=scaled))
     assert not app_hop.enabled(cfg("four_stage")) and not app_hop.enabled(cfg("one_process"))
     assert app_hop.directory() is None  # outside a Serve replica: Serve's calls only
+
+
+SLOW_SERVER = """
+import asyncio, sys
+from pipeline.transport.local_hop import HopServer
+
+async def handle(method, args):
+    await asyncio.sleep(60)
+
+async def main():
+    await HopServer(sys.argv[1], "inf-slow", handle).start()
+    print("listening", flush=True)
+    await asyncio.sleep(120)
+
+asyncio.run(main())
+"""
+
+
+async def test_a_replica_process_killed_under_calls_loses_none_of_them(hop_dir, tmp_path):
+    """A real process, killed (SIGKILL) with calls in flight: each call hears HopLost -- the
+    ingress sends it again as a Serve call -- and its socket file, left behind, is removed by
+    the next listing."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "slow_server.py"
+    script.write_text(SLOW_SERVER)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.Popen(
+        [sys.executable, str(script), hop_dir],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": root},
+    )
+    try:
+        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 30)
+        assert line.strip() == b"listening"
+        now = [0.0]
+        client = HopClient(hop_dir, clock=lambda: now[0])
+        calls = [asyncio.ensure_future(client.call("encoded", (i,))) for i in range(3)]
+        for _ in range(200):  # (the first call lists the directory and connects)
+            if client.conns:
+                break
+            await asyncio.sleep(0.05)
+        assert len(client.conns) == 1 and not any(c.done() for c in calls)
+        proc.kill()
+        results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 10)
+        assert all(isinstance(r, HopLost) for r in results), results
+        sock = os.path.join(hop_dir, "inf-slow.sock")
+        assert os.path.exists(sock)  # SIGKILL: the replica could not unlink it
+        now[0] += local_hop.RESCAN_S
+        with pytest.raises(HopLost, match="no inference replica"):
+            await client.call("encoded", ())
+        assert not os.path.exists(sock)
+        client.close()
+    finally:
+        proc.kill()
+        proc.wait(10)
