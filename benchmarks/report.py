@@ -59,6 +59,18 @@ def ratio_text(rows: list[dict], system: str, peak: dict[str, float]) -> str:
     return f"{peak['ferry'] / peak[system]:.2f}x"
 
 
+def same_run_ratio(rows: list[dict], peers: dict[str, float], best: str, peak: dict) -> str:
+    """Where the best peer's rows come from another run than Ferry's: Ferry over the best
+    peer of its own run, as "; in ferry's run: ..." (empty where there is none)."""
+    if not ratio_text(rows, best, peak).startswith("no ratio"):
+        return ""
+    mine = [s for s in peers if not ratio_text(rows, s, peak).startswith("no ratio")]
+    if not mine:
+        return ""
+    b = max(mine, key=peers.get)
+    return f"; in ferry's own run: {ratio_text(rows, b, peak)} `{b}` ({peers[b]:,.0f} img/s)"
+
+
 def peaks(rows: list[dict]) -> dict[str, float]:
     """Each system's best img/s over its rows, in the order the systems first appear."""
     peak: dict[str, float] = {}
@@ -523,7 +535,7 @@ def render() -> str:
 # (e2e's ``runs``) or, where those name none, the commit that added the result ("added in":
 # ``git log -S`` on the figure in benchmarks/results/). Keyed by file, or file:section.
 MEASURED_AT = {
-    "e2e.json": "a78ba16",
+    "e2e.json": "674d82a",
     "engine.json": "734acef (added in)",
     "models.json": "3f5958b (added in)",
     "alloc.json": "f5be890 (added in)",
@@ -565,7 +577,8 @@ def _e2e(doc: dict) -> list[tuple[str, str]]:
                         if not (r := ratio_text(rows, best, peak)).startswith("no ratio")
                         else f"`{best}`: {r}"
                     )
-                    + (f" ({note})" if (note := doc.get("peer_notes", {}).get(best)) else ""),
+                    + (f" ({note})" if (note := doc.get("peer_notes", {}).get(best)) else "")
+                    + same_run_ratio(rows, peers, best, peak),
                 )
             )
         lat = [f"p99 {f[256]['p99_ms']:.0f} ms at 256 clients"] if 256 in f else []
