@@ -177,11 +177,11 @@ class _ClientSide(_Framed):
         self.ids = itertools.count()
 
     def call(self, method: str, args: tuple, weight: int) -> asyncio.Future:
-        fut = asyncio.get_running_loop().create_future()
         call_id = next(self.ids)
+        self.send((call_id, method, args))  # (first: arguments that do not pickle leave no trace)
+        fut = asyncio.get_running_loop().create_future()
         self.calls[call_id] = (fut, weight)
         self.load += weight
-        self.send((call_id, method, args))
         return fut
 
     def on_message(self, msg: Any) -> None:
@@ -213,8 +213,8 @@ class HopClient:
         self._scan: asyncio.Task | None = None
 
     async def call(self, method: str, args: tuple, weight: int = 1) -> Any:
-        """The call's answer from the least loaded replica; ``HopLost`` where there is none
-        or its connection closed before it answered (nothing is known to have run)."""
+        """The call's answer from the least loaded replica; ``HopLost`` where there is none,
+        or where its connection closed before it answered (whether it ran is not known)."""
         if self.clock() - self._scanned >= RESCAN_S:
             if self._scan is None or self._scan.done():
                 self._scan = asyncio.ensure_future(self._rescan())

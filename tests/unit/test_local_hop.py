@@ -67,7 +67,10 @@ async def test_errors_cross_as_the_callee_raised_them(hop_dir):
         assert err.value.retry_after_s == 1.5
         with pytest.raises(RuntimeError, match="RuntimeError"):  # its text, not a hang
             await client.call("unpicklable", ())
-        with pytest.raises(Exception, match="pickle"):  # an answer that cannot cross
+        with pytest.raises(Exception, match="pickle"):  # arguments that cannot cross ...
+            await client.call("ok", (lambda: None,))
+        assert all(c.load == 0 and not c.calls for c in client.conns.values())
+        with pytest.raises(Exception, match="pickle"):  # ... nor an answer
             await asyncio.wait_for(client.call("unpicklable_answer", ()), 5)
         assert await client.call("ok", ()) == ("a", "ok", ())  # the connection lives on
     finally:
@@ -255,6 +258,7 @@ async def test_a_replica_process_killed_under_calls_loses_none_of_them(hop_dir, 
         proc.kill()
         results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 10)
         assert all(isinstance(r, HopLost) for r in results), results
+        await asyncio.to_thread(proc.wait, 10)  # (gone: its listening socket closed too)
         sock = os.path.join(hop_dir, "inf-slow.sock")
         assert os.path.exists(sock)  # SIGKILL: the replica could not unlink it
         now[0] += local_hop.RESCAN_S
