@@ -53,19 +53,22 @@ def notes_of(stem: str) -> list[str]:
 def ratio_text(rows: list[dict], system: str, peak: dict[str, float]) -> str:
     """Ferry's peak over ``system``'s, or why it is no result: a row names its run (``run``)
     where e2e.json holds rows of more than one, and a ratio needs both systems from one."""
-    runs = {s: {r.get("run") for r in rows if r["system"] == s} for s in ("ferry", system)}
-    if runs["ferry"] != runs[system]:
+    if not same_run(rows, system):
         return "no ratio: the two systems' rows come from different runs"
     return f"{peak['ferry'] / peak[system]:.2f}x"
 
 
+def same_run(rows: list[dict], system: str) -> bool:
+    """Whether ``system``'s rows come from the same run(s) as Ferry's."""
+    runs = {s: {r.get("run") for r in rows if r["system"] == s} for s in ("ferry", system)}
+    return runs["ferry"] == runs[system]
+
+
 def same_run_ratio(rows: list[dict], peers: dict[str, float], best: str, peak: dict) -> str:
     """Where the best peer's rows come from another run than Ferry's: Ferry over the best
-    peer of its own run, as "; in ferry's run: ..." (empty where there is none)."""
-    if not ratio_text(rows, best, peak).startswith("no ratio"):
-        return ""
-    mine = [s for s in peers if not ratio_text(rows, s, peak).startswith("no ratio")]
-    if not mine:
+    peer of its own run, as "; in ferry's own run: ..." (empty where there is none)."""
+    mine = [s for s in peers if same_run(rows, s)]
+    if same_run(rows, best) or not mine:
         return ""
     b = max(mine, key=peers.get)
     return f"; in ferry's own run: {ratio_text(rows, b, peak)} `{b}` ({peers[b]:,.0f} img/s)"
