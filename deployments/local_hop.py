@@ -60,13 +60,13 @@ def serve_stage(stage: InferenceStage, config: PipelineConfig) -> None:
         logger.warning("local hop: no event loop in the replica's constructor; Serve calls only")
         return
 
+    methods = {"encoded": stage.encoded, "answers": stage.answers}  # what LocalHop sends
+
     async def handle(method: str, args: tuple) -> Any:
         arrived = time.time() * 1e3
-        if method == "encoded":
-            return stamp_hops(await stage.encoded(*args), arrived)
-        if method == "answers":
-            return stamp_hops(await stage.answers(*args), arrived)
-        raise ValueError(f"local hop: no method {method!r}")
+        if method not in methods:
+            raise ValueError(f"local hop: no method {method!r}")
+        return stamp_hops(await methods[method](*args), arrived)
 
     server = HopServer(where[0], where[1], handle)
     _SERVERS.append(server)
