@@ -33,20 +33,22 @@ def available() -> bool:
     return True
 
 
-_decoders: dict[tuple[int, int, str], GpuJpegDecoder] = {}
+_decoders: dict[tuple[int, int, str, float], GpuJpegDecoder] = {}
 _decoders_lock = threading.Lock()
 
 
-def decoder_for(device_id: int, cpu_threads: int = 4, backends: str = "auto") -> GpuJpegDecoder:
+def decoder_for(
+    device_id: int, cpu_threads: int = 4, backends: str = "auto", hw_load: float = 1.0
+) -> GpuJpegDecoder:
     """The process's decoder for these settings, made once and kept for the life of the
     process (with the streams it has decoded on): one per process and device is the
     intended use, and tearing one down while images or streams it touched are in flight
     is what nvImageCodec is least forgiving of."""
-    key = (device_id, cpu_threads, backends)
+    key = (device_id, cpu_threads, backends, hw_load)
     with _decoders_lock:
         dec = _decoders.get(key)
         if dec is None:
-            dec = _decoders[key] = GpuJpegDecoder(device_id, cpu_threads, backends)
+            dec = _decoders[key] = GpuJpegDecoder(device_id, cpu_threads, backends, hw_load)
         return dec
 
 
@@ -55,27 +57,34 @@ class GpuJpegDecoder:
 
     ``backends``: ``auto`` lets nvImageCodec pick per image (hardware engine first, then
     CUDA, then hybrid and CPU); ``hardware`` / ``cuda`` / ``hybrid`` prefer that one,
-    with the CPU decoder behind it for what it refuses. ``cpu_threads`` bounds the
-    threads nvImageCodec uses for parsing and for the hybrid and CPU decoders.
+    with the CPU decoder behind it for what it refuses. ``hardware`` gives the engines
+    ``hw_load`` of a batch (nvImageCodec's fixed load hint) and the rest to the CUDA
+    decoder, so no image of it is decoded on the host unless both refuse it.
+    ``cpu_threads`` bounds the threads nvImageCodec uses for parsing and for the hybrid
+    and CPU decoders.
     """
 
-    def __init__(self, device_id: int, cpu_threads: int = 4, backends: str = "auto") -> None:
+    def __init__(
+        self, device_id: int, cpu_threads: int = 4, backends: str = "auto", hw_load: float = 1.0
+    ) -> None:
         from nvidia import nvimgcodec as nv  # optional: nvimgcodec
 
         if backends not in BACKENDS:
             raise ValueError(f"backends must be one of {BACKENDS}, got {backends!r}")
-        kinds = {
+        if not 0.0 < hw_load <= 1.0:
+            raise ValueError(f"hw_load must be in (0, 1], got {hw_load!r}")
+        chain = {
             "auto": None,
-            "hardware": [nv.HW_GPU_ONLY, nv.GPU_ONLY, nv.CPU_ONLY],
-            "cuda": [nv.GPU_ONLY, nv.CPU_ONLY],
-            "hybrid": [nv.HYBRID_CPU_GPU, nv.CPU_ONLY],
+            "hardware": [(nv.HW_GPU_ONLY, hw_load), (nv.GPU_ONLY, 1.0), (nv.CPU_ONLY, 1.0)],
+            "cuda": [(nv.GPU_ONLY, 1.0), (nv.CPU_ONLY, 1.0)],
+            "hybrid": [(nv.HYBRID_CPU_GPU, 1.0), (nv.CPU_ONLY, 1.0)],
         }[backends]
         self.nv = nv
         self.device_id = device_id
         self.decoder = nv.Decoder(
             device_id=device_id,
             max_num_cpu_threads=cpu_threads,
-            backends=None if kinds is None else [nv.Backend(k) for k in kinds],
+            backends=None if chain is None else [nv.Backend(k, load_hint=h) for k, h in chain],
         )
         self._streams: dict[int, Any] = {}  # every stream used: they outlive the decoder
         self.params = {

@@ -75,6 +75,11 @@ class PreprocessConfig(Strict):
     gpu_decode_backend: Literal["auto", "hardware", "cuda", "hybrid"] = "auto"
     """Which nvJPEG backend nvImageCodec prefers: the hardware engines (A100/H100/H200),
     CUDA kernels, or hybrid (Huffman on the CPU); ``auto`` lets it choose per image."""
+    gpu_decode_hw_load: float = Field(1.0, gt=0.0, le=1.0)
+    """With ``gpu_decode_backend: hardware``: the share of each decode call that goes to the
+    hardware engines (nvImageCodec's fixed load hint); the rest goes to the CUDA decoder on
+    the SMs, so large photos need not queue on the engines while the SMs idle. Nothing goes
+    to the host's hybrid decoder, which ``auto`` loads more as the GPU gets busy."""
     overlap_rounds: bool = False
     """Where the GPU decodes in the process that owns the executor (``one_process``, and
     ``split`` on a GPU; not ``gpu_preprocess``, whose stage sends each batch): start the next

@@ -150,8 +150,9 @@ class PreprocessGpuCore:
                 )
             logger.info("nvImageCodec not installed: JPEGs are decoded on CPU threads")
             return None
+        pre = config.preprocess
         return gpu_decode.decoder_for(
-            self.backend.device_id, config.preprocess.threads, config.preprocess.gpu_decode_backend
+            self.backend.device_id, pre.threads, pre.gpu_decode_backend, pre.gpu_decode_hw_load
         )
 
     async def process(self, model: str, items: Items, to: SendTo | None = None) -> DeviceRows:

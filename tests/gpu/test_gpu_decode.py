@@ -54,15 +54,18 @@ def _config(**over) -> PipelineConfig:
     return PipelineConfig.model_validate(raw)
 
 
-@pytest.mark.parametrize("backends", ["auto", "hardware", "cuda", "hybrid"])
-def test_nvimgcodec_decodes_photos_as_libjpeg_does(nvimgcodec, backends):
+@pytest.mark.parametrize(
+    "backends, hw_load",
+    [("auto", 1.0), ("hardware", 1.0), ("hardware", 0.5), ("cuda", 1.0), ("hybrid", 1.0)],
+)
+def test_nvimgcodec_decodes_photos_as_libjpeg_does(nvimgcodec, backends, hw_load):
     import cupy
     import simplejpeg
 
     from pipeline.gpu_decode import decoder_for
     from pipeline.preprocess_gpu.fitter import device_view
 
-    dec = decoder_for(0, cpu_threads=2, backends=backends)
+    dec = decoder_for(0, cpu_threads=2, backends=backends, hw_load=hw_load)
     photos = _photos()
     blobs = [encode_jpeg(img, quality=90) for img in photos.values()]
     stream = cupy.cuda.Stream(non_blocking=True)

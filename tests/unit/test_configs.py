@@ -165,6 +165,11 @@ def test_placement_is_validated_with_its_cross_field_rules():
         PipelineConfig.model_validate({"placement": "gpu_preprocess"})
     with pytest.raises(ValidationError):
         PipelineConfig.model_validate({"preprocess": {"decoder": "libjpeg-on-a-toaster"}})
+    for share in (0, 1.5):  # the hardware engines' share of a decode call: (0, 1]
+        with pytest.raises(ValidationError, match="gpu_decode_hw_load"):
+            PipelineConfig.model_validate({"preprocess": {"gpu_decode_hw_load": share}})
+    ok = {"gpu_decode_backend": "hardware", "gpu_decode_hw_load": 0.6}
+    assert PipelineConfig.model_validate({"preprocess": ok}).preprocess.gpu_decode_hw_load == 0.6
     with pytest.raises(ValidationError):
         PipelineConfig.model_validate({"transport": {"timeout_s": 0}})
     # a form that decodes on the executor's GPU cannot 'fit' (a CPU-only resize)
