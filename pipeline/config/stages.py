@@ -72,6 +72,12 @@ class PreprocessConfig(Strict):
     """JPEG decoding where the placement decodes on a GPU: ``nvimgcodec`` decodes on the GPU
     (nvJPEG; the ``gpu-decode`` extra), ``cpu`` on worker threads (simplejpeg), ``auto``
     the GPU when nvImageCodec loads. PNG is always decoded on the CPU."""
+    encoder: Literal["auto", "cpu", "nvimgcodec"] = "auto"
+    """JPEG image answers (``task: image``) where the stage that answers runs the model on a
+    GPU: ``nvimgcodec`` resizes each answer back on the GPU and encodes it with nvImageCodec's
+    CUDA encoder (the ``gpu-decode`` extra), ``cpu`` resizes and encodes on worker threads
+    (simplejpeg), ``auto`` the GPU when nvImageCodec loads. PNG, WebP and masks are always
+    encoded on the CPU."""
     gpu_decode_backend: Literal["auto", "hardware", "cuda", "hybrid"] = "auto"
     """Which nvJPEG backend nvImageCodec prefers: the hardware engines (A100/H100/H200),
     CUDA kernels, or hybrid (Huffman on the CPU); ``auto`` lets it choose per image."""

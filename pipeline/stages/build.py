@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pipeline.config import PipelineConfig
 from pipeline.executor import GpuExecutor
 from pipeline.models.loading import LoadReport, load_models, refuse_start
+from pipeline.tasks.encode_device import DeviceAnswers
 
 from .decode import PreprocessStage
 from .inference import Decoder, Fetch, InferenceStage
@@ -38,6 +39,9 @@ def build_inference(
     served = config.model_copy(
         update={"models": [m for m in config.models if m.name not in report.refused]}
     )
+    answerer = None
+    if answer_here:  # JPEG answers resized and encoded on the GPU where it can
+        answerer = PostprocessStage(served, DeviceAnswers.make(served, executor))
     receiver = None
     if fetch is not None:  # where PreprocessGPU sends batches
         receiver = BatchReceiver(executor.backend, config.transport.timeout_s)
@@ -46,7 +50,7 @@ def build_inference(
         executor,
         report,
         decoder=local_decoder(served, executor) if decode_here else None,
-        answerer=PostprocessStage(served) if answer_here else None,
+        answerer=answerer,
         fetch=fetch,
         receiver=receiver,
     )

@@ -5,6 +5,7 @@ tensors (Open Inference Protocol), or a task's answer -- an encoded image, a cla
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 
@@ -64,7 +65,9 @@ class PostprocessStage:
     """Softmax, top-k and the answers; no Ray (the Postprocess deployment wraps it, the
     inference stage runs it in place where it answers itself)."""
 
-    def __init__(self, config: PipelineConfig) -> None:
+    def __init__(self, config: PipelineConfig, device: Any = None) -> None:
+        """``device``: the answerer that resizes and encodes JPEG answers on the GPU
+        (``tasks.encode_device.DeviceAnswers``), where this stage runs beside the executor."""
         self.cards = {m.name: model_card(m) for m in config.models}
         # named in a non-finite output's error: the entry's precision, else the executor's
         # dtype (a model that ``auto`` kept in float16 passed the precision probe at load)
@@ -77,6 +80,7 @@ class PostprocessStage:
             {m.name: anchors_of(m) for m in config.models},
             # the encoders' threads (made at the first image answered)
             None,
+            device,
         )
         self._threads = max(1, config.preprocess.threads)
 

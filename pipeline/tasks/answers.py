@@ -2,13 +2,15 @@
 each step runs once over every row of the call that asks it (``Denormalize``, ``ArgmaxMask``,
 ``BatchedNms``: Ferry's ops, on the arrays' own backend), then each request's answer is
 resized back to its input (``resize_crop`` for pixels, ``resize_nearest`` for a mask) and
-the call's images are encoded together on a pool of threads.
+the call's images are encoded together on a pool of threads -- or, for JPEG answers where
+the context has a device answerer (``encode_device``), resized and encoded on the GPU.
 
     made = answer_tasks(ctx, logits, specs, rows_of, skip)   # request -> Made | FerryError
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -16,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FerryError
+from ..errors import FerryError, ResourceExhausted
 from ..ops.base import eager
 from ..ops.denormalize import DENORMALIZE
 from ..ops.mask import ARGMAX_MASK, RESIZE_NEAREST
@@ -27,6 +29,7 @@ from .encode import encode_many
 from .options import TaskOptions, answer_size
 from .spec import Task
 
+logger = logging.getLogger(__name__)
 KINDS = ("image", "segment", "detect")
 
 
@@ -42,11 +45,12 @@ class Made:
 @dataclass
 class TaskContext:
     """What the answering stage holds for the tasks: the labels and anchors of its models
-    (by name) and the pool its encoders run on."""
+    (by name), the pool its encoders run on and its device answerer (None: the CPU's)."""
 
     label: dict[str, Callable[[int], str]]
     anchors: dict[str, np.ndarray | None] = field(default_factory=dict)
     pool: ThreadPoolExecutor | None = None
+    device: Any = None  # encode_device.DeviceAnswers
 
 
 def window(task: Task, source: tuple[int, int]) -> tuple[int, int, int, int]:
@@ -64,14 +68,21 @@ def window(task: Task, source: tuple[int, int]) -> tuple[int, int, int, int]:
     )
 
 
+def _window_of(
+    task: Task, img: np.ndarray, opts: TaskOptions
+) -> tuple[np.ndarray, tuple[int, int]]:
+    """The part of one image [H, W, C] of the model's output that the answer shows, and the
+    answer's (height, width)."""
+    if opts.size == "model":
+        return img, (task.height, task.width)
+    top, left, wh, ww = window(task, opts.source)
+    return img[top : top + wh, left : left + ww], answer_size(task, opts)
+
+
 def _image_back(task: Task, img: np.ndarray, opts: TaskOptions) -> np.ndarray:
     """One image [H, W, C] of the model's output at the size the request asked."""
-    if opts.size == "model":
-        return img
-    ah, aw = answer_size(task, opts)
-    top, left, wh, ww = window(task, opts.source)
-    win = img[top : top + wh, left : left + ww]
-    if (wh, ww) == (ah, aw):
+    win, (ah, aw) = _window_of(task, img, opts)
+    if win.shape[:2] == (ah, aw):
         return np.ascontiguousarray(win)
     (out,) = eager(RESIZE_CROP, win, height=ah, width=aw, channels=task.channels)
     return out[0]
@@ -90,9 +101,25 @@ def _images(ctx: TaskContext, task: Task, out: np.ndarray, opts: list[TaskOption
     pixels = out  # uint8 [N, H, W, C]: denormalised on the device already (the epilogue)
     if out.dtype != np.uint8:
         (pixels,) = eager(DENORMALIZE, out, layout=task.layout, scale=task.scale, shift=task.shift)
-    imgs = [_image_back(task, pixels[i], o) for i, o in enumerate(opts)]
     media = [o.media_type for o in opts]
-    data = encode_many(ctx.pool, imgs, media, [o.quality for o in opts])
+    data: list[bytes | None] = [None] * len(opts)
+    if ctx.device is not None:  # JPEGs resized and encoded on the GPU
+        on = [i for i, m in enumerate(media) if m == "image/jpeg"]
+        wins = [_window_of(task, pixels[i], opts[i]) for i in on]
+        try:
+            got = ctx.device.jpegs(
+                [w for w, _ in wins], [s for _, s in wins], [opts[i].quality for i in on]
+            )
+        except ResourceExhausted as exc:  # the pool is full: the answers are made anyway
+            logger.warning("image answers encoded on the CPU: %s", exc)
+            got = [None] * len(on)
+        for i, d in zip(on, got, strict=True):
+            data[i] = d
+    rest = [i for i, d in enumerate(data) if d is None]  # on the CPU (and any GPU refusal)
+    imgs = [_image_back(task, pixels[i], opts[i]) for i in rest]
+    cpu = encode_many(ctx.pool, imgs, [media[i] for i in rest], [opts[i].quality for i in rest])
+    for i, d in zip(rest, cpu, strict=True):
+        data[i] = d
     return [Made(d, m) for d, m in zip(data, media, strict=True)]
 
 

@@ -1,0 +1,182 @@
+"""Image answers made on the device that ran the model: each answer's window of the model's
+output resized to the answer's size, then encoded as JPEG, a call's answers together.
+
+    device = DeviceAnswers.make(config, executor)         # None where it cannot run
+    jpegs = device.jpegs(windows, sizes, qualities)       # bytes, or None where refused
+
+The resize is Ferry's ``ResizeCrop`` through ``GpuFitter`` -- the preprocessing's two-phase
+path: the windows staged in a pinned ring of this answerer's own, the answers' pixels
+reserved from the executor's hard-limited pool, one launch per answer size -- and the
+encode is nvImageCodec's CUDA JPEG encoder on the same stream, one call per quality, its
+code streams (host bytes) the answers. So a 1280x720 answer of a 256x256 model crosses
+PCIe as its model-size window going up and as its JPEG coming back, never as pixels, and
+no host thread resizes or encodes it.
+
+On the numpy backend the same path runs with the pool and ring in host memory and the CPU
+encoder (``encode_one``): that is how the CPU tests check it against the CPU answers (the
+same op resizes both, so the bytes are equal); ``make`` never builds it there, where the
+CPU path (``answers._image_back``, ``encode_many``) answers directly.
+
+One call at a time an answerer (a lock): its stream orders the launches and the encode.
+A JPEG the encoder refuses comes back as None and is encoded on the CPU by the caller; a
+pool with no room for a call's pixels raises ``ResourceExhausted`` before anything runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..async_result import CompletionWatcher
+from ..device import Backend, Stream
+from ..memory import DevicePool, PinnedRing
+from ..preprocess_gpu.fitter import GpuFitter
+from ..resize_plan import Target
+from .encode import encode_one
+
+logger = logging.getLogger(__name__)
+
+RING_SLOTS = 2
+RING_SLOT_BYTES = 32 << 20  # a call's model-size windows: 64 RGB 256x256 are 12.6 MB
+
+
+class DeviceAnswers:
+    """Resize and JPEG-encode image answers on one device, from ``pool``."""
+
+    def __init__(
+        self, backend: Backend, pool: DevicePool, threads: int = 4, timeout_s: float = 10.0
+    ) -> None:
+        self.backend = backend
+        self.ring = PinnedRing(backend, RING_SLOT_BYTES, RING_SLOTS)
+        self.stream = Stream("answers", backend)
+        self.watcher = CompletionWatcher("ferry-answers-done")
+        self.fitter = GpuFitter(
+            backend,
+            pool,
+            self.ring,
+            self.stream,
+            Stream("answers-h2d", backend),
+            self.watcher,
+            timeout_s,
+        )
+        self.lock = threading.Lock()
+        self.nv: Any = None
+        self.encoder: Any = None
+        if backend.is_cuda:
+            from nvidia import nvimgcodec as nv  # optional: the gpu-decode extra
+
+            self.nv = nv
+            self.encoder = nv.Encoder(
+                device_id=backend.device_id,
+                max_num_cpu_threads=threads,
+                backends=[nv.Backend(nv.GPU_ONLY)],
+            )
+
+    @classmethod
+    def make(cls, config: Any, executor: Any) -> DeviceAnswers | None:
+        """The answerer for ``executor``'s device as ``preprocess.encoder`` asks, or None:
+        on the CPU, with ``encoder: cpu``, or (``auto``) where nvImageCodec does not load."""
+        from .. import gpu_decode
+        from ..errors import FerryError
+
+        want = config.preprocess.encoder
+        if want == "cpu" or not executor.backend.is_cuda:
+            return None
+        if not gpu_decode.available():
+            if want == "nvimgcodec":
+                raise FerryError(
+                    "preprocess.encoder is 'nvimgcodec' but nvImageCodec does not load here; "
+                    "install the gpu-decode extra (pip install 'ferry[gpu-decode]')"
+                )
+            logger.info("nvImageCodec not installed: image answers are encoded on CPU threads")
+            return None
+        return cls(
+            executor.backend,
+            executor.pool,
+            config.preprocess.threads,
+            config.transport.timeout_s,
+        )
+
+    def jpegs(
+        self,
+        windows: Sequence[np.ndarray],
+        sizes: Sequence[tuple[int, int]],
+        qualities: Sequence[int],
+    ) -> list[bytes | None]:
+        """The JPEG of each window (uint8 [h, w, C], C 1 or 3, on the host) resized to its
+        size (height, width), at its quality; None where the encoder refused one."""
+        if not windows:
+            return []
+        with self.lock:
+            answers, leases = self._resized(windows, sizes)
+            out: list[bytes | None] = [None] * len(windows)
+            with self.stream:  # (cupy's current stream: the one the rows' interface names)
+                for q in sorted(set(qualities)):
+                    idx = [i for i, qi in enumerate(qualities) if qi == q]
+                    got = self._encode([answers[i] for i in idx], q)
+                    for i, data in zip(idx, got, strict=True):
+                        out[i] = data
+            done = self.stream.record()
+            for lease in leases:  # the pixels go back to the pool once the encode has read them
+                lease.after = done
+            return out
+
+    def _resized(
+        self, windows: Sequence[np.ndarray], sizes: Sequence[tuple[int, int]]
+    ) -> tuple[list[Any], list[Any]]:
+        """Each window stretched to its size on the device, in stream order on ``stream``:
+        one batch per distinct size, and the batches' leases (each a pool reservation, given
+        back when the last row of its batch is dropped, after its lease's ``after``)."""
+        rows: list[Any] = [None] * len(windows)
+        leases = []
+        groups: dict[tuple[int, int, int], list[int]] = {}
+        for i, (w, s) in enumerate(zip(windows, sizes, strict=True)):
+            c = 1 if w.ndim == 2 else int(w.shape[2])
+            groups.setdefault((int(s[0]), int(s[1]), c), []).append(i)
+        for (h, w, c), idx in groups.items():
+            target = Target(h, w, c, "stretch")
+            imgs = [windows[i] for i in idx]
+            parts, refused = self.fitter.parts(target, imgs)
+            if refused:  # a window larger than a ring slot: a model output of over 32 MB
+                raise ValueError(f"an answer's window does not fit the staging ring: {refused}")
+            out, lease = self.fitter.output(target, len(idx))
+            leases.append(lease)
+            row = 0
+            for part in parts:
+                p = self.fitter.prepare(target, [imgs[k] for k in part], out[row : row + len(part)])
+                lease.after = self.fitter.commit(p)
+                for k, i in enumerate(part):
+                    rows[idx[i]] = out[row + k]
+                row += len(part)
+        return rows, leases
+
+    def _encode(self, images: list[Any], quality: int) -> list[bytes | None]:
+        if self.encoder is None:  # the numpy backend: the CPU encoder on the same pixels
+            return [encode_one(np.asarray(img), "image/jpeg", quality) for img in images]
+        nv = self.nv
+        params = {
+            c: nv.EncodeParams(
+                quality_type=nv.QualityType.QUALITY,
+                quality_value=float(quality),
+                chroma_subsampling=nv.ChromaSubsampling.CSS_444 if c == 3 else nv.CSS_GRAY,
+            )
+            for c in {int(img.shape[2]) for img in images}
+        }
+        got: list[bytes | None] = [None] * len(images)
+        for c, prm in params.items():
+            idx = [i for i, img in enumerate(images) if int(img.shape[2]) == c]
+            streams = self.encoder.encode(
+                [images[i] for i in idx], "jpeg", params=prm, cuda_stream=self.stream.ptr
+            )
+            for i, cs in zip(idx, streams, strict=True):
+                got[i] = None if cs is None else bytes(cs)
+        return got
+
+    def close(self) -> None:
+        self.stream.synchronize()
+        self.encoder = None
+        self.ring.close()

@@ -1,0 +1,76 @@
+"""Image answers resized and JPEG-encoded on the GPU (``tasks.encode_device``, nvImageCodec's
+CUDA encoder) against the CPU path's pixels: each answer decodes (libjpeg-turbo) to its size
+and to within JPEG's loss of the exact resize (``ResizeCrop``'s numpy path, which the CPU
+answers use); a call's batches come from the pool and go back to it; and a call of 64
+1280x720 answers of a 256x256 output, the image workload's shape, is timed for the log."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from pipeline.device import select_backend
+from pipeline.memory import make_pool
+from pipeline.ops.base import eager
+from pipeline.ops.resize_crop import RESIZE_CROP
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def device():
+    pytest.importorskip("nvidia.nvimgcodec")
+    from pipeline.tasks.encode_device import DeviceAnswers
+
+    backend = select_backend("cupy", 0, "sleep")
+    dev = DeviceAnswers(backend, make_pool(backend, limit_bytes=1 << 30), threads=2)
+    yield dev
+    dev.close()
+
+
+def _photo(h: int, w: int, c: int = 3) -> np.ndarray:
+    import skimage.data as d
+
+    img = d.astronaut() if c == 3 else d.camera()[..., None]
+    (out,) = eager(RESIZE_CROP, np.ascontiguousarray(img), height=h, width=w, channels=c)
+    return out[0]
+
+
+def _in_use(dev, wait_s: float = 2.0) -> int:
+    end = time.monotonic() + wait_s  # a batch's bytes return once its last work has run
+    while dev.fitter.pool.bytes_in_use and time.monotonic() < end:
+        time.sleep(0.01)
+    return dev.fitter.pool.bytes_in_use
+
+
+def test_gpu_jpegs_decode_to_the_cpu_resize_within_jpegs_loss(device):
+    import simplejpeg
+
+    wins = [_photo(256, 256), _photo(200, 256), _photo(256, 256, 1), _photo(64, 48)]
+    sizes = [(720, 1280), (300, 451), (512, 512), (64, 48)]
+    got = device.jpegs(wins, sizes, [90, 90, 90, 75])
+    for b, win, (h, w) in zip(got, wins, sizes, strict=True):
+        assert b is not None and b[:2] == b"\xff\xd8", "not a JPEG"
+        c = win.shape[2]
+        dec = simplejpeg.decode_jpeg(b, colorspace="GRAY" if c == 1 else "RGB")
+        (want,) = eager(RESIZE_CROP, win, height=h, width=w, channels=c)
+        diff = np.abs(dec.reshape(h, w, c).astype(np.int16) - want[0])
+        print(f"{w}x{h}x{c}: {len(b)} bytes, mean |diff| {diff.mean():.2f}, p99 {np.percentile(diff, 99)}")
+        assert dec.reshape(h, w, c).shape == (h, w, c)
+        assert diff.mean() < 3.0 and np.percentile(diff, 99) <= 16
+    assert _in_use(device) == 0
+
+
+def test_a_call_of_64_720p_answers(device):
+    wins = [_photo(256, 256)] * 64
+    sizes = [(720, 1280)] * 64
+    device.jpegs(wins[:8], sizes[:8], [90] * 8)  # the encoder's first call sets itself up
+    t = time.perf_counter()
+    got = device.jpegs(wins, sizes, [90] * 64)
+    ms = (time.perf_counter() - t) * 1e3
+    print(f"64 answers of 1280x720 from 256x256: {ms:.1f} ms, {64e3 / ms:.0f} answers/s, "
+          f"{sum(map(len, got)) / 64 / 1024:.0f} KiB each")  # fmt: skip
+    assert all(b is not None for b in got)
+    assert _in_use(device) == 0
