@@ -2,8 +2,8 @@
 (simplejpeg and Pillow release the GIL while they encode).
 
 JPEG through simplejpeg (libjpeg-turbo), PNG and WebP through Pillow (WebP where Pillow was
-built with it: ``available_media_types``). A GPU encoder (nvImageCodec) is not built: the
-answers are encoded here whatever the backend (docs/api.md, "Tasks").
+built with it: ``available_media_types``). Where the answering stage owns a GPU, JPEG answers
+are resized and encoded there instead (``encode_device``); PNG, WebP and masks come here.
 """
 
 from __future__ import annotations
