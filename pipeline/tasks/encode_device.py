@@ -45,41 +45,71 @@ RING_SLOT_BYTES = 32 << 20  # a call's model-size windows: 64 RGB 256x256 are 12
 
 
 class DeviceAnswers:
-    """Resize and JPEG-encode image answers on one device, from ``pool``."""
+    """Resize and JPEG-encode image answers on one device, from ``pool``. Its ring, streams
+    and encoder are made at its first call (a replica that never answers an image makes
+    none), or at once with ``eager``; where making them fails, ``strict`` raises, else the
+    answers go the CPU's way from then on (one warning)."""
 
     def __init__(
-        self, backend: Backend, pool: DevicePool, threads: int = 4, timeout_s: float = 10.0
+        self,
+        backend: Backend,
+        pool: DevicePool,
+        threads: int = 4,
+        timeout_s: float = 10.0,
+        *,
+        eager: bool = True,
+        strict: bool = True,
     ) -> None:
-        self.backend = backend
-        self.ring = PinnedRing(backend, RING_SLOT_BYTES, RING_SLOTS)
-        self.stream = Stream("answers", backend)
-        self.watcher = CompletionWatcher("ferry-answers-done")
-        self.fitter = GpuFitter(
-            backend,
-            pool,
-            self.ring,
-            self.stream,
-            Stream("answers-h2d", backend),
-            self.watcher,
-            timeout_s,
-        )
+        self.backend, self.pool, self.threads, self.timeout_s = backend, pool, threads, timeout_s
+        self.strict = strict
         self.lock = threading.Lock()
+        self.fitter: GpuFitter | None = None
+        self.failed: str | None = None  # why the device path is off (strict=False)
         self.nv: Any = None
         self.encoder: Any = None
-        if backend.is_cuda:
-            from nvidia import nvimgcodec as nv  # optional: the gpu-decode extra
+        if eager:
+            self._ready()
 
-            self.nv = nv
-            self.encoder = nv.Encoder(
-                device_id=backend.device_id,
-                max_num_cpu_threads=threads,
-                backends=[nv.Backend(nv.GPU_ONLY)],
+    def _ready(self) -> bool:
+        """Make the ring, the streams and the encoder once; False where that failed."""
+        if self.fitter is not None or self.failed is not None:
+            return self.failed is None
+        backend = self.backend
+        try:
+            if backend.is_cuda:
+                from nvidia import nvimgcodec as nv  # optional: the gpu-decode extra
+
+                # nvJPEG's CUDA encoder is nvImageCodec's HYBRID_CPU_GPU backend (the
+                # bitstream is assembled on the host); no CPU encoder behind it: a refusal
+                # comes back None and the caller encodes it with simplejpeg
+                self.encoder = nv.Encoder(
+                    device_id=backend.device_id,
+                    max_num_cpu_threads=self.threads,
+                    backends=[nv.Backend(nv.HYBRID_CPU_GPU)],
+                )
+                self.nv = nv
+            self.ring = PinnedRing(backend, RING_SLOT_BYTES, RING_SLOTS)
+            self.stream = Stream("answers", backend)
+            self.watcher = CompletionWatcher("ferry-answers-done")
+            copy = Stream("answers-h2d", backend)
+            self.fitter = GpuFitter(
+                backend, self.pool, self.ring, self.stream, copy, self.watcher, self.timeout_s
             )
+        except Exception as exc:
+            if self.strict:
+                raise
+            self.failed = f"{type(exc).__name__}: {exc}"
+            self.encoder = None
+            logger.warning("image answers are encoded on the CPU: %s", self.failed)
+            return False
+        return True
 
     @classmethod
     def make(cls, config: Any, executor: Any) -> DeviceAnswers | None:
         """The answerer for ``executor``'s device as ``preprocess.encoder`` asks, or None:
-        on the CPU, with ``encoder: cpu``, or (``auto``) where nvImageCodec does not load."""
+        on the CPU, with ``encoder: cpu``, or (``auto``) where nvImageCodec does not load.
+        ``nvimgcodec`` makes it now and fails the start where it cannot; ``auto`` makes it
+        at the first image answer and falls back to the CPU where it cannot."""
         from .. import gpu_decode
         from ..errors import FerryError
 
@@ -94,11 +124,15 @@ class DeviceAnswers:
                 )
             logger.info("nvImageCodec not installed: image answers are encoded on CPU threads")
             return None
+        strict = want == "nvimgcodec"
+        pre = config.preprocess
         return cls(
             executor.backend,
             executor.pool,
-            config.preprocess.threads,
+            pre.threads,
             config.transport.timeout_s,
+            eager=strict,
+            strict=strict,
         )
 
     def jpegs(
@@ -112,6 +146,8 @@ class DeviceAnswers:
         if not windows:
             return []
         with self.lock:
+            if not self._ready():
+                return [None] * len(windows)
             answers, leases = self._resized(windows, sizes)
             out: list[bytes | None] = [None] * len(windows)
             with self.stream:  # (cupy's current stream: the one the rows' interface names)
@@ -133,6 +169,8 @@ class DeviceAnswers:
         back when the last row of its batch is dropped, after its lease's ``after``)."""
         rows: list[Any] = [None] * len(windows)
         leases = []
+        fitter = self.fitter
+        assert fitter is not None
         groups: dict[tuple[int, int, int], list[int]] = {}
         for i, (w, s) in enumerate(zip(windows, sizes, strict=True)):
             c = 1 if w.ndim == 2 else int(w.shape[2])
@@ -140,15 +178,15 @@ class DeviceAnswers:
         for (h, w, c), idx in groups.items():
             target = Target(h, w, c, "stretch")
             imgs = [windows[i] for i in idx]
-            parts, refused = self.fitter.parts(target, imgs)
+            parts, refused = fitter.parts(target, imgs)
             if refused:  # a window larger than a ring slot: a model output of over 32 MB
                 raise ValueError(f"an answer's window does not fit the staging ring: {refused}")
-            out, lease = self.fitter.output(target, len(idx))
+            out, lease = fitter.output(target, len(idx))
             leases.append(lease)
             row = 0
             for part in parts:
-                p = self.fitter.prepare(target, [imgs[k] for k in part], out[row : row + len(part)])
-                lease.after = self.fitter.commit(p)
+                p = fitter.prepare(target, [imgs[k] for k in part], out[row : row + len(part)])
+                lease.after = fitter.commit(p)
                 for k, i in enumerate(part):
                     rows[idx[i]] = out[row + k]
                 row += len(part)
@@ -177,6 +215,10 @@ class DeviceAnswers:
         return got
 
     def close(self) -> None:
-        self.stream.synchronize()
-        self.encoder = None
-        self.ring.close()
+        with self.lock:
+            if self.fitter is None:
+                return
+            self.stream.synchronize()
+            self.encoder = None
+            self.fitter = None
+            self.ring.close()

@@ -40,9 +40,9 @@ def _photo(h: int, w: int, c: int = 3) -> np.ndarray:
 
 def _in_use(dev, wait_s: float = 2.0) -> int:
     end = time.monotonic() + wait_s  # a batch's bytes return once its last work has run
-    while dev.fitter.pool.bytes_in_use and time.monotonic() < end:
+    while dev.pool.bytes_in_use and time.monotonic() < end:
         time.sleep(0.01)
-    return dev.fitter.pool.bytes_in_use
+    return dev.pool.bytes_in_use
 
 
 def test_gpu_jpegs_decode_to_the_cpu_resize_within_jpegs_loss(device):

@@ -83,7 +83,7 @@ def test_the_device_path_answers_the_cpu_paths_bytes_for_a_mixed_call():
     dev = _device()
     try:
         got = _answers(task, px, specs, dev)
-        st = dev.fitter.pool.stats()
+        st = dev.pool.stats()
         # the five JPEGs went the device's way: a batch per answer size (4) and the staging
         # of each batch's windows (4); every byte came back
         assert st.reservations == 8 and st.refused == 0 and st.bytes_in_use == 0
@@ -104,7 +104,7 @@ def test_a_pool_without_room_leaves_the_answers_to_the_cpu():
     dev = _device(limit=1 << 16)  # 64 KiB: not one 100x200 RGB answer
     try:
         got = _answers(task, px, specs, dev)
-        st = dev.fitter.pool.stats()
+        st = dev.pool.stats()
         assert st.refused >= 1 and st.bytes_in_use == 0  # tried, refused, nothing held
     finally:
         dev.close()
@@ -125,6 +125,17 @@ def test_jpegs_groups_by_size_and_quality_and_keeps_the_order():
         img = Image.open(io.BytesIO(b))
         assert img.size == (w, h) and img.mode == ("L" if win.shape[2] == 1 else "RGB")
     assert len(got[3]) < len(got[0])  # quality 50 against 90, the same size
+
+
+def test_a_device_path_that_cannot_start_answers_on_the_cpu_under_auto_and_fails_when_asked():
+    gpu = Backend("cupy")  # a GPU backend on a machine without nvImageCodec: set-up fails
+    lazy = DeviceAnswers(gpu, None, eager=False, strict=False)  # ``auto``: at first use
+    win = np.zeros((8, 8, 3), np.uint8)
+    assert lazy.jpegs([win, win], [(16, 16), (8, 8)], [90, 90]) == [None, None]
+    assert lazy.failed and "Error" in lazy.failed and lazy.fitter is None  # (said once)
+    assert lazy.jpegs([win], [(16, 16)], [90]) == [None]  # it does not try again
+    with pytest.raises((ImportError, RuntimeError)):  # ``nvimgcodec`` asked: the start fails
+        DeviceAnswers(gpu, None)
 
 
 def test_make_builds_none_on_the_cpu_and_the_setting_is_checked():
