@@ -75,7 +75,7 @@ from benchmarks.e2e_systems import (  # noqa: E402
 from benchmarks.image_workload import export_unet  # noqa: E402
 from benchmarks.mps import mps_server  # noqa: E402
 from loadtest.corpus import Corpus  # noqa: E402
-from loadtest.run import end_local_ray, plot, start_app, wait_ok  # noqa: E402
+from loadtest.run import end_local_ray, plot, serve_failure, start_app, wait_ok  # noqa: E402
 
 __all__ = ["SYSTEMS", "WORKLOADS", "apply_sets", "parse_sets", "row_name", "serve_config"]
 JPEG = {"content-type": "image/jpeg"}
@@ -288,7 +288,9 @@ def run_system(
     try:
         url, first = url_of(spec), corpora[0].bodies[0]
         headers = {**JPEG, **w.headers()}
-        up = wait_ok(url, spec["startup_s"], proc, body=first, headers=headers, request_timeout=10)
+        up = wait_ok(
+            url, spec["startup_s"], proc, first, headers, request_timeout=10, failed=serve_failure
+        )
         if not up:
             print(f"{name} did not come up; see serve_{name}.log", flush=True)
             return "did not come up"

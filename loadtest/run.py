@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from loadtest import procs
@@ -160,13 +161,19 @@ def wait_ok(
     body: bytes | None = None,
     headers: dict[str, str] | None = None,
     request_timeout: float = 2.0,
+    failed: Callable[[], str | None] | None = None,
 ) -> bool:
     """Request ``url`` (GET, or POST of ``body``) every 2 s until it answers 200 (True), or
-    ``timeout`` passes or ``proc`` exits (False)."""
+    ``timeout`` passes, ``proc`` exits or ``failed`` says why it never will (False; that
+    reason printed: ``serve_failure`` for a Serve app whose deployment failed)."""
     import urllib.request
 
     end = time.time() + timeout
     while time.time() < end and (proc is None or proc.poll() is None):
+        why = failed() if failed is not None else None
+        if why:
+            print(f"   not waiting any longer: {why}", flush=True)
+            return False
         try:
             req = urllib.request.Request(url, data=body, headers=headers or {})
             with urllib.request.urlopen(req, timeout=request_timeout) as r:
@@ -176,6 +183,32 @@ def wait_ok(
             pass
         time.sleep(2)
     return False
+
+
+def serve_failure(dashboard: str = "http://127.0.0.1:8265") -> str | None:
+    """Why a Serve app on this machine failed to deploy (an application in DEPLOY_FAILED: its
+    message, the replicas' constructor error among it), or None -- also where the dashboard
+    does not answer yet. Serve gives a deployment up after its replicas' constructors failed
+    a bounded number of times; until then a broken config looks like a slow start."""
+    import urllib.request
+
+    token = os.environ.get("RAY_AUTH_TOKEN")
+    path = os.path.expanduser("~/.ray/auth_token")  # where a local Ray writes the one it made
+    if not token and os.path.exists(path):
+        with open(path) as f:
+            token = f.read().strip()
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    req = urllib.request.Request(f"{dashboard}/api/serve/applications/", headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=2) as r:
+            apps = json.loads(r.read()).get("applications") or {}
+    except (OSError, ValueError):
+        return None
+    for name, app in apps.items():
+        if (app or {}).get("status") == "DEPLOY_FAILED":
+            msg = " ".join(str(app.get("message") or "").split())
+            return f"app {name!r} DEPLOY_FAILED: {msg[:1500]}"
+    return None
 
 
 def venv_bin(name: str) -> str:
