@@ -196,11 +196,12 @@ class DeviceAnswers:
         if self.encoder is None:  # the numpy backend: the CPU encoder on the same pixels
             return [encode_one(np.asarray(img), "image/jpeg", quality) for img in images]
         nv = self.nv
+        css = {3: nv.ChromaSubsampling.CSS_444, 1: nv.ChromaSubsampling.CSS_GRAY}  # simplejpeg's
         params = {
             c: nv.EncodeParams(
                 quality_type=nv.QualityType.QUALITY,
                 quality_value=float(quality),
-                chroma_subsampling=nv.ChromaSubsampling.CSS_444 if c == 3 else nv.CSS_GRAY,
+                chroma_subsampling=css[c],
             )
             for c in {int(img.shape[2]) for img in images}
         }
