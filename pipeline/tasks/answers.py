@@ -11,6 +11,7 @@ the context has a device answerer (``encode_device``), resized and encoded on th
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -97,6 +98,24 @@ def _mask_back(task: Task, mask: np.ndarray, opts: TaskOptions) -> np.ndarray:
     return out
 
 
+_said = [0.0]  # when _cpu_instead last warned
+
+
+def _cpu_instead(exc: BaseException) -> None:
+    """Say (at most once a minute; each time at debug) why a call's JPEGs went the CPU's
+    way: the pool or the staging ring had no room now, or the device path failed."""
+    now = time.monotonic()
+    quiet = now - _said[0] < 60.0
+    logger.log(
+        logging.DEBUG if quiet else logging.WARNING,
+        "image answers on the CPU: %s",
+        exc,
+        exc_info=not isinstance(exc, ResourceExhausted),  # (the full pool is no bug)
+    )
+    if not quiet:
+        _said[0] = now
+
+
 def _images(ctx: TaskContext, task: Task, out: np.ndarray, opts: list[TaskOptions]) -> list[Made]:
     pixels = out  # uint8 [N, H, W, C]: denormalised on the device already (the epilogue)
     if out.dtype != np.uint8:
@@ -110,8 +129,8 @@ def _images(ctx: TaskContext, task: Task, out: np.ndarray, opts: list[TaskOption
             got = ctx.device.jpegs(
                 [w for w, _ in wins], [s for _, s in wins], [opts[i].quality for i in on]
             )
-        except ResourceExhausted as exc:  # the pool is full: the answers are made anyway
-            logger.warning("image answers encoded on the CPU: %s", exc)
+        except Exception as exc:  # the pool or ring full, the encoder failing: made anyway
+            _cpu_instead(exc)
             got = [None] * len(on)
         for i, d in zip(on, got, strict=True):
             data[i] = d

@@ -47,8 +47,8 @@ RING_SLOT_BYTES = 32 << 20  # a call's model-size windows: 64 RGB 256x256 are 12
 class DeviceAnswers:
     """Resize and JPEG-encode image answers on one device, from ``pool``. Its ring, streams
     and encoder are made at its first call (a replica that never answers an image makes
-    none), or at once with ``eager``; where making them fails, ``strict`` raises, else the
-    answers go the CPU's way from then on (one warning)."""
+    none), or at once with ``eager``, and proved on a small image; where that fails,
+    ``strict`` raises, else the answers go the CPU's way from then on (one warning)."""
 
     def __init__(
         self,
@@ -59,19 +59,24 @@ class DeviceAnswers:
         *,
         eager: bool = True,
         strict: bool = True,
+        ring_slot_bytes: int = RING_SLOT_BYTES,
     ) -> None:
         self.backend, self.pool, self.threads, self.timeout_s = backend, pool, threads, timeout_s
-        self.strict = strict
+        self.strict, self.ring_slot_bytes = strict, ring_slot_bytes
         self.lock = threading.Lock()
         self.fitter: GpuFitter | None = None
-        self.failed: str | None = None  # why the device path is off (strict=False)
+        self.failed: str | None = None  # why the device path is off
         self.nv: Any = None
         self.encoder: Any = None
+        self._out: list[Any] = []  # the encoder's code streams, reused call after call
+        self._parts: list[Any] = []  # what _ready made, closed in reverse by close()
         if eager:
-            self._ready()
+            with self.lock:
+                self._ready()
 
     def _ready(self) -> bool:
-        """Make the ring, the streams and the encoder once; False where that failed."""
+        """Make the ring, the streams and the encoder once, and encode a small image with
+        them; False where that failed (under the lock)."""
         if self.fitter is not None or self.failed is not None:
             return self.failed is None
         backend = self.backend
@@ -82,24 +87,28 @@ class DeviceAnswers:
                 # nvJPEG's CUDA encoder is nvImageCodec's HYBRID_CPU_GPU backend (the
                 # bitstream is assembled on the host); no CPU encoder behind it: a refusal
                 # comes back None and the caller encodes it with simplejpeg
+                self.nv = nv
                 self.encoder = nv.Encoder(
                     device_id=backend.device_id,
                     max_num_cpu_threads=self.threads,
                     backends=[nv.Backend(nv.HYBRID_CPU_GPU)],
                 )
-                self.nv = nv
-            self.ring = PinnedRing(backend, RING_SLOT_BYTES, RING_SLOTS)
-            self.stream = Stream("answers", backend)
-            self.watcher = CompletionWatcher("ferry-answers-done")
-            copy = Stream("answers-h2d", backend)
-            self.fitter = GpuFitter(
-                backend, self.pool, self.ring, self.stream, copy, self.watcher, self.timeout_s
-            )
+            ring = PinnedRing(backend, self.ring_slot_bytes, RING_SLOTS)
+            self._parts.append(ring)
+            stream, copy = Stream("answers", backend), Stream("answers-h2d", backend)
+            self._parts += [stream, copy]
+            watcher = CompletionWatcher("ferry-answers-done")
+            self._parts.append(watcher)
+            self.stream = stream
+            self.fitter = GpuFitter(backend, self.pool, ring, stream, copy, watcher, self.timeout_s)
+            probe = np.full((16, 16, 3), 128, np.uint8)
+            if self._jpegs([probe], [(8, 8)], [90]) == [None]:
+                raise RuntimeError("the encoder refused a 16x16 RGB image")
         except Exception as exc:
+            self._close_parts()
             if self.strict:
                 raise
             self.failed = f"{type(exc).__name__}: {exc}"
-            self.encoder = None
             logger.warning("image answers are encoded on the CPU: %s", self.failed)
             return False
         return True
@@ -142,33 +151,48 @@ class DeviceAnswers:
         qualities: Sequence[int],
     ) -> list[bytes | None]:
         """The JPEG of each window (uint8 [h, w, C], C 1 or 3, on the host) resized to its
-        size (height, width), at its quality; None where the encoder refused one."""
+        size (height, width), at its quality; None where this path does not take one (the
+        encoder refused it, its window is more than the staging ring holds) or where the
+        path is off. ``ResourceExhausted`` where the pool or the ring has no room now."""
         if not windows:
             return []
         with self.lock:
             if not self._ready():
                 return [None] * len(windows)
-            answers, leases = self._resized(windows, sizes)
+            return self._jpegs(windows, sizes, qualities)
+
+    def _jpegs(
+        self,
+        windows: Sequence[np.ndarray],
+        sizes: Sequence[tuple[int, int]],
+        qualities: Sequence[int],
+    ) -> list[bytes | None]:
+        leases: list[Any] = []
+        try:
+            answers = self._resized(windows, sizes, leases)
             out: list[bytes | None] = [None] * len(windows)
             with self.stream:  # (cupy's current stream: the one the rows' interface names)
                 for q in sorted(set(qualities)):
-                    idx = [i for i, qi in enumerate(qualities) if qi == q]
-                    got = self._encode([answers[i] for i in idx], q)
+                    idx = [
+                        i for i, qi in enumerate(qualities) if qi == q and answers[i] is not None
+                    ]
+                    got = self._encode([answers[i] for i in idx], q) if idx else []
                     for i, data in zip(idx, got, strict=True):
                         out[i] = data
+            return out
+        finally:
             done = self.stream.record()
             for lease in leases:  # the pixels go back to the pool once the encode has read them
                 lease.after = done
-            return out
 
     def _resized(
-        self, windows: Sequence[np.ndarray], sizes: Sequence[tuple[int, int]]
-    ) -> tuple[list[Any], list[Any]]:
-        """Each window stretched to its size on the device, in stream order on ``stream``:
-        one batch per distinct size, and the batches' leases (each a pool reservation, given
-        back when the last row of its batch is dropped, after its lease's ``after``)."""
+        self, windows: Sequence[np.ndarray], sizes: Sequence[tuple[int, int]], leases: list[Any]
+    ) -> list[Any]:
+        """Each window stretched to its size on the device, in stream order on ``stream``
+        (None for a window the ring cannot stage): one batch per distinct size, its lease
+        (a pool reservation, given back when the last row of its batch is dropped, after
+        the lease's ``after``) put in ``leases`` as soon as it is made."""
         rows: list[Any] = [None] * len(windows)
-        leases = []
         fitter = self.fitter
         assert fitter is not None
         groups: dict[tuple[int, int, int], list[int]] = {}
@@ -178,19 +202,20 @@ class DeviceAnswers:
         for (h, w, c), idx in groups.items():
             target = Target(h, w, c, "stretch")
             imgs = [windows[i] for i in idx]
-            parts, refused = fitter.parts(target, imgs)
-            if refused:  # a window larger than a ring slot: a model output of over 32 MB
-                raise ValueError(f"an answer's window does not fit the staging ring: {refused}")
-            out, lease = fitter.output(target, len(idx))
+            parts, _refused = fitter.parts(target, imgs)  # (refused: left None, the CPU's)
+            taken = [k for part in parts for k in part]
+            if not taken:
+                continue
+            out, lease = fitter.output(target, len(taken))
             leases.append(lease)
             row = 0
             for part in parts:
                 p = fitter.prepare(target, [imgs[k] for k in part], out[row : row + len(part)])
                 lease.after = fitter.commit(p)
-                for k, i in enumerate(part):
-                    rows[idx[i]] = out[row + k]
-                row += len(part)
-        return rows, leases
+                for k in part:
+                    rows[idx[k]] = out[row]
+                    row += 1
+        return rows
 
     def _encode(self, images: list[Any], quality: int) -> list[bytes | None]:
         if self.encoder is None:  # the numpy backend: the CPU encoder on the same pixels
@@ -209,17 +234,40 @@ class DeviceAnswers:
         for c, prm in params.items():
             idx = [i for i, img in enumerate(images) if int(img.shape[2]) == c]
             streams = self.encoder.encode(
-                [images[i] for i in idx], "jpeg", params=prm, cuda_stream=self.stream.ptr
+                [images[i] for i in idx],
+                "jpeg",
+                code_stream_s=self._encoded_into(len(idx)),
+                params=prm,
+                cuda_stream=self.stream.ptr,
             )
             for i, cs in zip(idx, streams, strict=True):
                 got[i] = None if cs is None else bytes(cs)
         return got
 
+    def _encoded_into(self, n: int) -> Any:
+        """``n`` code streams for the encoder to write into, kept from call to call (each
+        new one would be a page-locked host buffer allocated and freed per answer), or None
+        where this nvImageCodec cannot preallocate them."""
+        try:
+            while len(self._out) < n:
+                self._out.append(self.nv.CodeStream(1 << 20, pin_memory=False))
+        except (TypeError, AttributeError):
+            return None
+        return self._out[:n]
+
+    def _close_parts(self) -> None:
+        self.fitter, self.encoder, self._out = None, None, []
+        for part in reversed(self._parts):
+            try:
+                part.close()
+            except Exception:  # best effort: a part that was never started
+                logger.debug("closing %r failed", part, exc_info=True)
+        self._parts = []
+
     def close(self) -> None:
+        """Give the ring, the streams and the encoder back; later calls answer None."""
         with self.lock:
-            if self.fitter is None:
-                return
-            self.stream.synchronize()
-            self.encoder = None
-            self.fitter = None
-            self.ring.close()
+            if self.fitter is not None:
+                self.stream.synchronize()
+            self._close_parts()
+            self.failed = self.failed or "closed"

@@ -62,8 +62,14 @@ def _answers(task, px, specs, device):
     return answer_tasks(ctx, (px,), specs, rows, set(), on_device=True)
 
 
-def _device(limit=64 << 20):
-    return DeviceAnswers(CPU, make_pool(CPU, limit_bytes=limit), threads=2, timeout_s=0.5)
+def _device(limit=64 << 20, **kw):
+    return DeviceAnswers(CPU, make_pool(CPU, limit_bytes=limit), threads=2, timeout_s=0.5, **kw)
+
+
+def _idle(dev) -> bool:
+    """Nothing of the device path held: no pool bytes, every ring slot free."""
+    ring = dev.fitter.ring
+    return dev.pool.bytes_in_use == 0 and ring.available() == ring.slots
 
 
 ASKS = [
@@ -82,11 +88,12 @@ def test_the_device_path_answers_the_cpu_paths_bytes_for_a_mixed_call():
     want = _answers(task, px, specs, None)
     dev = _device()
     try:
+        before = dev.pool.stats().reservations  # (the start's proof of the encoder: 2)
         got = _answers(task, px, specs, dev)
         st = dev.pool.stats()
         # the five JPEGs went the device's way: a batch per answer size (4) and the staging
         # of each batch's windows (4); every byte came back
-        assert st.reservations == 8 and st.refused == 0 and st.bytes_in_use == 0
+        assert st.reservations - before == 8 and st.refused == 0 and _idle(dev)
     finally:
         dev.close()
     for r, (h, w, fmt, query) in enumerate(ASKS):
@@ -105,7 +112,40 @@ def test_a_pool_without_room_leaves_the_answers_to_the_cpu():
     try:
         got = _answers(task, px, specs, dev)
         st = dev.pool.stats()
-        assert st.refused >= 1 and st.bytes_in_use == 0  # tried, refused, nothing held
+        assert st.refused >= 1 and _idle(dev)  # tried, refused, nothing held
+    finally:
+        dev.close()
+    assert [g.media for g in got.values()] == [w.media for w in want.values()]
+
+
+def test_a_call_refused_midway_gives_back_what_its_first_size_took():
+    task = _task()
+    asks = [(30, 30, "image/jpeg", {}), (600, 600, "image/jpeg", {})]  # 4 KiB, then 1 MiB
+    px, specs = _call(task, asks)
+    want = _answers(task, px, specs, None)
+    dev = _device(limit=512 << 10)
+    try:
+        before = dev.pool.stats()
+        got = _answers(task, px, specs, dev)
+        st = dev.pool.stats()
+        # the first size's batch and staging were reserved and committed, the second's
+        # batch refused: the call went the CPU's way and nothing stays held
+        assert st.reservations - before.reservations >= 2 and st.refused == 1 and _idle(dev)
+    finally:
+        dev.close()
+    assert [g.media for g in got.values()] == [w.media for w in want.values()]
+
+
+def test_a_window_the_ring_cannot_stage_is_left_to_the_cpu_and_the_rest_is_not():
+    task = _task(size=128)  # a whole output is 48 KiB; the ring holds 2 x 16 KiB
+    asks = [(128, 128, "image/jpeg", {}), (100, 400, "image/jpeg", {})]  # 48, then 12 KiB
+    px, specs = _call(task, asks)
+    want = _answers(task, px, specs, None)
+    dev = _device(ring_slot_bytes=16 << 10)
+    try:
+        before = dev.pool.stats().reservations
+        got = _answers(task, px, specs, dev)
+        assert dev.pool.stats().reservations - before == 2 and _idle(dev)  # the second's
     finally:
         dev.close()
     assert [g.media for g in got.values()] == [w.media for w in want.values()]
@@ -128,6 +168,12 @@ def test_jpegs_groups_by_size_and_quality_and_keeps_the_order():
 
 
 def test_a_device_path_that_cannot_start_answers_on_the_cpu_under_auto_and_fails_when_asked():
+    try:
+        import nvidia.nvimgcodec  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("nvImageCodec loads here: its set-up would not fail for want of it")
     gpu = Backend("cupy")  # a GPU backend on a machine without nvImageCodec: set-up fails
     lazy = DeviceAnswers(gpu, None, eager=False, strict=False)  # ``auto``: at first use
     win = np.zeros((8, 8, 3), np.uint8)
