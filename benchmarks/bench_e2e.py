@@ -186,9 +186,11 @@ def kept(
         if tuple(k.split("@")[:2]) not in measuring
     }
     described = {**previous.get("corpora", {}), **{c.name: c.description for c in corpora}}
-    runs = dict(previous.get("runs", {}))
+    live = {r.get("run") for r in rows}  # a run whose every row is measured again goes
+    runs = {k: v for k, v in previous.get("runs", {}).items() if k in live}
     w = WORKLOADS[args.workload]
-    runs[f"run{len(runs) + 1}"] = (
+    last = max((run_no(k) for k in previous.get("runs", {})), default=0)
+    runs[f"run{last + 1}"] = (
         f"{today()}, commit {commit()}, {getattr(args, 'gpu', None) or gpu_name()}: "
         f"{', '.join(names)} on {', '.join(c.name for c in corpora)}"
         + (f" ({w.name}: {w.model})" if w.name != "classify" else "")
@@ -213,10 +215,13 @@ def main(argv: list[str] | None = None) -> int:
     setup(args)
 
     budget, this_run, cuts = Budget(args.budget_s), max(runs, key=run_no), []
+    earlier = len(rows)  # the rows kept from the file; this run's are appended after them
     note = runs[this_run]
 
     def save() -> None:
         runs[this_run] = note + "".join(f"; {c}" for c in cuts)
+        for r in rows[earlier:]:  # this run's rows say so: a ratio is read within one run
+            r["run"] = this_run
         _write(args, described, runs, rows, breakdown, extra)
 
     failed: list[str] = []

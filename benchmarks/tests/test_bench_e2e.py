@@ -27,6 +27,7 @@ FERRY_SYSTEMS = {  # system -> (its ingress replicas, its inference replicas)
     "ferry_t1": (8, None),  # ferry with 1 or 2 nvImageCodec threads a replica
     "ferry_t2": (8, None),
     "ferry_hw": (8, None),  # ferry on the hardware JPEG engines alone
+    "ferry_hw60": (8, None),  # ferry, 60% of each decode call on the engines, the rest CUDA
     "ferry_overlap": (8, None),  # ferry with preprocess.overlap_rounds
     "ferry_4rep": (4, None),  # ferry in 4 replicas of a quarter of the GPU
 }
@@ -60,8 +61,9 @@ def test_benchmark_serve_configs_validate(system):
     assert (cfg.executor.mode == "naive") == (system == "ferry_naive")
     assert cfg.executor.host_wait == ("sleep" if system == "ferry_sleep" else "auto")
     assert cfg.preprocess.threads == {"ferry_t1": 1, "ferry_t2": 2}.get(system, 4)
-    hw = system in ("ferry_hw", "ferry_hop2_hw")
+    hw = system in ("ferry_hw", "ferry_hw60", "ferry_hop2_hw")
     assert cfg.preprocess.gpu_decode_backend == ("hardware" if hw else "auto")
+    assert cfg.preprocess.gpu_decode_hw_load == (0.6 if system == "ferry_hw60" else 1.0)
     assert cfg.preprocess.overlap_rounds == (system == "ferry_overlap")
     cpus = cfg.ingress_deployment.num_cpus * cfg.ingress_deployment.num_replicas
     inf = cfg.inference_deployment
@@ -243,12 +245,13 @@ def test_bench_e2e_keeps_the_output_files_other_keys(tmp_path):
 
     out = tmp_path / "e2e.json"
     row = {"system": "rayserve_expert_8", "corpus": "chelsea", "clients": 64, "img_s": 1.0}
-    other = {**row, "system": "ferry"}
+    row["run"] = "run3"
+    other = {**row, "system": "ferry", "run": "run1"}
     out.write_text(
         json.dumps(
             {
                 "rows": [row, other],
-                "runs": {"run1": "x"},
+                "runs": {"run1": "x", "run3": "y"},
                 "profiles": {"p": [1, 2]},
                 "peer_notes": {"rayserve_expert_8": "weak", "rayserve_batch_1rep": "usual"},
             }
@@ -257,7 +260,8 @@ def test_bench_e2e_keeps_the_output_files_other_keys(tmp_path):
     args = bench_e2e.parse_args(["--systems", "rayserve_expert_8", "--corpus", "chelsea"])
     args.out = str(out)
     rows, breakdown, described, runs, extra = bench_e2e.kept(args, [corpus("chelsea")])
-    assert rows == [other] and set(runs) == {"run1", "run2"}
+    # run3's only row is measured again: it goes; this run is the next number, not a reuse
+    assert rows == [other] and set(runs) == {"run1", "run4"}
     # the hand-added keys stay; the note on the rows measured again goes with them
     assert extra == {"profiles": {"p": [1, 2]}, "peer_notes": {"rayserve_batch_1rep": "usual"}}
     bench_e2e._write(args, described, runs, rows + [row], breakdown, extra)

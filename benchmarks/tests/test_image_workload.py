@@ -303,6 +303,7 @@ def test_a_run_merges_its_rows_into_the_file_and_strict_fails_on_errors(tmp_path
     doc = json.loads(out.read_text())
     assert doc["rows"][0] == old and len(doc["rows"]) == 3
     assert {r["workload"] for r in doc["rows"][1:]} == {"image"}
+    assert {r["run"] for r in doc["rows"][1:]} == {"run1"} and "run" not in doc["rows"][0]
     (note,) = doc["runs"].values()
     assert "ferry_image" in note and "image: U-Net 256x256" in note and "width 32" in note
     assert (tmp_path / "e2e.png").exists()
