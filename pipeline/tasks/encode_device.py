@@ -81,6 +81,7 @@ class DeviceAnswers:
             return self.failed is None
         backend = self.backend
         try:
+            backend.activate()
             if backend.is_cuda:
                 from nvidia import nvimgcodec as nv  # optional: the gpu-decode extra
 
@@ -159,6 +160,7 @@ class DeviceAnswers:
         with self.lock:
             if not self._ready():
                 return [None] * len(windows)
+            self.backend.activate()  # (this worker thread's current device: the executor's)
             return self._jpegs(windows, sizes, qualities)
 
     def _jpegs(
