@@ -33,6 +33,24 @@ def available() -> bool:
     return True
 
 
+def usable(setting: str, want: str, instead: str) -> bool:
+    """Whether nvImageCodec is to be used for ``setting`` (``preprocess.decoder`` or
+    ``preprocess.encoder``) set to ``want`` (``auto`` or ``nvimgcodec``; ``cpu`` is the
+    caller's): True where it loads; where it does not, ``FerryError`` for ``nvimgcodec``,
+    else False, logging what is done ``instead``."""
+    if available():
+        return True
+    if want == "nvimgcodec":
+        from .errors import FerryError
+
+        raise FerryError(
+            f"{setting} is 'nvimgcodec' but nvImageCodec does not load here; "
+            "install the gpu-decode extra (pip install 'ferry[gpu-decode]')"
+        )
+    logger.info("nvImageCodec not installed: %s", instead)
+    return False
+
+
 _decoders: dict[tuple[int, int, str, float], GpuJpegDecoder] = {}
 _decoders_lock = threading.Lock()
 

@@ -142,13 +142,7 @@ class PreprocessGpuCore:
         if want == "cpu":
             return None
 
-        if not gpu_decode.available():
-            if want == "nvimgcodec":
-                raise FerryError(
-                    "preprocess.decoder is 'nvimgcodec' but nvImageCodec does not load here; "
-                    "install the gpu-decode extra (pip install 'ferry[gpu-decode]')"
-                )
-            logger.info("nvImageCodec not installed: JPEGs are decoded on CPU threads")
+        if not gpu_decode.usable("preprocess.decoder", want, "JPEGs are decoded on CPU threads"):
             return None
         pre = config.preprocess
         return gpu_decode.decoder_for(

@@ -121,18 +121,11 @@ class DeviceAnswers:
         ``nvimgcodec`` makes it now and fails the start where it cannot; ``auto`` makes it
         at the first image answer and falls back to the CPU where it cannot."""
         from .. import gpu_decode
-        from ..errors import FerryError
 
         want = config.preprocess.encoder
         if want == "cpu" or not executor.backend.is_cuda:
             return None
-        if not gpu_decode.available():
-            if want == "nvimgcodec":
-                raise FerryError(
-                    "preprocess.encoder is 'nvimgcodec' but nvImageCodec does not load here; "
-                    "install the gpu-decode extra (pip install 'ferry[gpu-decode]')"
-                )
-            logger.info("nvImageCodec not installed: image answers are encoded on CPU threads")
+        if not gpu_decode.usable("preprocess.encoder", want, "answers are encoded on CPU threads"):
             return None
         strict = want == "nvimgcodec"
         pre = config.preprocess

@@ -7,6 +7,7 @@ no room leaves the answers to the CPU path instead of failing them."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
 
 import numpy as np
@@ -190,5 +191,11 @@ def test_make_builds_none_on_the_cpu_and_the_setting_is_checked():
 
     cfg = PipelineConfig.model_validate({"preprocess": {"encoder": "nvimgcodec"}})
     assert DeviceAnswers.make(cfg, Executor()) is None  # the CPU path answers there
+    if importlib.util.find_spec("nvidia") is None:  # a GPU replica without the extra
+        Executor.backend = Backend("cupy")
+        with pytest.raises(FerryError, match="preprocess.encoder is 'nvimgcodec'.*gpu-decode"):
+            DeviceAnswers.make(cfg, Executor())
+        auto = PipelineConfig.model_validate({"preprocess": {"encoder": "auto"}})
+        assert DeviceAnswers.make(auto, Executor()) is None
     with pytest.raises(Exception, match="encoder"):
         PipelineConfig.model_validate({"preprocess": {"encoder": "libjpeg-on-a-toaster"}})
