@@ -17,9 +17,12 @@ encoder (``encode_one``): that is how the CPU tests check it against the CPU ans
 same op resizes both, so the bytes are equal); ``make`` never builds it there, where the
 CPU path (``answers._image_back``, ``encode_many``) answers directly.
 
-One call at a time an answerer (a lock): its stream orders the launches and the encode.
-A JPEG the encoder refuses comes back as None and is encoded on the CPU by the caller; a
-pool with no room for a call's pixels raises ``ResourceExhausted`` before anything runs.
+One call at a time an answerer (a lock): its stream orders the launches and the encode
+(nvImageCodec waits for that stream, encodes on its own and returns once the bytes are on
+the host, the GIL released meanwhile). A JPEG the encoder refuses, or a window larger than
+the ring, comes back as None and is encoded on the CPU by the caller; a pool or ring with no
+room now raises ``ResourceExhausted`` (what the call had taken goes back), and the caller
+answers that call on the CPU too.
 """
 
 from __future__ import annotations
