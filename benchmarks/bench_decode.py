@@ -2,7 +2,7 @@
 
     python benchmarks/bench_decode.py [--out benchmarks/results/decode.json] [--seconds 3]
         [--corpus chelsea,photos] [--batches 4,16,64] [--threads 1,4,8]
-        [--backends auto,hardware,cuda,hybrid] [--no-peer]
+        [--backends auto,hardware,hardware@0.6,cuda,hybrid] [--no-peer]
 
 The JPEGs of ``bench_e2e``'s corpora (``loadtest.corpus``: ``chelsea``, one 451x300 photo,
 quality 90; ``photos``, 16 photos of 640x480 to 1920x1080, quality 85), ``batch`` of them a
@@ -13,7 +13,8 @@ call, made into uint8 224x224x3 batches by:
   worker threads. The baseline, and what a Ray Serve replica can do without a GPU.
 * ``gpu_<backend>``: Ferry's GPU stage fused into the inference replica
   (``PreprocessGpuStage(local=True)``): nvImageCodec decodes the call's JPEGs on the GPU
-  (nvJPEG's hardware engines, its CUDA decoder, or hybrid), the antialiased resize
+  (nvJPEG's hardware engines, its CUDA decoder, or hybrid; ``hardware@0.6``: the engines
+  take 0.6 of each call, the CUDA decoder the rest), the antialiased resize
   kernel fits them into one device batch; two calls in flight.
 * ``peer_torchvision``: the expert Ray Serve peer's own code for the same step
   (``benchmarks/peers/rayserve_expert.ExpertCore``: torchvision's batched
@@ -180,7 +181,11 @@ def main() -> int:
                      asyncio.run(_rate(run, items, args.seconds, 2)))  # fmt: skip
                 core.pool.shutdown()
             for b in [x for x in args.backends.split(",") if x] if gpu else []:
-                cfg = _config(gpu=True, decoder="nvimgcodec", gpu_decode_backend=b, threads=4)
+                kind, _, load = b.partition("@")  # hardware@0.6: the engines' share 0.6
+                share = {"gpu_decode_hw_load": float(load)} if load else {}
+                cfg = _config(
+                    gpu=True, decoder="nvimgcodec", gpu_decode_backend=kind, threads=4, **share
+                )
                 core = PreprocessGpuStage(cfg, 0, local=True)
                 run = lambda it, k=core: k.run("resnet50", it)  # noqa: E731
                 _row(rows, f"gpu_{b}", c.name, batch,
