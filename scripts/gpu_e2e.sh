@@ -1,9 +1,25 @@
 #!/usr/bin/env bash
-# On the GPU machine: bench_e2e.py for the systems given ($1, comma-separated), results in $OUT/e2e_$2.json.
+# On the GPU machine: bench_e2e.py for the systems given ($1, comma-separated), on a copy of
+# benchmarks/results/e2e.json -- $OUT/e2e.json, whose new rows carry this run's label, so it is
+# the file to commit as it comes back (and $OUT/e2e.png its plot) -- with the run's log in
+# $OUT/e2e_log.txt (its tail printed) and the serve logs in $OUT/logs. Everything is bounded
+# by BUDGET_S (default 520 s: the device tool's calls end at 600): a system that no longer fits
+# is not started, and the run is killed 30 s past it whatever runs long.
+#   FERRY_COMMIT=<commit> bash scripts/gpu_e2e.sh ferry_hw,ferry_hw60,ferry
+#   CLIENTS=256,1024 CORPUS=photos SECONDS_PER_LEVEL=6 BUDGET_S=300 bash scripts/gpu_e2e.sh ferry
+# CORPUS: the workload's own by default; WORKLOAD=image measures the image workload (its systems:
+# ferry_image, rayserve_image_N; the U-Net compiles in each replica: minutes of start-up).
 set -u
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
 . "$(dirname "$0")/procs.sh"
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/logs"
+BUDGET=${BUDGET_S:-520}
 nproc; nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
-timeout 590 python3 benchmarks/bench_e2e.py --systems "$1" --clients ${CLIENTS:-1,16,64,256,512,1024} --seconds ${SECONDS_PER_LEVEL:-15} --corpus ${CORPUS:-chelsea,photos} \
-  --out "$OUT/e2e_$2.json" --log-dir "$OUT" 2>&1 | grep -v "^\s*$" | tail -40
+python3 -m loadtest.corpus >/dev/null
+cp benchmarks/results/e2e.json "$OUT/e2e.json"
+timeout $((BUDGET + 30)) python3 benchmarks/bench_e2e.py --workload "${WORKLOAD:-classify}" \
+  --systems "$1" --budget-s "$BUDGET" --clients "${CLIENTS:-64,256,1024}" \
+  --seconds "${SECONDS_PER_LEVEL:-6}" --warmup 2 ${CORPUS:+--corpus "$CORPUS"} \
+  --out "$OUT/e2e.json" --log-dir "$OUT/logs" > "$OUT/e2e_log.txt" 2>&1
+grep -v "^\s*$" "$OUT/e2e_log.txt" | tail -40
+clean

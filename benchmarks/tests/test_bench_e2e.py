@@ -259,16 +259,27 @@ def test_bench_e2e_keeps_the_output_files_other_keys(tmp_path):
     )
     args = bench_e2e.parse_args(["--systems", "rayserve_expert_8", "--corpus", "chelsea"])
     args.out = str(out)
-    rows, breakdown, described, runs, extra = bench_e2e.kept(args, [corpus("chelsea")])
-    # run3's only row is measured again: it goes; this run is the next number, not a reuse
-    assert rows == [other] and set(runs) == {"run1", "run4"}
+    rows, breakdown, described, runs, extra, aside = bench_e2e.kept(args, [corpus("chelsea")])
+    # this run is the next number after the highest, not a reuse
+    assert rows == [other] and set(runs) == {"run1", "run3", "run4"}
     # the hand-added keys stay; the note on the rows measured again goes with them
     assert extra == {"profiles": {"p": [1, 2]}, "peer_notes": {"rayserve_batch_1rep": "usual"}}
-    bench_e2e._write(args, described, runs, rows + [row], breakdown, extra)
+    assert aside["rows"] == [row] and aside["peer_notes"] == {"rayserve_expert_8": "weak"}
+    # the system measured again: run3's only row goes, and run3 with it
+    new = {**row, "run": "run4", "img_s": 2.0}
+    key = {("rayserve_expert_8", "chelsea")}
+    r2, b2, runs2, extra2 = bench_e2e.merged(rows + [new], breakdown, runs, extra, aside, key)
+    assert r2 == [other, new] and set(runs2) == {"run1", "run4"}
+    assert extra2["peer_notes"] == {"rayserve_batch_1rep": "usual"}
+    bench_e2e._write(args, described, runs2, r2, b2, extra2)
     doc = json.loads(out.read_text())
     assert list(doc)[: len(bench_e2e.WRITTEN)] == list(bench_e2e.WRITTEN)
-    assert doc["profiles"] == {"p": [1, 2]} and doc["rows"] == [other, row]
+    assert doc["profiles"] == {"p": [1, 2]} and doc["rows"] == [other, new]
     assert doc["peer_notes"] == {"rayserve_batch_1rep": "usual"}
+    # not measured after all (not started, cut): its row, note and run come back
+    r3, _, runs3, extra3 = bench_e2e.merged(rows, breakdown, runs, extra, aside, set())
+    assert r3 == [other, row] and set(runs3) == {"run1", "run3", "run4"}
+    assert extra3["peer_notes"] == {"rayserve_batch_1rep": "usual", "rayserve_expert_8": "weak"}
 
 
 def test_budget_says_what_still_fits():
