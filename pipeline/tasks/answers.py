@@ -102,8 +102,9 @@ _said = [0.0]  # when _cpu_instead last warned
 
 
 def _cpu_instead(exc: BaseException) -> None:
-    """Say (at most once a minute; each time at debug) why a call's JPEGs went the CPU's
-    way: the pool or the staging ring had no room now, or the device path failed."""
+    """Say why a call's JPEGs went the CPU's way -- the pool or the staging ring had no
+    room now, or the device path failed: as a warning at most once a minute, else at
+    debug (a full pool under load would say it every call)."""
     now = time.monotonic()
     quiet = now - _said[0] < 60.0
     logger.log(
