@@ -254,8 +254,10 @@ def main(argv: list[str] | None = None) -> int:
         for r in rows[earlier:]:  # this run's rows say so: a ratio is read within one run
             r["run"] = this_run
         new = {(r["system"], r["corpus"]) for r in rows[earlier:]}
-        out = merged(rows, breakdown, runs, extra, displaced, new)
-        _write(args, described, out[2], out[0], out[1], out[3])
+        rows_out, breakdown_out, runs_out, extra_out = merged(
+            rows, breakdown, runs, extra, displaced, new
+        )
+        _write(args, described, runs_out, rows_out, breakdown_out, extra_out)
 
     failed: list[str] = []
     with mps_server(args.mps):

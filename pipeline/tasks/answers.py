@@ -98,7 +98,7 @@ def _mask_back(task: Task, mask: np.ndarray, opts: TaskOptions) -> np.ndarray:
     return out
 
 
-_said = [0.0]  # when _cpu_instead last warned
+_said = [float("-inf")]  # when _cpu_instead last warned (-inf: monotonic may start below 60)
 
 
 def _cpu_instead(exc: BaseException) -> None:

@@ -125,13 +125,13 @@ class DeviceAnswers:
         at the first image answer and falls back to the CPU where it cannot."""
         from .. import gpu_decode
 
-        want = config.preprocess.encoder
+        pre = config.preprocess
+        want = pre.encoder
         if want == "cpu" or not executor.backend.is_cuda:
             return None
         if not gpu_decode.usable("preprocess.encoder", want, "answers are encoded on CPU threads"):
             return None
         strict = want == "nvimgcodec"
-        pre = config.preprocess
         return cls(
             executor.backend,
             executor.pool,
@@ -169,12 +169,13 @@ class DeviceAnswers:
         try:
             answers = self._resized(windows, sizes, leases)
             out: list[bytes | None] = [None] * len(windows)
+            calls: dict[tuple[int, int], list[int]] = {}  # one encode a quality and channels
+            for i, a in enumerate(answers):
+                if a is not None:
+                    calls.setdefault((qualities[i], int(a.shape[2])), []).append(i)
             with self.stream:  # (cupy's current stream: the one the rows' interface names)
-                for q in sorted(set(qualities)):
-                    idx = [
-                        i for i, qi in enumerate(qualities) if qi == q and answers[i] is not None
-                    ]
-                    got = self._encode([answers[i] for i in idx], q) if idx else []
+                for (q, c), idx in calls.items():
+                    got = self._encode([answers[i] for i in idx], q, c)
                     for i, data in zip(idx, got, strict=True):
                         out[i] = data
             return out
@@ -215,32 +216,25 @@ class DeviceAnswers:
                     row += 1
         return rows
 
-    def _encode(self, images: list[Any], quality: int) -> list[bytes | None]:
+    def _encode(self, images: list[Any], quality: int, channels: int) -> list[bytes | None]:
+        """JPEGs of ``images`` (rows [h, w, ``channels``] of the resized batches), one call."""
         if self.encoder is None:  # the numpy backend: the CPU encoder on the same pixels
             return [encode_one(np.asarray(img), "image/jpeg", quality) for img in images]
         nv = self.nv
-        css = {3: nv.ChromaSubsampling.CSS_444, 1: nv.ChromaSubsampling.CSS_GRAY}  # simplejpeg's
-        params = {
-            c: nv.EncodeParams(
-                quality_type=nv.QualityType.QUALITY,
-                quality_value=float(quality),
-                chroma_subsampling=css[c],
-            )
-            for c in {int(img.shape[2]) for img in images}
-        }
-        got: list[bytes | None] = [None] * len(images)
-        for c, prm in params.items():
-            idx = [i for i, img in enumerate(images) if int(img.shape[2]) == c]
-            streams = self.encoder.encode(
-                [images[i] for i in idx],
-                "jpeg",
-                code_stream_s=self._encoded_into(len(idx)),
-                params=prm,
-                cuda_stream=self.stream.ptr,
-            )
-            for i, cs in zip(idx, streams, strict=True):
-                got[i] = None if cs is None else bytes(cs)
-        return got
+        css = nv.ChromaSubsampling.CSS_444 if channels == 3 else nv.ChromaSubsampling.CSS_GRAY
+        params = nv.EncodeParams(  # 4:4:4 as simplejpeg's default
+            quality_type=nv.QualityType.QUALITY,
+            quality_value=float(quality),
+            chroma_subsampling=css,
+        )
+        streams = self.encoder.encode(
+            images,
+            "jpeg",
+            code_stream_s=self._encoded_into(len(images)),
+            params=params,
+            cuda_stream=self.stream.ptr,
+        )
+        return [None if cs is None else bytes(cs) for cs in streams]
 
     def _encoded_into(self, n: int) -> Any:
         """``n`` code streams for the encoder to write into, kept from call to call (each
