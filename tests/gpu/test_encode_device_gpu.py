@@ -1,7 +1,8 @@
 """Image answers resized and JPEG-encoded on the GPU (``tasks.encode_device``, nvImageCodec's
 CUDA encoder) against the CPU path's pixels: each answer decodes (libjpeg-turbo) to its size
 and to within JPEG's loss of the exact resize (``ResizeCrop``'s numpy path, which the CPU
-answers use); a call's batches come from the pool and go back to it; and a call of 64
+answers use): at most 1.5x, plus a little, what the CPU answers' encoder loses on the same
+pixels at the same quality; a call's batches come from the pool and go back to it; and a call of 64
 1280x720 answers of a 256x256 output, the image workload's shape, is timed for the log."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pipeline.device import select_backend
 from pipeline.memory import make_pool
 from pipeline.ops.base import eager
 from pipeline.ops.resize_crop import RESIZE_CROP
+from pipeline.tasks.encode import encode_one
 
 pytestmark = pytest.mark.gpu
 
@@ -50,16 +52,27 @@ def test_gpu_jpegs_decode_to_the_cpu_resize_within_jpegs_loss(device):
 
     wins = [_photo(256, 256), _photo(200, 256), _photo(256, 256, 1), _photo(64, 48)]
     sizes = [(720, 1280), (300, 451), (512, 512), (64, 48)]
-    got = device.jpegs(wins, sizes, [90, 90, 90, 75])
-    for b, win, (h, w) in zip(got, wins, sizes, strict=True):
+    qualities = [90, 90, 90, 75]
+    got = device.jpegs(wins, sizes, qualities)
+    for b, win, (h, w), q in zip(got, wins, sizes, qualities, strict=True):
         assert b is not None and b[:2] == b"\xff\xd8", "not a JPEG"
         c = win.shape[2]
         dec = simplejpeg.decode_jpeg(b, colorspace="GRAY" if c == 1 else "RGB")
         (want,) = eager(RESIZE_CROP, win, height=h, width=w, channels=c)
         diff = np.abs(dec.reshape(h, w, c).astype(np.int16) - want[0])
-        print(f"{w}x{h}x{c}: {len(b)} bytes, mean |diff| {diff.mean():.2f}, p99 {np.percentile(diff, 99)}")
+        # JPEG's own loss on these pixels at this quality: the CPU answers' encoder (4:4:4)
+        ref = simplejpeg.decode_jpeg(
+            encode_one(want[0], "image/jpeg", q), colorspace="GRAY" if c == 1 else "RGB"
+        )
+        loss = np.abs(ref.reshape(h, w, c).astype(np.int16) - want[0])
+        print(
+            f"{w}x{h}x{c} q{q}: {len(b)} bytes, mean |diff| {diff.mean():.2f} "
+            f"(the CPU encoder's {loss.mean():.2f}), p99 {np.percentile(diff, 99)} "
+            f"({np.percentile(loss, 99)})"
+        )
         assert dec.reshape(h, w, c).shape == (h, w, c)
-        assert diff.mean() < 3.0 and np.percentile(diff, 99) <= 16
+        assert diff.mean() <= 1.5 * loss.mean() + 1.0
+        assert np.percentile(diff, 99) <= 1.5 * np.percentile(loss, 99) + 4
     assert _in_use(device) == 0
 
 
