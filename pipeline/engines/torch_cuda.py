@@ -19,6 +19,20 @@ class TorchCharge:
 
     @classmethod
     def sync(cls, pool: Any, device: int, what: str) -> int:
+        """Account what torch reserves now; where the pool has no room for it, first give
+        torch's cache of freed blocks back to the driver (a device sync: the warm-up's
+        eager runs and compiles leave gigabytes cached that no graph needs) and try once
+        more."""
+        try:
+            return cls._sync(pool, device, what)
+        except ResourceExhausted:
+            torch = _torch()
+            torch.cuda.synchronize(device)
+            torch.cuda.empty_cache()
+            return cls._sync(pool, device, what)
+
+    @classmethod
+    def _sync(cls, pool: Any, device: int, what: str) -> int:
         torch = _torch()
         want = int(torch.cuda.memory_reserved(device))
         with cls._lock:
