@@ -7,11 +7,17 @@ On the GPU the module runs in its model's compute dtype in channels-last -- fp16
 fp32 where the executor's precision probe finds that fp16 does not run, overflows or is far
 from fp32 (``pipeline/executor_precision.py``; ``trial`` runs the module eagerly, before it
 is compiled, in each dtype, and the fp32 weights come back exact from a host copy) --
-compiled with ``torch.compile`` (default mode, ``freezing`` on, one static shape per bucket; TorchScript runs as scripted). ``bind`` wraps Ferry's arena views as torch
+compiled with ``torch.compile`` (default mode, ``freezing`` on, one static shape per
+bucket; TorchScript runs as scripted). ``bind`` wraps Ferry's arena views as torch
 tensors (no copy), so the executor's pinned ring copies straight into the model's input and
 out of its outputs. ``run`` enqueues on Ferry's stream through ``torch.cuda.ExternalStream``;
-``capture`` records it with ``torch.cuda.graph`` on that same stream (torch's private pool
-holds the intermediates) and the executor replays it. What torch holds on the device --
+``capture`` records it with ``torch.cuda.graph`` on that same stream and the executor
+replays it there. The graphs of one stream share one torch graph pool for their
+intermediates: they never run at once (one stream), and none reads what another left (each
+copies its outputs into its arena), which is when torch allows it (vLLM shares one pool
+across its batch sizes the same way) -- so a model's graphs hold its largest bucket's
+intermediates once per compute stream, not every bucket's once per arena (a U-Net at 256x256
+held 9.4 GB at warm-up on an H100, over its replica's share). What torch holds on the device --
 weights, graph pools, its cache -- is counted in Ferry's pool (``pool.account``), kept equal
 to ``torch.cuda.memory_reserved`` after loading, after every capture and after every eager
 run, so admission control sees it; each bucket's footprint is measured at its capture.
@@ -71,7 +77,8 @@ class TorchEngine(Engine):
         self._input = TensorInfo("input", self.input_dtype, (-1, *item))
         self._outputs, self.flops_per_item = self._probe()
         self._plans: dict[tuple[int, Feed], EnginePlan] = {}
-        self.footprints: dict[tuple[int, Feed], int] = {}  # bytes of each captured graph
+        self.footprints: dict[tuple[int, Feed], int] = {}  # bytes each capture added
+        self.graph_pools: dict[int, Any] = {}  # stream pointer -> its graphs' torch pool
         self._weights_bytes = 0
         self.device: Any = None
         self.compute: Any = None
@@ -294,7 +301,10 @@ class TorchBound:
         torch.cuda.empty_cache()
         before = torch.cuda.memory_reserved(dev)
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=ext, capture_error_mode="thread_local"):
+        pool = eng.graph_pools.get(stream.raw.ptr)  # this stream's graphs share one pool
+        if pool is None:
+            pool = eng.graph_pools[stream.raw.ptr] = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(g, pool=pool, stream=ext, capture_error_mode="thread_local"):
             self._enqueue()
         held = max(0, torch.cuda.memory_reserved(dev) - before)
         key = (self.plan.bucket, self.plan.feed)

@@ -63,8 +63,11 @@ def test_torch_engine_runs_in_ferrys_graphs_on_ferrys_streams_counted_by_its_poo
     assert s["captures"] >= 2 * 3, s  # both feeds, one graph per in-flight arena
     eng = ex.models["r18"].engine
     for feed in ("image", "tensors"):
-        assert eng.footprints[(8, feed)] > 0
         print(f"graph pool footprint, bucket 8 {feed}: {eng.footprints[(8, feed)] / 1e6:.1f} MB")
+    # one compute stream: its six graphs (two feeds, three arenas) share one pool, which the
+    # first capture made (the later ones may add nothing: they reuse its freed blocks)
+    assert len(eng.graph_pools) == 1
+    assert eng.footprints[(8, "image")] + eng.footprints[(8, "tensors")] > 0
     held = ex.pool.stats().bytes_in_use
     assert held >= torch.cuda.memory_reserved(), (held, torch.cuda.memory_reserved())
     u8 = photo_pixels(8)
@@ -125,6 +128,38 @@ def test_three_compute_streams_one_graph_per_arena_no_capture_after_warmup(tmp_p
     print(f"captures at warm-up {s['captures']}, after 31 batches {after['captures']}; {streams}")
     assert after["captures"] == s["captures"] and after["eager_runs"] == s["eager_runs"]
     assert len(streams) == 3  # the 3 arenas spread over the 3 compute streams
+    ex.close()
+
+
+def test_one_streams_graphs_share_one_pool_and_answer_alike_in_any_order(tmp_path):
+    """Every bucket's graphs on one compute stream share one torch graph pool: batches of
+    mixed buckets, three in flight, replayed in an order unlike their capture's, answer
+    exactly as each bucket did alone."""
+    path, _ = _state_file(tmp_path, "resnet18")
+    entry = ModelConfig(name="r18", engine="torch", source="resnet18", weights=path)
+    ex = GpuExecutor(
+        ExecutorConfig(backend="cupy", buckets=(2, 4, 8), max_in_flight=3, pool_limit_fraction=0.3)
+    )
+    ex.load_entry(entry)
+    ex.warmup()
+    eng = ex.models["r18"].engine
+    assert len(eng.graph_pools) == 1
+    u8 = photo_pixels(8)
+    want = {n: ex.infer("r18", u8[:n]) for n in (8, 4, 2)}
+    s = ex.stats()
+    order = [8, 2, 4, 2, 8, 8, 4, 2, 2, 4, 8, 4] * 3
+    pending: list = []
+    for n in order:
+        if len(pending) >= 3:
+            m, r = pending.pop(0)
+            np.testing.assert_array_equal(r.wait(30), want[m])
+        p = ex.prepare("r18", n)
+        p.staging()[:] = u8[:n]
+        pending.append((n, ex.commit(p, p.staging())))
+    for m, r in pending:
+        np.testing.assert_array_equal(r.wait(30), want[m])
+    after = ex.stats()
+    assert after["eager_runs"] == s["eager_runs"] and after["captures"] == s["captures"]
     ex.close()
 
 
