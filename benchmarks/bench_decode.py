@@ -2,7 +2,7 @@
 
     python benchmarks/bench_decode.py [--out benchmarks/results/decode.json] [--seconds 3]
         [--corpus chelsea,photos] [--batches 4,16,64] [--threads 1,4,8]
-        [--backends auto,hardware,hardware@0.6,cuda,hybrid] [--no-peer]
+        [--backends auto,hardware,hardware@0.6,cuda,hybrid] [--procs 1,8] [--mps] [--no-peer]
 
 The JPEGs of ``bench_e2e``'s corpora (``loadtest.corpus``: ``chelsea``, one 451x300 photo,
 quality 90; ``photos``, 16 photos of 640x480 to 1920x1080, quality 85), ``batch`` of them a
@@ -23,6 +23,12 @@ call, made into uint8 224x224x3 batches by:
   as its replica's GPU thread runs it, each waited for. Where torch, torchvision or CUDA
   is missing, or with ``--no-peer``, it has no row.
 
+``--procs 8`` also runs each GPU row in 8 processes at once, each its own decoder and CUDA
+context on the one GPU, started together (``gpu_<backend>_x8p``: their images a second
+summed, their CPU over their images): Ferry's 8 replicas sharing a GPU, without Serve --
+end to end their nvImageCodec threads took 0.5-3.1 ms of CPU an image (``e2e.json``, H200
+and H100 runs), the decoder alone in one process 0.18-0.22. ``--mps`` runs everything under a CUDA MPS server.
+
 The batch size matters on the GPU: Ferry's replica decodes what arrived during its last
 round (a few images a call at 64 clients), the peer a whole ``@serve.batch`` (up to 128).
 
@@ -42,6 +48,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import machine, table, today, write_json  # noqa: E402
+from loadtest.corpus import corpus  # noqa: E402
 
 
 def _config(gpu: bool = False, **pre):
@@ -58,11 +65,13 @@ def _config(gpu: bool = False, **pre):
     )
 
 
-async def _rate(run, items, seconds: float, in_flight: int) -> tuple[float, float, int]:
+async def _rate(run, items, seconds: float, in_flight: int, ready=None) -> tuple[float, float, int]:
     """(img/s, CPU ms per image, images) of calling ``run(items)`` with ``in_flight``
-    calls outstanding for about ``seconds``."""
+    calls outstanding for about ``seconds``; ``ready()`` between the warm-up and the span."""
     for _ in range(2):
         await run(items)
+    if ready is not None:
+        ready()
     done = 0
     t0, c0 = time.perf_counter(), time.process_time()
 
@@ -78,6 +87,64 @@ async def _rate(run, items, seconds: float, in_flight: int) -> tuple[float, floa
     await asyncio.gather(*(worker() for _ in range(in_flight)))
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     return done / wall, cpu * 1e3 / max(1, done), done
+
+
+def _gpu_stage(backend: str):
+    """Ferry's GPU decode stage (``local``) for ``backend`` (``hardware@0.6``: the engines'
+    share of each call); ``cpu_<t>t``: the CPU stage on ``t`` threads."""
+    from pipeline.stages.decode import PreprocessStage
+    from pipeline.stages.preprocess_gpu import PreprocessGpuStage
+
+    if backend.startswith("cpu_"):
+        return PreprocessStage(_config(threads=int(backend[4:].rstrip("t"))))
+    kind, _, load = backend.partition("@")
+    share = {"gpu_decode_hw_load": float(load)} if load else {}
+    cfg = _config(gpu=True, decoder="nvimgcodec", gpu_decode_backend=kind, threads=4, **share)
+    return PreprocessGpuStage(cfg, 0, local=True)
+
+
+def _items(name: str, batch: int) -> list:
+    """``batch`` of corpus ``name``'s JPEGs as the decode stages take them."""
+    from loadtest.corpus import corpus
+    from pipeline.models.repository import model_card
+    from pipeline.stages.messages import Encoded
+
+    target = model_card(_config().models[0]).target()
+    c = corpus(name)
+    checked = [Encoded.checked(b, "image/jpeg", target, 1 << 31, 1 << 36) for b in c.bodies]
+    return [checked[i % len(checked)] for i in range(batch)]
+
+
+def _one_of_many(backend: str, name: str, batch: int, seconds: float, start, out) -> None:
+    """One of ``--procs``' processes: its warm-up, then the span once all are warm."""
+    core = _gpu_stage(backend)
+    run = lambda it: core.run("resnet50", it)  # noqa: E731
+    out.put(asyncio.run(_rate(run, _items(name, batch), seconds, 2, start.wait)))
+    if hasattr(core, "close"):
+        core.close()
+    else:  # the CPU stage
+        core.pool.shutdown()
+
+
+def _many_rate(backend: str, name: str, batch: int, seconds: float, procs: int):
+    """(img/s, CPU ms per image, images) of ``procs`` processes decoding at once, each as
+    ``_rate`` does; their spans start together (a barrier after every warm-up)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    start, out = ctx.Barrier(procs), ctx.Queue()
+    ps = [
+        ctx.Process(target=_one_of_many, args=(backend, name, batch, seconds, start, out))
+        for _ in range(procs)
+    ]
+    for p in ps:
+        p.start()
+    got = [out.get(timeout=seconds + 300) for _ in ps]
+    for p in ps:
+        p.join(60)
+    done = sum(n for _, _, n in got)
+    cpu = sum(ms * n for _, ms, n in got)
+    return sum(r for r, _, _ in got), cpu / max(1, done), done
 
 
 def _peer_rate(bodies: list[bytes], seconds: float) -> tuple[float, float, int]:
@@ -152,54 +219,14 @@ def main() -> int:
     ap.add_argument("--batches", default="64", help="images per call, comma-separated")
     ap.add_argument("--threads", default="1,4,8", help="CPU stage thread counts")
     ap.add_argument("--backends", default="auto,hardware,cuda,hybrid")
+    ap.add_argument("--procs", default="1", help="GPU rows' process counts, comma-separated")
+    ap.add_argument("--mps", action="store_true", help="under a CUDA MPS server")
     ap.add_argument("--no-peer", action="store_true", help="no peer_torchvision rows")
     args = ap.parse_args()
+    from benchmarks.mps import mps_server
 
-    from loadtest.corpus import corpus
-    from pipeline import gpu_decode
-    from pipeline.models.repository import model_card
-    from pipeline.stages.decode import PreprocessStage
-    from pipeline.stages.messages import Encoded
-    from pipeline.stages.preprocess_gpu import PreprocessGpuStage
-
-    target = model_card(_config().models[0]).target()
-    corpora = [corpus(c) for c in args.corpus.split(",") if c]
-    gpu = gpu_decode.available()
-    if not gpu:
-        print("nvImageCodec is not installed: no gpu_ rows")
-    peer = not args.no_peer and _peer_available()
-    rows: list[dict] = []
-    for c in corpora:
-        checked = [Encoded.checked(b, "image/jpeg", target, 1 << 31, 1 << 36) for b in c.bodies]
-        for batch in [int(x) for x in args.batches.split(",") if x]:
-            bodies = [c.bodies[i % len(c.bodies)] for i in range(batch)]
-            items = [checked[i % len(checked)] for i in range(batch)]
-            for t in [int(x) for x in args.threads.split(",") if x]:
-                core = PreprocessStage(_config(threads=t))
-                run = lambda it, k=core: k.run("resnet50", it)  # noqa: E731
-                _row(rows, f"cpu_simplejpeg_{t}t", c.name, batch,
-                     asyncio.run(_rate(run, items, args.seconds, 2)))  # fmt: skip
-                core.pool.shutdown()
-            for b in [x for x in args.backends.split(",") if x] if gpu else []:
-                kind, _, load = b.partition("@")  # hardware@0.6: the engines' share 0.6
-                share = {"gpu_decode_hw_load": float(load)} if load else {}
-                cfg = _config(
-                    gpu=True, decoder="nvimgcodec", gpu_decode_backend=kind, threads=4, **share
-                )
-                core = PreprocessGpuStage(cfg, 0, local=True)
-                run = lambda it, k=core: k.run("resnet50", it)  # noqa: E731
-                _row(rows, f"gpu_{b}", c.name, batch,
-                     asyncio.run(_rate(run, items, args.seconds, 2)))  # fmt: skip
-                core.close()
-            if peer and batch > 128:
-                print(f"no peer row at {batch} a call: the peer's batches stop at 128")
-            elif peer:
-                try:
-                    measured = _peer_rate(bodies, args.seconds)
-                except Exception as exc:  # the peer's failure must not lose Ferry's rows
-                    print(f"peer_torchvision failed on {c.name} x{batch}: {exc!r}")
-                else:
-                    _row(rows, "peer_torchvision", c.name, batch, measured)
+    with mps_server(args.mps) as on:
+        rows = _measure(args)
     _ratios(rows)
     cols = [
         "corpus",
@@ -211,17 +238,20 @@ def main() -> int:
         "img_s_vs_peer",
     ]
     print(table(rows, cols))
+    corpora = [corpus(c) for c in args.corpus.split(",") if c]
     write_json(
         args.out,
         {
             "machine": machine(),
             "date": today(),
             "image": "; ".join(f"{c.name}: {c.description}" for c in corpora),
+            "mps": on,
             "method": (
                 f"batch images per call, 2 calls in flight (peer_torchvision: call after call "
                 f"on one thread, as its replica's GPU thread runs them; its rows are also "
                 f"normalised to float16, which Ferry leaves to the model's first kernel), "
-                f"{args.seconds} s per row, one process; CPU ms = process CPU time (all "
+                f"{args.seconds} s per row, one process (gpu_<backend>_x<N>p: N at once, "
+                "started together, their rates summed); CPU ms = process CPU time (all "
                 "threads) per image; baseline cpu_simplejpeg_1t of the same corpus and batch "
                 "measured in the same run"
             ),
@@ -229,6 +259,50 @@ def main() -> int:
         },
     )
     return 0
+
+
+def _measure(args: argparse.Namespace) -> list[dict]:
+    """Every row the arguments ask for."""
+    from pipeline import gpu_decode
+    from pipeline.stages.decode import PreprocessStage
+
+    corpora = [corpus(c) for c in args.corpus.split(",") if c]
+    gpu = gpu_decode.available()
+    if not gpu:
+        print("nvImageCodec is not installed: no gpu_ rows")
+    peer = not args.no_peer and _peer_available()
+    rows: list[dict] = []
+    for c in corpora:
+        for batch in [int(x) for x in args.batches.split(",") if x]:
+            bodies = [c.bodies[i % len(c.bodies)] for i in range(batch)]
+            items = _items(c.name, batch)
+            for t in [int(x) for x in args.threads.split(",") if x]:
+                core = PreprocessStage(_config(threads=t))
+                run = lambda it, k=core: k.run("resnet50", it)  # noqa: E731
+                _row(rows, f"cpu_simplejpeg_{t}t", c.name, batch,
+                     asyncio.run(_rate(run, items, args.seconds, 2)))  # fmt: skip
+                core.pool.shutdown()
+            for b in [x for x in args.backends.split(",") if x] if gpu else []:
+                for n in [int(x) for x in args.procs.split(",") if x]:
+                    if n > 1:
+                        got = _many_rate(b, c.name, batch, args.seconds, n)
+                        _row(rows, f"gpu_{b}_x{n}p", c.name, batch, got)
+                        continue
+                    core = _gpu_stage(b)
+                    run = lambda it, k=core: k.run("resnet50", it)  # noqa: E731
+                    _row(rows, f"gpu_{b}", c.name, batch,
+                         asyncio.run(_rate(run, items, args.seconds, 2)))  # fmt: skip
+                    core.close()
+            if peer and batch > 128:
+                print(f"no peer row at {batch} a call: the peer's batches stop at 128")
+            elif peer:
+                try:
+                    measured = _peer_rate(bodies, args.seconds)
+                except Exception as exc:  # the peer's failure must not lose Ferry's rows
+                    print(f"peer_torchvision failed on {c.name} x{batch}: {exc!r}")
+                else:
+                    _row(rows, "peer_torchvision", c.name, batch, measured)
+    return rows
 
 
 if __name__ == "__main__":

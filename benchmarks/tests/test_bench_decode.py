@@ -19,7 +19,10 @@ def test_a_cpu_run_has_a_row_per_corpus_batch_and_threads(tmp_path, monkeypatch)
     doc = json.loads(out.read_text())
     keys = [(r["corpus"], r["batch"], r["path"]) for r in doc["rows"]]
     assert keys == [
-        (c, b, f"cpu_simplejpeg_{t}t") for c in ("chelsea", "photos") for b in (2, 5) for t in (1, 2)
+        (c, b, f"cpu_simplejpeg_{t}t")
+        for c in ("chelsea", "photos")
+        for b in (2, 5)
+        for t in (1, 2)
     ]
     for r in doc["rows"]:
         assert r["img_s"] > 0 and r["cpu_ms_per_img"] > 0
@@ -47,3 +50,9 @@ def test_ratios_pair_rows_of_the_same_corpus_and_batch():
     assert rows[4]["img_s_vs_cpu_1t"] == 60.0
     assert "img_s_vs_peer" not in rows[4]  # no peer row at batch 64
     assert "img_s_vs_peer" not in rows[3]  # the peer is not compared with itself
+
+
+def test_processes_at_once_start_together_and_sum_their_rates():
+    # the CPU stage stands in for the GPU's (the same path through _many_rate)
+    rate, cpu_ms, n = bench_decode._many_rate("cpu_1t", "chelsea", 2, 0.3, 2)
+    assert n >= 2 * 2 and rate > 0 and cpu_ms > 0
