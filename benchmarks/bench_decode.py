@@ -27,7 +27,10 @@ call, made into uint8 224x224x3 batches by:
 context on the one GPU, started together (``gpu_<backend>_x8p``: their images a second
 summed, their CPU over their images): Ferry's 8 replicas sharing a GPU, without Serve --
 end to end their nvImageCodec threads took 0.5-3.1 ms of CPU an image (``e2e.json``, H200
-and H100 runs), the decoder alone in one process 0.18-0.22. ``--mps`` runs everything under a CUDA MPS server.
+and H100 runs), the decoder alone in one process 0.18-0.22. ``--mps`` runs everything under
+a CUDA MPS server; ``--host-wait auto,sleep`` runs each N-process row with CUDA's default
+host waits (a spinning thread while a process has fewer contexts than cores) and with
+sleeping ones.
 
 The batch size matters on the GPU: Ferry's replica decodes what arrived during its last
 round (a few images a call at 64 clients), the peer a whole ``@serve.batch`` (up to 128).
@@ -51,13 +54,13 @@ from benchmarks.common import machine, table, today, write_json  # noqa: E402
 from loadtest.corpus import corpus  # noqa: E402
 
 
-def _config(gpu: bool = False, **pre):
+def _config(gpu: bool = False, host_wait: str = "auto", **pre):
     from pipeline.config import PipelineConfig
 
     return PipelineConfig.model_validate(
         {
             "models": [{"name": "resnet50", "arch": "resnet50"}],
-            "executor": {"backend": "cupy" if gpu else "numpy"},
+            "executor": {"backend": "cupy" if gpu else "numpy", "host_wait": host_wait},
             "preprocess": pre,
             "placement": "split",  # decoding in the process that owns the executor
             "inference_deployment": {"num_gpus": 1 if gpu else 0},
@@ -89,9 +92,10 @@ async def _rate(run, items, seconds: float, in_flight: int, ready=None) -> tuple
     return done / wall, cpu * 1e3 / max(1, done), done
 
 
-def _gpu_stage(backend: str):
+def _gpu_stage(backend: str, host_wait: str = "auto"):
     """Ferry's GPU decode stage (``local``) for ``backend`` (``hardware@0.6``: the engines'
-    share of each call); ``cpu_<t>t``: the CPU stage on ``t`` threads."""
+    share of each call) and the process's CUDA host waits (``executor.host_wait``: it holds
+    from the process's first context on); ``cpu_<t>t``: the CPU stage on ``t`` threads."""
     from pipeline.stages.decode import PreprocessStage
     from pipeline.stages.preprocess_gpu import PreprocessGpuStage
 
@@ -99,7 +103,9 @@ def _gpu_stage(backend: str):
         return PreprocessStage(_config(threads=int(backend[4:].rstrip("t"))))
     kind, _, load = backend.partition("@")
     share = {"gpu_decode_hw_load": float(load)} if load else {}
-    cfg = _config(gpu=True, decoder="nvimgcodec", gpu_decode_backend=kind, threads=4, **share)
+    cfg = _config(
+        True, host_wait, decoder="nvimgcodec", gpu_decode_backend=kind, threads=4, **share
+    )
     return PreprocessGpuStage(cfg, 0, local=True)
 
 
@@ -115,9 +121,11 @@ def _items(name: str, batch: int) -> list:
     return [checked[i % len(checked)] for i in range(batch)]
 
 
-def _one_of_many(backend: str, name: str, batch: int, seconds: float, start, out) -> None:
+def _one_of_many(
+    backend: str, wait: str, name: str, batch: int, seconds: float, start, out
+) -> None:
     """One of ``--procs``' processes: its warm-up, then the span once all are warm."""
-    core = _gpu_stage(backend)
+    core = _gpu_stage(backend, wait)
     run = lambda it: core.run("resnet50", it)  # noqa: E731
     out.put(asyncio.run(_rate(run, _items(name, batch), seconds, 2, start.wait)))
     if hasattr(core, "close"):
@@ -126,15 +134,16 @@ def _one_of_many(backend: str, name: str, batch: int, seconds: float, start, out
         core.pool.shutdown()
 
 
-def _many_rate(backend: str, name: str, batch: int, seconds: float, procs: int):
+def _many_rate(backend: str, name: str, batch: int, seconds: float, procs: int, wait: str = "auto"):
     """(img/s, CPU ms per image, images) of ``procs`` processes decoding at once, each as
-    ``_rate`` does; their spans start together (a barrier after every warm-up)."""
+    ``_rate`` does, with host waits ``wait``; their spans start together (a barrier after
+    every warm-up)."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     start, out = ctx.Barrier(procs), ctx.Queue()
     ps = [
-        ctx.Process(target=_one_of_many, args=(backend, name, batch, seconds, start, out))
+        ctx.Process(target=_one_of_many, args=(backend, wait, name, batch, seconds, start, out))
         for _ in range(procs)
     ]
     for p in ps:
@@ -221,6 +230,12 @@ def main() -> int:
     ap.add_argument("--backends", default="auto,hardware,cuda,hybrid")
     ap.add_argument("--procs", default="1", help="GPU rows' process counts, comma-separated")
     ap.add_argument("--mps", action="store_true", help="under a CUDA MPS server")
+    ap.add_argument(
+        "--host-wait",
+        default="auto",
+        help="executor.host_wait of the --procs processes, comma-separated (auto,sleep: "
+        "each N-process row in both; _sleep ends a row's path where it is not auto)",
+    )
     ap.add_argument("--no-peer", action="store_true", help="no peer_torchvision rows")
     args = ap.parse_args()
     from benchmarks.mps import mps_server
@@ -284,9 +299,11 @@ def _measure(args: argparse.Namespace) -> list[dict]:
                 core.pool.shutdown()
             for b in [x for x in args.backends.split(",") if x] if gpu else []:
                 for n in [int(x) for x in args.procs.split(",") if x]:
+                    for w in [x for x in args.host_wait.split(",") if x] if n > 1 else []:
+                        got = _many_rate(b, c.name, batch, args.seconds, n, w)
+                        tail = "" if w == "auto" else f"_{w}"
+                        _row(rows, f"gpu_{b}_x{n}p{tail}", c.name, batch, got)
                     if n > 1:
-                        got = _many_rate(b, c.name, batch, args.seconds, n)
-                        _row(rows, f"gpu_{b}_x{n}p", c.name, batch, got)
                         continue
                     core = _gpu_stage(b)
                     run = lambda it, k=core: k.run("resnet50", it)  # noqa: E731
