@@ -51,12 +51,12 @@ sys.path.insert(0, ROOT)
 from benchmarks import loadgen  # noqa: E402
 from benchmarks.common import commit, machine, today, write_json  # noqa: E402
 from benchmarks.e2e_systems import FERRY_ENV  # noqa: E402
-from benchmarks.report import PROTOCOL_ORDER, perf_analyzer_section  # noqa: E402
+from benchmarks.report_protocols import PROTOCOL_ORDER, perf_analyzer_section  # noqa: E402
 from loadtest.corpus import corpus  # noqa: E402
 from loadtest.run import start_app, stop_app, wait_ok  # noqa: E402
 
 HTTP_PORT, GRPC_PORT = 8000, 9000  # the shipped configs' (--ports: others)
-PROTOCOLS = tuple(PROTOCOL_ORDER)  # http, grpc, grpc_stream, in report.py's order
+PROTOCOLS = tuple(PROTOCOL_ORDER)  # http, grpc, grpc_stream, in RESULTS.md's order
 
 
 def pa_interface(protocol: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""The image workload's part of RESULTS.md's end-to-end section (``report.e2e_section``
+"""The image workload's part of RESULTS.md's end-to-end section (``report_e2e.e2e_section``
 calls it for a corpus whose rows carry ``"workload": "image"``): Ferry against the best of
 the image peers, issue 33's goals, and where a frame's time goes in each system (the
 answers' ``Server-Timing``, averaged)."""

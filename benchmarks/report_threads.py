@@ -1,5 +1,5 @@
 """Where the server's CPU goes, by process and thread, for RESULTS.md's end-to-end section
-(``report.e2e_section`` calls it per corpus): each level's busiest threads of every
+(``report_e2e.e2e_section`` calls it per corpus): each level's busiest threads of every
 Ray/Serve/HAProxy process (``bench_e2e``'s ``server_threads``, the load generator left out),
 in cores and in CPU ms an image -- issue 28's breakdown."""
 

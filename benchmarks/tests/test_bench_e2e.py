@@ -9,8 +9,9 @@ import re
 import pytest
 import yaml
 
-from benchmarks import report
+from benchmarks import report, report_base
 from benchmarks.bench_e2e import SYSTEMS, apply_sets, parse_sets, row_name, serve_config
+from benchmarks.common import run_no
 from benchmarks.tests.torchless import assert_builds_without_torch
 from pipeline.config import PipelineConfig
 
@@ -151,7 +152,7 @@ def test_report_has_one_section_per_benchmark_and_rows_carry_their_corpus():
     assert len(heads) == len(set(heads))
     e2e = report.load("e2e.json")
     assert all(r["corpus"] in e2e["corpora"] for r in e2e["rows"])
-    assert len(os.listdir(report.RES)) <= 21  # (21: streams.json, issue 34)
+    assert len(os.listdir(report_base.RES)) <= 21  # (21: streams.json, issue 34)
 
 
 def test_expert_peer_loads_without_torch_and_sizes_its_batches():
@@ -337,7 +338,7 @@ def test_rows_carry_their_device_and_results_md_says_when_runs_differ():
     assert all(r.get("gpu") for r in doc["rows"])  # every committed row names its device
     assert "devices differ" not in "\n".join(report.e2e_section(doc))
     mixed = copy.deepcopy(doc)
-    last = max(mixed["runs"], key=report.run_no)
+    last = max(mixed["runs"], key=run_no)
     for r in mixed["rows"]:
         if r["run"] == last:
             r["gpu"] = "NVIDIA H100 80GB HBM3"

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from benchmarks import bench_perf_analyzer as B
-from benchmarks import report
+from benchmarks import report_protocols as report
 
 
 def _row(model: str, protocol: str, infer_s: float) -> dict:
