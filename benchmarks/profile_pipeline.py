@@ -164,10 +164,13 @@ def main() -> int:
     )
     ap.add_argument(
         "--bare",
-        action="store_true",
+        nargs="?",
+        const="now",
+        choices=("now", "batched"),
         help="serve benchmarks/peers/serve_floor.py (the body read, a fixed small JSON answered) "
         "instead of the config's application, under the config's logging: Serve's own cost per "
-        "request on this machine, the floor beside Ferry's",
+        "request on this machine, the floor beside Ferry's; --bare batched: each request "
+        "waits for the next 2 ms tick first, as Ferry's wait for their coalesced call",
     )
     ap.add_argument(
         "--set",
@@ -195,9 +198,9 @@ def main() -> int:
     ray.init(include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
     if args.bare:
-        from benchmarks.peers.serve_floor import Floor
+        from benchmarks.peers.serve_floor import BatchedFloor, Floor
 
-        app = Floor.bind()
+        app = (BatchedFloor if args.bare == "batched" else Floor).bind()
     else:
         app = build_app(raw["applications"][0]["args"])
     # with the file's logging_config, as `serve run` applies it
@@ -239,7 +242,7 @@ def main() -> int:
     }
     per = dict(sorted(per.items(), key=lambda kv: -kv[1]))
     result = {
-        "config": "benchmarks/peers/serve_floor.py" if args.bare else args.config,
+        "config": f"benchmarks/peers/serve_floor.py ({args.bare})" if args.bare else args.config,
         **({"logging_config": raw["logging_config"]} if raw.get("logging_config") else {}),
         "serve_env": serve_env,
         **({"set": sets} if sets else {}),

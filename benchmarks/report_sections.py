@@ -62,9 +62,17 @@ def profile_pairs_section(doc: dict) -> list[str]:
             "label": label,
             **r["load"],  # clients, img_s, p50_ms, p99_ms, errors
             "cpu": r["cpu_ms_per_request_total"],
-            "ingress_cpu": r["cpu_ms_per_request"].get(  # (--bare: the floor app's one replica)
-                "ServeReplica:ferry:Ingress",
-                r["cpu_ms_per_request"].get("ServeReplica:ferry:Floor", 0.0),
+            "ingress_cpu": next(  # (--bare: the floor app's one replica)
+                (
+                    r["cpu_ms_per_request"][k]
+                    for k in (
+                        "ServeReplica:ferry:Ingress",
+                        "ServeReplica:ferry:Floor",
+                        "ServeReplica:ferry:BatchedFloor",
+                    )
+                    if k in r["cpu_ms_per_request"]
+                ),
+                0.0,
             ),
         }
         for label, r in doc["results"].items()
