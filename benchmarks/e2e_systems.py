@@ -184,6 +184,9 @@ SYSTEMS: dict[str, dict[str, Any]] = {
         "ferry_e2e.yaml",
         sets={"preprocess.gpu_decode_backend": "hardware", "preprocess.gpu_decode_hw_load": 0.6},
     ),
+    # the decoder's first call as before 2026-12-05: the warm-up's one JPEG, which fixed the
+    # engines' share of every later call at one mini-batch (docs/placement.md)
+    "ferry_noprime": _ferry("ferry_e2e.yaml", sets={"preprocess.gpu_decode_prime": False}),
     # a replica's next decode round starts while the GPU still works on the last one
     "ferry_overlap": _ferry("ferry_e2e.yaml", sets={"preprocess.overlap_rounds": True}),
     "ferry_4rep": _ferry(

@@ -56,17 +56,32 @@ _decoders_lock = threading.Lock()
 
 
 def decoder_for(
-    device_id: int, cpu_threads: int = 4, backends: str = "auto", hw_load: float = 1.0
+    device_id: int,
+    cpu_threads: int = 4,
+    backends: str = "auto",
+    hw_load: float = 1.0,
+    largest: int = 0,
 ) -> GpuJpegDecoder:
     """The process's decoder for these settings, made once and kept for the life of the
     process (with the streams it has decoded on): one per process and device is the
     intended use, and tearing one down while images or streams it touched are in flight
-    is what nvImageCodec is least forgiving of."""
+    is what nvImageCodec is least forgiving of. ``largest``: the most JPEGs one call will
+    carry; the new decoder's first call is that many (``GpuJpegDecoder.prime``)."""
     key = (device_id, cpu_threads, backends, hw_load)
     with _decoders_lock:
         dec = _decoders.get(key)
         if dec is None:
-            dec = _decoders[key] = GpuJpegDecoder(device_id, cpu_threads, backends, hw_load)
+            dec = GpuJpegDecoder(device_id, cpu_threads, backends, hw_load)
+            if largest > 0:
+                dec.prime(largest)
+            _decoders[key] = dec
+        elif largest > dec.primed:
+            logger.warning(
+                "nvImageCodec's decoder was first called with %d images: calls of up to %d "
+                "send what is past its backends' shares to the next backend",
+                dec.primed,
+                largest,
+            )
         return dec
 
 
@@ -105,6 +120,7 @@ class GpuJpegDecoder:
             backends=None if chain is None else [nv.Backend(k, load_hint=h) for k, h in chain],
         )
         self._streams: dict[int, Any] = {}  # every stream used: they outlive the decoder
+        self.primed = 0  # the images of its first call, where prime made it
         self.params = {
             3: nv.DecodeParams(
                 apply_exif_orientation=False, color_spec=nv.SRGB, sample_format=nv.I_RGB
@@ -113,6 +129,28 @@ class GpuJpegDecoder:
                 apply_exif_orientation=False, color_spec=nv.GRAY, sample_format=nv.I_Y
             ),
         }
+
+    def prime(self, n: int) -> None:
+        """Make this decoder's first call one of ``n`` small JPEGs, ``n`` the most a call
+        will carry. nvImageCodec fixes each backend's share of a call at the decoder's first
+        call and keeps it (``load_hint`` x that call's images, rounded up to the hardware's
+        mini-batch: engines x cores; ``image_generic_codec.h``, v0.8): a first call of one
+        image caps the hardware engines at a mini-batch a call for the process's life, and
+        what every larger call holds past it goes to the next backend (nvJPEG's CUDA decoder,
+        Huffman on the host, or libjpeg-turbo)."""
+        import cupy  # optional: cupy, present where the decoder runs
+        import numpy as np
+
+        from .imaging import encode_jpeg
+
+        data = encode_jpeg(np.full((64, 64, 3), 128, np.uint8))
+        stream = cupy.cuda.Stream(non_blocking=True)
+        with cupy.cuda.Device(self.device_id):
+            got = self.decode([data] * n, 3, stream)
+            stream.synchronize()
+        del got
+        self.primed = n
+        logger.info("nvImageCodec decoder primed with a first call of %d JPEGs", n)
 
     def decode(self, datas: list[bytes], channels: int, stream: Any) -> list[Any]:
         """``DecodedImage``s of ``datas`` ([h, w, channels] uint8 on the device; ``None``

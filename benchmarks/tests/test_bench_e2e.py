@@ -30,6 +30,7 @@ FERRY_SYSTEMS = {  # system -> (its ingress replicas, its inference replicas)
     "ferry_hw": (8, None),  # ferry on the hardware JPEG engines alone
     "ferry_hw60": (8, None),  # ferry, 60% of each decode call on the engines, the rest CUDA
     "ferry_overlap": (8, None),  # ferry with preprocess.overlap_rounds
+    "ferry_noprime": (8, None),  # ferry with the decoder's first call of one JPEG
     "ferry_4rep": (4, None),  # ferry in 4 replicas of a quarter of the GPU
 }
 

@@ -83,9 +83,16 @@ class PreprocessConfig(Strict):
     CUDA kernels, or hybrid (Huffman on the CPU); ``auto`` lets it choose per image."""
     gpu_decode_hw_load: float = Field(1.0, gt=0.0, le=1.0)
     """With ``gpu_decode_backend: hardware``: the share of each decode call that goes to the
-    hardware engines (nvImageCodec's fixed load hint); the rest goes to the CUDA decoder on
-    the SMs, so large photos need not queue on the engines while the SMs idle. Nothing goes
+    hardware engines (nvImageCodec's fixed load hint: of the largest batch, as the primed
+    first call sets it, so a smaller call may go to the engines whole); the rest goes to the
+    CUDA decoder on the SMs, so large photos need not queue on the engines while the SMs idle. Nothing goes
     to the host's hybrid decoder, which ``auto`` loads more as the GPU gets busy."""
+    gpu_decode_prime: bool = True
+    """The GPU decoder's first call decodes as many small JPEGs as the largest batch
+    (``GpuJpegDecoder.prime``): nvImageCodec fixes each backend's share of a call at its
+    first call, so a first call of one image would send most of every large call past the
+    hardware engines, to decoders that work on the host. ``false`` leaves the first call
+    to the warm-up's one JPEG, as before (``bench_e2e`` system ``ferry_noprime``)."""
     overlap_rounds: bool = False
     """Where the GPU decodes in the process that owns the executor (``one_process``, and
     ``split`` on a GPU; not ``gpu_preprocess``, whose stage sends each batch): start the next

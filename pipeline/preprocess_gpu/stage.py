@@ -146,7 +146,11 @@ class PreprocessGpuCore:
             return None
         pre = config.preprocess
         return gpu_decode.decoder_for(
-            self.backend.device_id, pre.threads, pre.gpu_decode_backend, pre.gpu_decode_hw_load
+            self.backend.device_id,
+            pre.threads,
+            pre.gpu_decode_backend,
+            pre.gpu_decode_hw_load,
+            largest=config.largest_batch if pre.gpu_decode_prime else 0,
         )
 
     async def process(self, model: str, items: Items, to: SendTo | None = None) -> DeviceRows:

@@ -5,6 +5,10 @@ Serve app on one GPU classifies as the CPU path does."""
 from __future__ import annotations
 
 import asyncio
+import os
+import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -248,3 +252,47 @@ def test_one_launch_fit_equals_pillow_on_the_same_pixels(nvimgcodec):
         assert diff.mean() < 0.5 and np.percentile(diff, 99.9) <= 2, model
         del imgs
     core.close()
+
+
+_FIRST_CALL = """
+import sys
+import cupy
+import numpy as np
+from pipeline import gpu_decode
+from pipeline.imaging import encode_jpeg
+largest = int(sys.argv[1])
+d = gpu_decode.decoder_for(0, 2, "hardware", 1.0, largest=largest)
+if not largest:  # the first call as it was before priming: the warm-up's one JPEG
+    s = cupy.cuda.Stream(non_blocking=True)
+    d.decode([encode_jpeg(np.zeros((227, 229, 3), np.uint8))], 3, s)
+    s.synchronize()
+"""
+
+
+def _hw_share_of_first_call(largest: int) -> tuple[list[int], str]:
+    """The hardware engines' share of a call, as nvImageCodec's own log (INFO) states it
+    when a decoder's first call fixes it, for a decoder made by ``decoder_for(largest=)``."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYNVIMGCODEC_VERBOSITY": "3", "PYTHONPATH": root}
+    out = subprocess.run(
+        [sys.executable, "-c", _FIRST_CALL, str(largest)],
+        env=env, capture_output=True, text=True, timeout=180, cwd=root,
+    )  # fmt: skip
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log[-3000:]
+    return [int(n) for n in re.findall(r"hw\S* selecting max batch size to (\d+)", log)], log
+
+
+def test_a_primed_decoder_gives_the_engines_its_largest_call(nvimgcodec):
+    """nvImageCodec fixes each backend's share of a call at the decoder's first call (its
+    load hint x that call's images, rounded up to the engines' mini-batch) and keeps it:
+    ``decoder_for(largest=)`` makes that first call the largest batch, so the engines may
+    take every image of any call; a first call of one JPEG (as before) caps them at one
+    mini-batch a call, the rest of each call going to decoders that work on the host."""
+    primed, log = _hw_share_of_first_call(96)
+    unprimed, _ = _hw_share_of_first_call(0)
+    print(
+        f"the engines' share of a call: primed with 96 -> {primed}, first call of 1 -> {unprimed}"
+    )
+    assert primed, "nvImageCodec logged no hardware share:\n" + log[-3000:]
+    assert primed[0] >= 96
