@@ -73,7 +73,10 @@ def decoder_for(
         if dec is None:
             dec = GpuJpegDecoder(device_id, cpu_threads, backends, hw_load)
             if largest > 0:
-                dec.prime(largest)
+                try:
+                    dec.prime(largest)
+                except Exception:  # a decoder that serves unprimed beats a replica that fails
+                    logger.warning("could not prime nvImageCodec's decoder", exc_info=True)
             _decoders[key] = dec
         elif largest > dec.primed:
             logger.warning(
