@@ -147,8 +147,8 @@ class GpuJpegDecoder:
         from .imaging import encode_jpeg
 
         data = encode_jpeg(np.full((64, 64, 3), 128, np.uint8))
-        stream = cupy.cuda.Stream(non_blocking=True)
         with cupy.cuda.Device(self.device_id):
+            stream = cupy.cuda.Stream(non_blocking=True)  # (on this decoder's device)
             got = self.decode([data] * n, 3, stream)
             stream.synchronize()
         del got
