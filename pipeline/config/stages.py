@@ -85,8 +85,7 @@ class PreprocessConfig(Strict):
     """With ``gpu_decode_backend: hardware``: the share of each decode call that goes to the
     hardware engines (nvImageCodec's fixed load hint: of the largest batch, as the primed
     first call sets it, so a smaller call may go to the engines whole); the rest goes to the
-    CUDA decoder on the SMs, so large photos need not queue on the engines while the SMs idle. Nothing goes
-    to the host's hybrid decoder, which ``auto`` loads more as the GPU gets busy."""
+    next decoder, so large photos need not queue on the engines while the SMs idle."""
     gpu_decode_prime: bool = True
     """The GPU decoder's first call decodes as many small JPEGs as the largest batch
     (``GpuJpegDecoder.prime``): nvImageCodec fixes each backend's share of a call at its
