@@ -56,6 +56,19 @@ def holders(port: int) -> list[dict]:
     return found
 
 
+def wait_free(port: int, timeout_s: float) -> list[dict]:
+    """Wait up to ``timeout_s`` for ``port`` to have no listener; the holders left (empty:
+    free). A Ray that was just stopped keeps its Serve proxy's port for a few seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    held = holders(port)
+    while held and time.monotonic() < deadline:
+        time.sleep(0.25)
+        held = holders(port)
+    return held
+
+
 def main(argv: list[str]) -> int:
     port = int(argv[1]) if len(argv) > 1 else 8000
     held = holders(port)

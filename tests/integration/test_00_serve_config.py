@@ -19,6 +19,7 @@ import httpx
 import numpy as np
 import pytest
 
+from deployments import portcheck
 from loadtest import procs
 from loadtest.run import subprocess_env, wait_ready
 from pipeline.imaging import encode_png
@@ -118,3 +119,4 @@ def test_serve_deploy_to_a_running_ray_start_head():
     finally:
         procs.stop(run_id, grace_s=30)
         shutil.rmtree(temp, ignore_errors=True)
+        portcheck.wait_free(8000, 60)  # its Serve proxy may outlive the stop by seconds
