@@ -92,21 +92,37 @@ async def _rate(run, items, seconds: float, in_flight: int, ready=None) -> tuple
     return done / wall, cpu * 1e3 / max(1, done), done
 
 
-def _gpu_stage(backend: str, host_wait: str = "auto"):
-    """Ferry's GPU decode stage (``local``) for ``backend`` (``hardware@0.6``: the engines'
-    share of each call) and the process's CUDA host waits (``executor.host_wait``: it holds
-    from the process's first context on); ``cpu_<t>t``: the CPU stage on ``t`` threads."""
+def _stage(path: str, host_wait: str = "auto"):
+    """The decode stage a row measures: ``cpu_<t>t``, Ferry's CPU stage on ``t`` threads;
+    else Ferry's GPU decode stage (``local``) for backend ``path`` (``hardware@0.6``: the
+    engines' share) with the process's CUDA host waits (``executor.host_wait``: it holds
+    from the process's first context on)."""
     from pipeline.stages.decode import PreprocessStage
     from pipeline.stages.preprocess_gpu import PreprocessGpuStage
 
-    if backend.startswith("cpu_"):
-        return PreprocessStage(_config(threads=int(backend[4:].rstrip("t"))))
-    kind, _, load = backend.partition("@")
+    if path.startswith("cpu_"):
+        return PreprocessStage(_config(threads=int(path[4:].rstrip("t"))))
+    kind, _, load = path.partition("@")
     share = {"gpu_decode_hw_load": float(load)} if load else {}
     cfg = _config(
         True, host_wait, decoder="nvimgcodec", gpu_decode_backend=kind, threads=4, **share
     )
     return PreprocessGpuStage(cfg, 0, local=True)
+
+
+def _stage_rate(
+    path: str, items: list, seconds: float, host_wait: str = "auto", ready=None
+) -> tuple[float, float, int]:
+    """``_rate`` of a new ``_stage(path, host_wait)``, two calls in flight; the stage is
+    closed after."""
+    core = _stage(path, host_wait)
+    try:
+        return asyncio.run(_rate(lambda it: core.run("resnet50", it), items, seconds, 2, ready))
+    finally:
+        if hasattr(core, "close"):
+            core.close()
+        else:  # the CPU stage
+            core.pool.shutdown()
 
 
 def _items(name: str, batch: int) -> list:
@@ -125,13 +141,7 @@ def _one_of_many(
     backend: str, wait: str, name: str, batch: int, seconds: float, start, out
 ) -> None:
     """One of ``--procs``' processes: its warm-up, then the span once all are warm."""
-    core = _gpu_stage(backend, wait)
-    run = lambda it: core.run("resnet50", it)  # noqa: E731
-    out.put(asyncio.run(_rate(run, _items(name, batch), seconds, 2, start.wait)))
-    if hasattr(core, "close"):
-        core.close()
-    else:  # the CPU stage
-        core.pool.shutdown()
+    out.put(_stage_rate(backend, _items(name, batch), seconds, wait, start.wait))
 
 
 def _many_rate(backend: str, name: str, batch: int, seconds: float, procs: int, wait: str = "auto"):
@@ -279,7 +289,6 @@ def main() -> int:
 def _measure(args: argparse.Namespace) -> list[dict]:
     """Every row the arguments ask for."""
     from pipeline import gpu_decode
-    from pipeline.stages.decode import PreprocessStage
 
     corpora = [corpus(c) for c in args.corpus.split(",") if c]
     gpu = gpu_decode.available()
@@ -292,24 +301,17 @@ def _measure(args: argparse.Namespace) -> list[dict]:
             bodies = [c.bodies[i % len(c.bodies)] for i in range(batch)]
             items = _items(c.name, batch)
             for t in [int(x) for x in args.threads.split(",") if x]:
-                core = PreprocessStage(_config(threads=t))
-                run = lambda it, k=core: k.run("resnet50", it)  # noqa: E731
-                _row(rows, f"cpu_simplejpeg_{t}t", c.name, batch,
-                     asyncio.run(_rate(run, items, args.seconds, 2)))  # fmt: skip
-                core.pool.shutdown()
+                got = _stage_rate(f"cpu_{t}t", items, args.seconds)
+                _row(rows, f"cpu_simplejpeg_{t}t", c.name, batch, got)
             for b in [x for x in args.backends.split(",") if x] if gpu else []:
                 for n in [int(x) for x in args.procs.split(",") if x]:
-                    for w in [x for x in args.host_wait.split(",") if x] if n > 1 else []:
+                    if n == 1:
+                        _row(rows, f"gpu_{b}", c.name, batch, _stage_rate(b, items, args.seconds))
+                        continue
+                    for w in [x for x in args.host_wait.split(",") if x]:
                         got = _many_rate(b, c.name, batch, args.seconds, n, w)
                         tail = "" if w == "auto" else f"_{w}"
                         _row(rows, f"gpu_{b}_x{n}p{tail}", c.name, batch, got)
-                    if n > 1:
-                        continue
-                    core = _gpu_stage(b)
-                    run = lambda it, k=core: k.run("resnet50", it)  # noqa: E731
-                    _row(rows, f"gpu_{b}", c.name, batch,
-                         asyncio.run(_rate(run, items, args.seconds, 2)))  # fmt: skip
-                    core.close()
             if peer and batch > 128:
                 print(f"no peer row at {batch} a call: the peer's batches stop at 128")
             elif peer:
