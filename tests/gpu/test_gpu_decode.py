@@ -273,7 +273,8 @@ def _hw_share_of_first_call(largest: int) -> tuple[list[int], str]:
     """The hardware engines' share of a call, as nvImageCodec's own log (INFO) states it
     when a decoder's first call fixes it, for a decoder made by ``decoder_for(largest=)``."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {**os.environ, "PYNVIMGCODEC_VERBOSITY": "3", "PYTHONPATH": root}
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYNVIMGCODEC_VERBOSITY": "3", "PYTHONPATH": path}
     out = subprocess.run(
         [sys.executable, "-c", _FIRST_CALL, str(largest)],
         env=env, capture_output=True, text=True, timeout=180, cwd=root,
