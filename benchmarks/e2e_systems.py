@@ -249,6 +249,13 @@ SYSTEMS: dict[str, dict[str, Any]] = {
     },
     # the image workload: the U-Net compiles per batch size in every replica (minutes)
     "ferry_image": _ferry("ferry_e2e_image.yaml", workload="image", startup_s=600),
+    # with every CUDA host wait asleep: nvImageCodec's JPEG encoder waits for each answer's
+    # encode with a plain cudaEventSynchronize on its own threads (cuda_encoder.cpp), and
+    # those threads took 2.5-4.9 cores at 1,149-1,900 frames/s on an H100 (2026-12-05)
+    "ferry_image_sleep": _ferry(
+        "ferry_e2e_image.yaml", workload="image", startup_s=600,
+        sets={"executor.host_wait": "sleep"},
+    ),  # fmt: skip
     **{
         f"rayserve_image_{n}": _peer(
             "rayserve_image", n, FERRY_ENV, 600, workload="image", model=iw.UNET_PATH

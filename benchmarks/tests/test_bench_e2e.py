@@ -25,6 +25,7 @@ FERRY_SYSTEMS = {  # system -> (its ingress replicas, its inference replicas)
     "ferry_naive": (8, None),
     "ferry_sleep": (8, None),  # ferry with sleeping CUDA waits
     "ferry_image": (8, None),  # the image workload, in ferry's placement
+    "ferry_image_sleep": (8, None),  # the same with sleeping CUDA waits
     "ferry_t1": (8, None),  # ferry with 1 or 2 nvImageCodec threads a replica
     "ferry_t2": (8, None),
     "ferry_hw": (8, None),  # ferry on the hardware JPEG engines alone
@@ -61,7 +62,8 @@ def test_benchmark_serve_configs_validate(system):
     cfg = PipelineConfig.model_validate(raw["applications"][0]["args"]["config"])
     assert cfg.executor.backend == "cupy"
     assert (cfg.executor.mode == "naive") == (system == "ferry_naive")
-    assert cfg.executor.host_wait == ("sleep" if system == "ferry_sleep" else "auto")
+    sleeps = system in ("ferry_sleep", "ferry_image_sleep")
+    assert cfg.executor.host_wait == ("sleep" if sleeps else "auto")
     assert cfg.preprocess.threads == {"ferry_t1": 1, "ferry_t2": 2}.get(system, 4)
     hw = system in ("ferry_hw", "ferry_hw60", "ferry_hop2_hw")
     assert cfg.preprocess.gpu_decode_backend == ("hardware" if hw else "auto")
