@@ -129,6 +129,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "was left out is said in the run's note",
     )
     ap.add_argument(
+        "--spy",
+        default=None,
+        metavar="DIR",
+        help="sample two replicas of each system with py-spy over the levels of --spy-clients "
+        "(raw stacks, every thread, a file a process and level in DIR; summarise with "
+        "scripts/spy_top.py)",
+    )
+    ap.add_argument("--spy-clients", type=int, default=256, help="the level --spy samples")
+    ap.add_argument(
+        "--spy-native",
+        action="store_true",
+        help="with --spy: the C/C++ frames too (nvImageCodec's, CUDA's); py-spy then pauses "
+        "the process for each sample, so that level's figures are not the system's",
+    )
+    ap.add_argument(
         "--strict",
         action="store_true",
         help="exit 1 unless every system came up and answered every level without an error "

@@ -58,6 +58,18 @@ def _row(
     }
 
 
+def _spies(system: str, c: Corpus, n: int, args: argparse.Namespace, run_id: str) -> list:
+    """py-spy on two of the system's replicas over this level, where ``--spy`` asks for it
+    (``profile_pipeline.start_spies``; a file a process, named by system, corpus, level)."""
+    if not getattr(args, "spy", None) or n != args.spy_clients:
+        return []
+    from benchmarks.profile_pipeline import ray_processes, start_spies
+
+    prefix = f"{system.replace('+', '_')}_{c.name}_{n}_"
+    span = args.warmup + args.seconds
+    return start_spies(ray_processes(run_id), args.spy, span, native=args.spy_native, prefix=prefix)
+
+
 def measure(
     system: str,
     url: str,
@@ -71,6 +83,7 @@ def measure(
     """One load level: its row, and the answers' mean per-stage timings when ``collect``.
     ``run_id``: the system's ``serve run`` (its processes' CPU is the server's)."""
     w: Workload = WORKLOADS[args.workload]
+    spies = _spies(system, c, n, args, run_id)
     device = DeviceSampler()  # (before the span: NVML's first load may import Ray)
     mark, _ = busy_cores_since()
     cpu0, threads0, t0 = run_cpu_s(run_id), thread_cpu_s(run_id), time.monotonic()
@@ -88,6 +101,8 @@ def measure(
         )
     # warm-up included: the level's whole span, its rate taken as the measured one
     wall_s = max(time.monotonic() - t0, 1e-9)
+    for p in spies:
+        p.wait()
     server_cores = (run_cpu_s(run_id) - cpu0) / wall_s
     threads = busiest(threads0, thread_cpu_s(run_id), wall_s)
     _, busy = busy_cores_since(mark)

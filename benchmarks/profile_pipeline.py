@@ -105,9 +105,17 @@ def per_thread(before: dict, after: dict, n: int, top: int = 8) -> dict[str, dic
     }
 
 
-def start_spies(pids: dict[int, str], folder: str, seconds: float, gil: bool = False) -> list:
+def start_spies(
+    pids: dict[int, str],
+    folder: str,
+    seconds: float,
+    gil: bool = False,
+    native: bool = False,
+    prefix: str = "",
+) -> list:
     """py-spy record, without pausing them, on two replicas of each deployment and the proxy
-    for ``seconds``."""
+    for ``seconds``; ``native``: with the C/C++ frames below Python's (py-spy then pauses
+    the process for each sample), ``prefix`` before each file's name."""
     import shutil
     import subprocess
 
@@ -119,9 +127,10 @@ def start_spies(pids: dict[int, str], folder: str, seconds: float, gil: bool = F
         if ("ServeReplica" not in name and "ProxyActor" not in name) or seen[name] >= 2:
             continue
         seen[name] += 1
-        out = os.path.join(folder, f"{name.replace(':', '_')}_{pid}.txt")
+        out = os.path.join(folder, f"{prefix}{name.replace(':', '_')}_{pid}.txt")
         cmd = [spy, "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "100"]
-        cmd += ["-f", "raw", "-t", "--nonblocking", "-o", out] + (["--gil"] if gil else [])
+        cmd += ["-f", "raw", "-t", "-o", out] + (["--gil"] if gil else [])
+        cmd += ["--native"] if native else ["--nonblocking"]  # (py-spy: native needs a pause)
         procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     return procs
 
