@@ -26,6 +26,7 @@ FERRY_SYSTEMS = {  # system -> (its ingress replicas, its inference replicas)
     "ferry_sleep": (8, None),  # ferry with sleeping CUDA waits
     "ferry_image": (8, None),  # the image workload, in ferry's placement
     "ferry_image_sleep": (8, None),  # the same with sleeping CUDA waits
+    "ferry_image_enc16": (8, None),  # the same with 16 encoder threads a replica
     "ferry_t1": (8, None),  # ferry with 1 or 2 nvImageCodec threads a replica
     "ferry_t2": (8, None),
     "ferry_hw": (8, None),  # ferry on the hardware JPEG engines alone
@@ -65,6 +66,7 @@ def test_benchmark_serve_configs_validate(system):
     sleeps = system in ("ferry_sleep", "ferry_image_sleep")
     assert cfg.executor.host_wait == ("sleep" if sleeps else "auto")
     assert cfg.preprocess.threads == {"ferry_t1": 1, "ferry_t2": 2}.get(system, 4)
+    assert cfg.preprocess.encoder_threads == (16 if system == "ferry_image_enc16" else None)
     hw = system in ("ferry_hw", "ferry_hw60", "ferry_hop2_hw")
     assert cfg.preprocess.gpu_decode_backend == ("hardware" if hw else "auto")
     assert cfg.preprocess.gpu_decode_hw_load == (0.6 if system == "ferry_hw60" else 1.0)

@@ -78,6 +78,11 @@ class PreprocessConfig(Strict):
     CUDA encoder (the ``gpu-decode`` extra), ``cpu`` resizes and encodes on worker threads
     (simplejpeg), ``auto`` the GPU when nvImageCodec loads. PNG, WebP and masks are always
     encoded on the CPU."""
+    encoder_threads: int | None = Field(None, ge=1, le=256)
+    """nvImageCodec's JPEG encoder's host threads a replica (``None``: ``threads``). Its CUDA
+    encoder takes one answer at a time on each thread and waits for the GPU after each
+    (``extensions/nvjpeg/cuda_encoder.cpp``), so a call of N answers makes N / threads GPU
+    round trips in turn: more threads, a shorter call, the same work an answer."""
     gpu_decode_backend: Literal["auto", "hardware", "cuda", "hybrid"] = "auto"
     """Which nvJPEG backend nvImageCodec prefers: the hardware engines (A100/H100/H200),
     CUDA kernels, or hybrid (Huffman on the CPU); ``auto`` lets it choose per image."""

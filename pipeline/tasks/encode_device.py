@@ -135,7 +135,7 @@ class DeviceAnswers:
         return cls(
             executor.backend,
             executor.pool,
-            pre.threads,
+            pre.encoder_threads or pre.threads,
             config.transport.timeout_s,
             eager=strict,
             strict=strict,

@@ -87,3 +87,38 @@ def test_a_call_of_64_720p_answers(device):
           f"{sum(map(len, got)) / 64 / 1024:.0f} KiB each")  # fmt: skip
     assert all(b is not None for b in got)
     assert _in_use(device) == 0
+
+
+@pytest.mark.parametrize("threads", [4, 16])
+def test_a_call_of_64_720p_answers_by_the_encoders_threads(threads):
+    """``preprocess.encoder_threads`` reaches nvImageCodec's encoder (``DeviceAnswers.make``),
+    and a call of 64 720p answers is timed for the log on 4 threads (``threads``' default)
+    and 16: the CUDA encoder waits for the GPU after each answer on each thread."""
+    pytest.importorskip("nvidia.nvimgcodec")
+    from types import SimpleNamespace
+
+    from pipeline.config import PipelineConfig
+    from pipeline.tasks.encode_device import DeviceAnswers
+
+    backend = select_backend("cupy", 0, "sleep")
+    executor = SimpleNamespace(backend=backend, pool=make_pool(backend, limit_bytes=1 << 30))
+    cfg = PipelineConfig.model_validate(
+        {"preprocess": {"encoder": "nvimgcodec", "encoder_threads": threads}}
+    )
+    dev = DeviceAnswers.make(cfg, executor)
+    try:
+        assert dev is not None and dev.threads == threads
+        wins, sizes = [_photo(256, 256)] * 64, [(720, 1280)] * 64
+        dev.jpegs(wins[:8], sizes[:8], [90] * 8)
+        times = []
+        for _ in range(3):
+            t = time.perf_counter()
+            got = dev.jpegs(wins, sizes, [90] * 64)
+            times.append((time.perf_counter() - t) * 1e3)
+            assert all(b is not None for b in got)
+        ms = sorted(times)[1]
+        print(f"encoder on {threads} threads: 64 answers of 1280x720 in {ms:.1f} ms (median of "
+              f"3), {64e3 / ms:.0f} answers/s")  # fmt: skip
+        assert _in_use(dev) == 0
+    finally:
+        dev.close()
