@@ -61,14 +61,21 @@ def decoder_for(
     backends: str = "auto",
     hw_load: float = 1.0,
     largest: int = 0,
+    keep_bytes: int | None = None,
 ) -> GpuJpegDecoder:
     """The process's decoder for these settings, made once and kept for the life of the
     process (with the streams it has decoded on): one per process and device is the
     intended use, and tearing one down while images or streams it touched are in flight
     is what nvImageCodec is least forgiving of. ``largest``: the most JPEGs one call will
-    carry; the new decoder's first call is that many (``GpuJpegDecoder.prime``)."""
+    carry; the new decoder's first call is that many (``GpuJpegDecoder.prime``).
+    ``keep_bytes`` (None: as it is): ``keep_decoded``, before the first call."""
     key = (device_id, cpu_threads, backends, hw_load)
     with _decoders_lock:
+        if keep_bytes is not None:
+            try:
+                keep_decoded(device_id, keep_bytes)
+            except Exception:  # (no stream-ordered pools here: nvImageCodec uses cudaMalloc)
+                logger.warning("could not set the decoder's pool to keep memory", exc_info=True)
         dec = _decoders.get(key)
         if dec is None:
             dec = GpuJpegDecoder(device_id, cpu_threads, backends, hw_load)
@@ -86,6 +93,27 @@ def decoder_for(
                 largest,
             )
         return dec
+
+
+RELEASE_THRESHOLD = 4  # cudaMemPoolAttrReleaseThreshold (driver_types.h)
+
+
+def keep_decoded(device_id: int, nbytes: int) -> int:
+    """Let the device's current memory pool -- where nvImageCodec's Python ``Decoder`` puts
+    each decoded image (``cudaMallocAsync`` on the call's stream, ``cudaFreeAsync`` when it
+    is dropped) -- keep up to ``nbytes`` of freed memory mapped. CUDA's default, 0, hands
+    every freed byte back to the driver at the next synchronisation, and Ferry synchronises
+    once a round, so each round's images were mapped afresh by the thread that calls the
+    decoder. The pool is per process (a replica's own context); a larger value already set
+    is kept. Returns the threshold the pool has."""
+    from cupy.cuda import runtime  # optional: cupy, present where the decoder runs
+
+    pool = runtime.deviceGetMemPool(device_id)
+    have = int(runtime.memPoolGetAttribute(pool, RELEASE_THRESHOLD))
+    if nbytes > have:
+        runtime.memPoolSetAttribute(pool, RELEASE_THRESHOLD, int(nbytes))
+        have = int(nbytes)
+    return have
 
 
 class GpuJpegDecoder:

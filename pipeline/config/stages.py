@@ -97,6 +97,14 @@ class PreprocessConfig(Strict):
     first call, so a first call of one image would send most of every large call past the
     hardware engines, to decoders that work on the host. ``false`` leaves the first call
     to the warm-up's one JPEG, as before (``bench_e2e`` system ``ferry_noprime``)."""
+    gpu_decode_keep_bytes: int = Field(256 << 20, ge=0, le=1 << 40)
+    """Freed device memory the GPU decoder's pool keeps mapped between rounds, a replica
+    (``gpu_decode.keep_decoded``): nvImageCodec allocates each decoded image from the
+    device's stream-ordered pool, which by CUDA's default (0) hands every freed byte back
+    at each synchronisation, so each round mapped its images' memory afresh on the decode
+    call's thread. Held outside the executor's pool, on top of what a round's images take
+    at their peak anyway (256 MiB: a round of 256 451x300 images, or 64 of 640x480 to
+    1920x1080); 0 is CUDA's default (``bench_e2e`` system ``ferry_keep0``)."""
     overlap_rounds: bool = False
     """Where the GPU decodes in the process that owns the executor (``one_process``, and
     ``split`` on a GPU; not ``gpu_preprocess``, whose stage sends each batch): start the next

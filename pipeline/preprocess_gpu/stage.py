@@ -151,6 +151,7 @@ class PreprocessGpuCore:
             pre.gpu_decode_backend,
             pre.gpu_decode_hw_load,
             largest=config.largest_batch if pre.gpu_decode_prime else 0,
+            keep_bytes=pre.gpu_decode_keep_bytes,
         )
 
     async def process(self, model: str, items: Items, to: SendTo | None = None) -> DeviceRows:

@@ -297,3 +297,37 @@ def test_a_primed_decoder_gives_the_engines_its_largest_call(nvimgcodec):
     )
     assert primed, "nvImageCodec logged no hardware share:\n" + log[-3000:]
     assert primed[0] >= 96
+
+
+def test_the_decoders_pool_keeps_a_rounds_images_mapped(nvimgcodec):
+    """nvImageCodec puts decoded images in the device's stream-ordered pool; at CUDA's
+    release threshold (0) a synchronisation after they are dropped hands their memory back,
+    so the next round maps it again. ``decoder_for(keep_bytes=)`` (``keep_decoded``) keeps
+    up to that much mapped: a round's images stay reserved once dropped and synchronised."""
+    import cupy
+    from cupy.cuda import runtime
+
+    from pipeline.gpu_decode import RELEASE_THRESHOLD, decoder_for, keep_decoded
+
+    reserved = 5  # cudaMemPoolAttrReservedMemCurrent
+    pool = runtime.deviceGetMemPool(0)
+    blobs = [encode_jpeg(img, quality=90) for img in _photos().values()] * 4
+    stream = cupy.cuda.Stream(non_blocking=True)
+
+    def a_round(dec) -> tuple[int, int]:
+        imgs = dec.decode(blobs, 3, stream)
+        used = sum(int(np.prod(i.image.shape)) for i in imgs)
+        del imgs  # freed on the stream (cudaFreeAsync), then the round's synchronisation
+        stream.synchronize()
+        return used, int(runtime.memPoolGetAttribute(pool, reserved))
+
+    runtime.memPoolSetAttribute(pool, RELEASE_THRESHOLD, 0)  # CUDA's default, as before
+    dec = decoder_for(0, cpu_threads=2, backends="cuda", hw_load=1.0)
+    used, kept_at_0 = a_round(dec)
+    assert keep_decoded(0, 64 << 20) == 64 << 20
+    assert decoder_for(0, 2, "cuda", 1.0, keep_bytes=32 << 20) is dec  # (a larger one stays)
+    assert int(runtime.memPoolGetAttribute(pool, RELEASE_THRESHOLD)) == 64 << 20
+    _, kept = a_round(dec)
+    print(f"a round of {len(blobs)} images, {used / 2**20:.1f} MiB: reserved after it "
+          f"{kept_at_0 / 2**20:.1f} MiB at threshold 0, {kept / 2**20:.1f} MiB at 64 MiB")  # fmt: skip
+    assert kept_at_0 < used <= kept
