@@ -5,6 +5,7 @@ utilisation, as one row of ``e2e.json``."""
 from __future__ import annotations
 
 import argparse
+import subprocess
 import time
 from typing import Any
 
@@ -67,7 +68,25 @@ def _spies(system: str, c: Corpus, n: int, args: argparse.Namespace, run_id: str
 
     prefix = f"{system.replace('+', '_')}_{c.name}_{n}_"
     span = args.warmup + args.seconds
-    return start_spies(ray_processes(run_id), args.spy, span, native=args.spy_native, prefix=prefix)
+    try:
+        return start_spies(
+            ray_processes(run_id), args.spy, span, native=args.spy_native, prefix=prefix
+        )
+    except OSError as exc:  # no py-spy here: the level is measured without it
+        print(f"      py-spy not started: {exc}", flush=True)
+        return []
+
+
+def _spied(spies: list, span: float) -> None:
+    """Wait for the level's spies (killed past ``span`` + 60 s), saying which failed."""
+    for p in spies:
+        try:
+            rc = p.wait(timeout=span + 60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            rc = p.wait()
+        if rc:
+            print(f"      py-spy {' '.join(map(str, p.args[2:4]))} exited {rc}", flush=True)
 
 
 def measure(
@@ -101,12 +120,13 @@ def measure(
         )
     # warm-up included: the level's whole span, its rate taken as the measured one
     wall_s = max(time.monotonic() - t0, 1e-9)
-    for p in spies:
-        p.wait()
     server_cores = (run_cpu_s(run_id) - cpu0) / wall_s
     threads = busiest(threads0, thread_cpu_s(run_id), wall_s)
     _, busy = busy_cores_since(mark)
+    _spied(spies, args.warmup + args.seconds)
     row = _row(system, w, c, n, args, r, replicas, busy, server_cores, threads, device.result())
+    if spies:  # py-spy ran on two replicas over this level (native: pausing them)
+        row["spy"] = "native" if args.spy_native else "sampled"
     unit = "frames/s" if w.name == "image" else "img/s"
     print(
         f"   {c.name:>7} {n:>5} clients: {r['img_s']:8.1f} {unit}  p50 {r['p50_ms']} ms  "

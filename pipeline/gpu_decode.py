@@ -68,13 +68,13 @@ def decoder_for(
     intended use, and tearing one down while images or streams it touched are in flight
     is what nvImageCodec is least forgiving of. ``largest``: the most JPEGs one call will
     carry; the new decoder's first call is that many (``GpuJpegDecoder.prime``).
-    ``keep_bytes`` (None: as it is): ``keep_decoded``, before the first call."""
+    ``keep_bytes`` (None or 0: as it is): ``keep_decoded``, before the first call."""
     key = (device_id, cpu_threads, backends, hw_load)
     with _decoders_lock:
-        if keep_bytes is not None:
+        if keep_bytes:
             try:
                 keep_decoded(device_id, keep_bytes)
-            except Exception:  # (no stream-ordered pools here: nvImageCodec uses cudaMalloc)
+            except Exception:  # the decoder works without it, mapping each round afresh
                 logger.warning("could not set the decoder's pool to keep memory", exc_info=True)
         dec = _decoders.get(key)
         if dec is None:

@@ -9,7 +9,7 @@
 #   CLIENTS=256,1024 CORPUS=photos SECONDS_PER_LEVEL=6 BUDGET_S=300 bash scripts/gpu_e2e.sh ferry
 # SPY=256: py-spy on two replicas of each system over the 256-client levels ($OUT/spy.tgz, its
 # summary $OUT/spy_top.txt); SPY_NATIVE=1 adds the C/C++ frames (that level's figures then
-# include py-spy's pauses).
+# include py-spy's pauses). A spied level's row says so ("spy": "sampled" or "native").
 # CORPUS: the workload's own by default; WORKLOAD=image measures the image workload (its systems:
 # ferry_image, rayserve_image_N; the U-Net compiles in each replica: minutes of start-up).
 set -u
@@ -23,7 +23,7 @@ cp benchmarks/results/e2e.json "$OUT/e2e.json"
 timeout $((BUDGET + 30)) python3 benchmarks/bench_e2e.py --workload "${WORKLOAD:-classify}" \
   --systems "$1" --budget-s "$BUDGET" --clients "${CLIENTS:-64,256,1024}" \
   --seconds "${SECONDS_PER_LEVEL:-6}" --warmup 2 ${CORPUS:+--corpus "$CORPUS"} \
-  ${SPY:+--spy "$OUT/spy" --spy-clients "$SPY"} ${SPY_NATIVE:+--spy-native} \
+  ${SPY:+--spy "$OUT/spy" --spy-clients "$SPY"} $([ "${SPY_NATIVE:-0}" = 1 ] && echo --spy-native) \
   --out "$OUT/e2e.json" --log-dir "$OUT/logs" > "$OUT/e2e_log.txt" 2>&1
 grep -v "^\s*$" "$OUT/e2e_log.txt" | tail -40
 if [ -d "$OUT/spy" ]; then  # the stacks as one file, and their summary

@@ -102,9 +102,10 @@ class PreprocessConfig(Strict):
     (``gpu_decode.keep_decoded``): nvImageCodec allocates each decoded image from the
     device's stream-ordered pool, which by CUDA's default (0) hands every freed byte back
     at each synchronisation, so each round mapped its images' memory afresh on the decode
-    call's thread. Held outside the executor's pool, on top of what a round's images take
-    at their peak anyway (256 MiB: a round of 256 451x300 images, or 64 of 640x480 to
-    1920x1080); 0 is CUDA's default (``bench_e2e`` system ``ferry_keep0``)."""
+    call's thread. A cap, held outside the executor's pool (and outside the check that the
+    replicas' pools fit their GPU): what a round's images took at their peak, up to this
+    (a round of 256 451x300 images is 99 MiB; 64 of 1920x1080, 380 MiB); 0 is CUDA's
+    default (``bench_e2e`` system ``ferry_keep0``)."""
     overlap_rounds: bool = False
     """Where the GPU decodes in the process that owns the executor (``one_process``, and
     ``split`` on a GPU; not ``gpu_preprocess``, whose stage sends each batch): start the next

@@ -89,11 +89,26 @@ def test_a_call_of_64_720p_answers(device):
     assert _in_use(device) == 0
 
 
+def _codec_threads() -> int:
+    """nvImageCodec's host threads in this process (its pools name them ``[NVIMGCODEC]...``)."""
+    import os
+
+    n = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                n += f.read().startswith("[NVIMGCODEC]")
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return n
+
+
 @pytest.mark.parametrize("threads", [4, 16])
 def test_a_call_of_64_720p_answers_by_the_encoders_threads(threads):
-    """``preprocess.encoder_threads`` reaches nvImageCodec's encoder (``DeviceAnswers.make``),
-    and a call of 64 720p answers is timed for the log on 4 threads (``threads``' default)
-    and 16: the CUDA encoder waits for the GPU after each answer on each thread."""
+    """``preprocess.encoder_threads`` reaches nvImageCodec's encoder (``DeviceAnswers.make``:
+    the process then has at least that many nvImageCodec threads), and a call of 64 720p
+    answers is timed for the log on 4 threads (``threads``' default) and 16: the CUDA
+    encoder waits for the GPU after each answer on each thread."""
     pytest.importorskip("nvidia.nvimgcodec")
     from types import SimpleNamespace
 
@@ -110,6 +125,10 @@ def test_a_call_of_64_720p_answers_by_the_encoders_threads(threads):
         assert dev is not None and dev.threads == threads
         wins, sizes = [_photo(256, 256)] * 64, [(720, 1280)] * 64
         dev.jpegs(wins[:8], sizes[:8], [90] * 8)
+        # (all of the process's: at 16, more than any other encoder or decoder here starts)
+        have = _codec_threads()
+        print(f"nvImageCodec threads in the process: {have} (the encoder asked for {threads})")
+        assert have >= threads
         times = []
         for _ in range(3):
             t = time.perf_counter()

@@ -321,13 +321,17 @@ def test_the_decoders_pool_keeps_a_rounds_images_mapped(nvimgcodec):
         stream.synchronize()
         return used, int(runtime.memPoolGetAttribute(pool, reserved))
 
-    runtime.memPoolSetAttribute(pool, RELEASE_THRESHOLD, 0)  # CUDA's default, as before
-    dec = decoder_for(0, cpu_threads=2, backends="cuda", hw_load=1.0)
-    used, kept_at_0 = a_round(dec)
-    assert keep_decoded(0, 64 << 20) == 64 << 20
-    assert decoder_for(0, 2, "cuda", 1.0, keep_bytes=32 << 20) is dec  # (a larger one stays)
-    assert int(runtime.memPoolGetAttribute(pool, RELEASE_THRESHOLD)) == 64 << 20
-    _, kept = a_round(dec)
+    before = int(runtime.memPoolGetAttribute(pool, RELEASE_THRESHOLD))
+    try:
+        runtime.memPoolSetAttribute(pool, RELEASE_THRESHOLD, 0)  # CUDA's default, as before
+        dec = decoder_for(0, cpu_threads=2, backends="cuda", hw_load=1.0)
+        used, kept_at_0 = a_round(dec)
+        assert keep_decoded(0, 64 << 20) == 64 << 20
+        assert decoder_for(0, 2, "cuda", 1.0, keep_bytes=32 << 20) is dec  # (the larger stays)
+        assert int(runtime.memPoolGetAttribute(pool, RELEASE_THRESHOLD)) == 64 << 20
+        _, kept = a_round(dec)
+    finally:  # the process's other tests keep what the process had
+        runtime.memPoolSetAttribute(pool, RELEASE_THRESHOLD, before)
     print(f"a round of {len(blobs)} images, {used / 2**20:.1f} MiB: reserved after it "
           f"{kept_at_0 / 2**20:.1f} MiB at threshold 0, {kept / 2**20:.1f} MiB at 64 MiB")  # fmt: skip
     assert kept_at_0 < used <= kept
