@@ -66,3 +66,14 @@ def test_a_spy_writes_a_replicas_stacks_under_its_levels_name(tmp_path, native):
     text = (tmp_path / name).read_text()
     assert "busy_loop_of_the_test" in text
     assert ("(libc" in text or "(libpython" in text) == native  # C frames only when native
+
+
+def test_a_spy_that_fails_is_named_and_one_that_hangs_is_killed(capsys):
+    from benchmarks.e2e_level import _spied
+
+    failed = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    hung = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    _spied([failed, hung], span=-59.0)  # (a second past the level: the hung one is killed)
+    assert failed.returncode == 3 and hung.returncode is not None and hung.returncode < 0
+    out = capsys.readouterr().out
+    assert "exited 3" in out and f"exited {hung.returncode}" in out
