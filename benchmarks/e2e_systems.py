@@ -259,12 +259,14 @@ SYSTEMS: dict[str, dict[str, Any]] = {
         "ferry_e2e_image.yaml", workload="image", startup_s=600,
         sets={"executor.host_wait": "sleep"},
     ),  # fmt: skip
-    # nvImageCodec's encoder on 16 host threads a replica, not 4: its CUDA encoder makes one
-    # GPU round trip an answer on each thread, so a call of 64 answers is 16 round trips in
-    # turn on 4 threads (postprocess 62-65 ms of a request's 120-124 at 256 clients, H100)
+    # ``ferry_image_sleep`` with nvImageCodec's encoder on 16 host threads a replica, not 4:
+    # its CUDA encoder makes one GPU round trip an answer on each thread, so a call of 64
+    # answers is 16 round trips in turn on 4 threads (postprocess 62-65 ms of a request's
+    # 120-124 at 256 clients, H100); asleep, as CUDA's default would spin 16 threads a
+    # replica on those waits (one context a process: CU_CTX_SCHED_AUTO spins)
     "ferry_image_enc16": _ferry(
         "ferry_e2e_image.yaml", workload="image", startup_s=600,
-        sets={"preprocess.encoder_threads": 16},
+        sets={"executor.host_wait": "sleep", "preprocess.encoder_threads": 16},
     ),  # fmt: skip
     **{
         f"rayserve_image_{n}": _peer(

@@ -26,7 +26,7 @@ FERRY_SYSTEMS = {  # system -> (its ingress replicas, its inference replicas)
     "ferry_sleep": (8, None),  # ferry with sleeping CUDA waits
     "ferry_image": (8, None),  # the image workload, in ferry's placement
     "ferry_image_sleep": (8, None),  # the same with sleeping CUDA waits
-    "ferry_image_enc16": (8, None),  # the same with 16 encoder threads a replica
+    "ferry_image_enc16": (8, None),  # ferry_image_sleep with 16 encoder threads a replica
     "ferry_t1": (8, None),  # ferry with 1 or 2 nvImageCodec threads a replica
     "ferry_t2": (8, None),
     "ferry_hw": (8, None),  # ferry on the hardware JPEG engines alone
@@ -64,7 +64,7 @@ def test_benchmark_serve_configs_validate(system):
     cfg = PipelineConfig.model_validate(raw["applications"][0]["args"]["config"])
     assert cfg.executor.backend == "cupy"
     assert (cfg.executor.mode == "naive") == (system == "ferry_naive")
-    sleeps = system in ("ferry_sleep", "ferry_image_sleep")
+    sleeps = system in ("ferry_sleep", "ferry_image_sleep", "ferry_image_enc16")
     assert cfg.executor.host_wait == ("sleep" if sleeps else "auto")
     assert cfg.preprocess.threads == {"ferry_t1": 1, "ferry_t2": 2}.get(system, 4)
     assert cfg.preprocess.encoder_threads == (16 if system == "ferry_image_enc16" else None)
