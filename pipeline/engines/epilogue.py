@@ -1,7 +1,8 @@
 """A task's epilogue: the postprocessing that needs nothing of the request, run on the device
 right after the model, inside the batch (``EpilogueEngine``, a wrapper of any engine).
 
-    engine = with_epilogue(engine, task)     # image: Denormalize; segment: ArgmaxMask
+    engine = with_epilogue(engine, task)     # image: Denormalize; segment: ArgmaxMask;
+                                             # detect (YOLO-style): DetectHead
 
 For an ``image`` model the image feed's output becomes uint8 pixels [N, H, W, C] (the
 input's normalisation undone, clipped); for a ``segment`` model the uint8 class mask
@@ -12,9 +13,11 @@ enqueues the op (``EpilogueGraph``: the op's commit only enqueues and allocates 
 So the executor's copy back moves a byte a pixel, not four bytes a channel, and the host
 never holds the model's float output. The tensors feed (v2's raw outputs) is untouched.
 
-Detection keeps its raw head (its answer depends on each request's thresholds; the head is
-small). On numpy this runs inside the executor as on the GPU, so the CPU tests run it; the
-cupy path of the two ops is written but untested (no GPU this session).
+For a ``detect`` model with a YOLO-style head the epilogue is ``DetectHead``: each box's
+corners, best class and score [N, B, 6], 24 bytes a box where the head has 4 a class score;
+NMS stays with the answers (it depends on each request's thresholds). SSD pairs, anchors,
+a background class and softmax scores keep the raw head, decoded on the host. On numpy
+this runs inside the executor as on the GPU, so the CPU tests run it.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 from ..device import Stream
 from ..ops.base import Op, OpPlan, align, workspace_view
 from ..ops.denormalize import DENORMALIZE
+from ..ops.detect_head import DETECT_HEAD, head_attrs
 from ..ops.finite import ALL_FINITE
 from ..ops.mask import ARGMAX_MASK
 from .base import BoundModel, Engine, EngineContext, EnginePlan, Feed, TensorInfo
@@ -40,7 +44,10 @@ class Epilogue:
 
 
 def epilogue_of(task: Any) -> Epilogue | None:
-    """The task's epilogue, or None (classify, detect, tensors)."""
+    """The task's epilogue, or None (classify, tensors, a detection head the host decodes)."""
+    if task.kind == "detect":
+        head = head_attrs(task)
+        return None if head is None else Epilogue(DETECT_HEAD, task.outputs[0], tuple(head.items()))
     if task.kind == "image":
         attrs = (("layout", task.layout), ("scale", task.scale), ("shift", task.shift))
         return Epilogue(DENORMALIZE, task.outputs[0], attrs)

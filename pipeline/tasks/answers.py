@@ -183,7 +183,8 @@ def answer_tasks(
 ) -> dict[int, Made | FerryError]:
     """Every task request's answer (by request index), but those in ``skip``: ``outputs``
     are the call's model outputs, row for row (``rows_of``: each request's rows) -- or,
-    ``on_device``, an image's or a mask's bytes that the task's epilogue made."""
+    ``on_device``, what the task's epilogue made (an image's or a mask's bytes, a detection
+    head's boxes)."""
     done: dict[int, Made | FerryError] = {}
     for kind in KINDS:
         reqs = [r for r, s in enumerate(specs) if s.kind == kind and r not in skip]
@@ -191,7 +192,7 @@ def answer_tasks(
             continue
         task: Task = specs[reqs[0]].task
         sel = [rows_of[r][0] for r in reqs]
-        read = (0,) if on_device and kind in ("image", "segment") else task.outputs
+        read = (0,) if on_device and kind in KINDS else task.outputs
         arrays = tuple(outputs[i][sel] for i in read)
         opts = [specs[r].options for r in reqs]
         try:
@@ -203,7 +204,9 @@ def answer_tasks(
                 anchors = ctx.anchors.get(task.model)
                 made = [
                     Made(result=d)
-                    for d in detections(task, arrays, anchors, opts, ctx.label[task.model])
+                    for d in detections(
+                        task, arrays, anchors, opts, ctx.label[task.model], on_device
+                    )
                 ]
         except FerryError as exc:  # the kind's requests fail together, the others answer
             done.update({r: exc for r in reqs})

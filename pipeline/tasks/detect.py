@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..ops.base import eager
+from ..ops.detect_head import DETECT_HEAD, head_attrs
 from ..ops.nms import NMS
 from ..resize_plan import plan_resize
 from .options import TaskOptions
@@ -63,11 +64,21 @@ def decode_boxes(task: Task, raw: np.ndarray, anchors: np.ndarray | None) -> np.
     return d
 
 
+def decoded(y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``DetectHead``'s [N, B, 6] as (boxes [N, B, 4], scores [N, B], classes [N, B] int32)."""
+    return y[..., :4], y[..., 4], y[..., 5].astype(np.int32)
+
+
 def head_outputs(
     task: Task, arrays: tuple[np.ndarray, ...], anchors: np.ndarray | None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(boxes [N, B, 4] float64 in model pixels, best score [N, B] float32, its class
-    [N, B] int32)."""
+    """(boxes [N, B, 4] in model pixels, best score [N, B] float32, its class [N, B]
+    int32): ``DetectHead`` where it takes the head (as the task's epilogue would have on the
+    device), else decoded here."""
+    attrs = head_attrs(task)
+    if attrs is not None:
+        (y,) = eager(DETECT_HEAD, np.ascontiguousarray(arrays[0]), **attrs)
+        return decoded(y)
     if task.head == "yolo":
         out = np.asarray(arrays[0], np.float32)
         raw_box = out[..., :4]
@@ -92,7 +103,7 @@ def to_source(task: Task, boxes: np.ndarray, source: tuple[int, int]) -> np.ndar
     p = plan_resize(h, w, t)
     pad_top, pad_left = (t.height - p.out_h) // 2, (t.width - p.out_w) // 2
     sy, sx = p.scale
-    out = np.empty_like(boxes)
+    out = np.empty(boxes.shape, np.float64)
     out[:, 0::2] = (boxes[:, 0::2] - pad_left + p.left) * sx
     out[:, 1::2] = (boxes[:, 1::2] - pad_top + p.top) * sy
     out[:, 0::2] = np.clip(out[:, 0::2], 0, w)
@@ -106,9 +117,14 @@ def detections(
     anchors: np.ndarray | None,
     opts: list[TaskOptions],
     label: Callable[[int], str],
+    on_device: bool = False,
 ) -> list[dict[str, Any]]:
-    """Each request's answer: its boxes, best first, in its input image's pixels."""
-    boxes, scores, classes = head_outputs(task, arrays, anchors)
+    """Each request's answer: its boxes, best first, in its input image's pixels;
+    ``on_device``: ``arrays[0]`` is what the task's epilogue made (``DetectHead``)."""
+    if on_device:
+        boxes, scores, classes = decoded(arrays[0])
+    else:
+        boxes, scores, classes = head_outputs(task, arrays, anchors)
     nms_boxes = boxes.astype(np.float32)
     groups: dict[tuple, list[int]] = {}
     for i, o in enumerate(opts):

@@ -1,7 +1,8 @@
 """The tasks' ops on cupy against their numpy results: Denormalize, ArgmaxMask, ResizeNearest
-(its index table uploaded into the workspace, as the op asks) and BatchedNms.
+(its index table uploaded into the workspace, as the op asks), BatchedNms and DetectHead.
 
-Written without a GPU (issue 33's session had no device time): not yet run anywhere."""
+Written without a GPU; the first four ran on one since (benchmarks/results/gpu_tests.txt),
+DetectHead's not yet."""
 
 from __future__ import annotations
 
@@ -61,3 +62,29 @@ def test_batched_nms_matches_numpy():
     dev = eager(NMS, *(cp().asarray(a) for a in (boxes, scores, classes)), **kw)
     for h, d in zip(host, dev, strict=True):
         assert (cp().asnumpy(d) == h).all()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        {"objectness": True, "activation": "none", "box_format": "cxcywh", "scale": None},
+        {"objectness": True, "activation": "sigmoid", "box_format": "xyxy", "scale": (64.0, 48.0)},
+        {"objectness": False, "activation": "sigmoid", "box_format": "cxcywh", "scale": None},
+    ],
+)
+def test_detect_head_matches_numpy(dtype, attrs):
+    """The detection epilogue (``DetectHead``) on cupy: the same classes as numpy, scores
+    and corners to float32's rounding (exp on the device may differ in its last bit)."""
+    from pipeline.ops.detect_head import DETECT_HEAD
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((4, 300, 4 + int(attrs["objectness"]) + 6)).astype(np.float32) * 3
+    x[..., :4] = rng.uniform(0, 64, (4, 300, 4))
+    x[0, :7, 4] = 0.0
+    x = x.astype(dtype)
+    (host,) = eager(DETECT_HEAD, x, **attrs)
+    (dev,) = eager(DETECT_HEAD, cp().asarray(x), **attrs)
+    dev = cp().asnumpy(dev)
+    np.testing.assert_array_equal(dev[..., 5], host[..., 5])
+    np.testing.assert_allclose(dev[..., :5], host[..., :5], rtol=1e-6, atol=1e-6)
