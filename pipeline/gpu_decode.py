@@ -208,17 +208,18 @@ class GpuJpegDecoder:
         except Exception as exc:  # the whole batch refused: the CPU takes all of it
             logger.warning("nvImageCodec refused a batch of %d: %s", len(codes), exc)
             return out
-        self._order_after(images, ptr, stream)
-        for i, img in zip(where, images, strict=True):
-            if img is not None:
-                out[i] = DecodedImage(img, (self, stream))
+        owner = (self, stream)
+        got = [None if img is None else DecodedImage(img, owner) for img in images]
+        self._order_after(got, ptr, stream)
+        for i, img in zip(where, got, strict=True):
+            out[i] = img
         return out
 
     def __del__(self) -> None:
         self.decoder = None  # the decoder goes before the streams it has worked on
 
     @staticmethod
-    def _order_after(images: list[Any], ptr: int, stream: Any) -> None:
+    def _order_after(images: list[DecodedImage | None], ptr: int, stream: Any) -> None:
         """Make ``stream`` wait (on the device) for every other stream an image is on."""
         import cupy  # optional: cupy
 
@@ -238,17 +239,23 @@ class GpuJpegDecoder:
 
 class DecodedImage:
     """A decoded device image and what must outlive it (its decoder, the stream it is freed
-    on): nvImageCodec frees an image on its stream, so the image goes first."""
+    on): nvImageCodec frees an image on its stream, so the image goes first. Its
+    ``__cuda_array_interface__`` is read from nvImageCodec once (each read there builds the
+    dict and lets the GIL go three times; the decode and the fit each read it)."""
 
-    __slots__ = ("image", "owner")
+    __slots__ = ("image", "owner", "_cai")
 
     def __init__(self, image: Any, owner: Any) -> None:
         self.image = image
         self.owner = owner
+        self._cai: dict | None = None
 
     @property
     def __cuda_array_interface__(self) -> dict:
-        return self.image.__cuda_array_interface__
+        cai = self._cai
+        if cai is None:
+            cai = self._cai = self.image.__cuda_array_interface__
+        return cai
 
     def __del__(self) -> None:
         self.image = None  # before the owner, whatever order the collector picks

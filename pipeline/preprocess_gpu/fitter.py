@@ -21,6 +21,7 @@ and the op's host path computes the reference.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -288,7 +289,7 @@ def device_view(img: Any) -> Any:
     dtype = np.dtype(cai["typestr"])
     strides = cai.get("strides")
     size = (
-        int(np.prod(shape)) * dtype.itemsize
+        math.prod(shape) * dtype.itemsize
         if strides is None
         else (sum((d - 1) * s for d, s in zip(shape, strides, strict=True)) + dtype.itemsize)
     )
