@@ -12,17 +12,21 @@ unless a kept box of its class before it overlaps it by more than ``iou_threshol
 [N, max_boxes] int32 holds the kept boxes' indices in score order, -1 after the last;
 ``count`` [N] int32 how many.
 
-The shapes are fixed by the plan -- candidates squared per image for the overlaps -- so the
-work and the memory do not depend on the boxes. One code path for both backends (``xp``):
-the greedy pass is ``max_candidates`` steps, each vectorised over the batch. On cupy the
-sort and the overlaps allocate their temporaries from cupy's pool (not the workspace), so
-the op is not yet fit for a CUDA graph; untested on a GPU.
+One code path for both backends (``xp``): the greedy pass is a step a candidate, each
+vectorised over the batch. On numpy the candidates are the boxes at or above the threshold
+alone (at most ``max_candidates`` an image), sorted on their own; on cupy the plan's shapes
+hold -- every box sorted, ``max_candidates`` squared overlaps an image -- so the work does
+not depend on the boxes, and the sort and the overlaps allocate their temporaries from
+cupy's pool (not the workspace): the op is not yet fit for a CUDA graph. Both give the same
+boxes (``tests/gpu/test_task_ops_gpu.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from ..errors import InvalidInput
 from .base import OpPlan, TensorSpec, XpOp, check_tensor
@@ -92,17 +96,43 @@ def _overlaps(xp: Any, b: Any) -> Any:
     return xp.where(union > 0, inter / xp.where(union > 0, union, 1), 0)
 
 
+def _candidates(scores: np.ndarray, score_thr: float, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each image's boxes at or above the threshold, best first (the earlier box first on a
+    tie), at most ``k``: ``order`` [N, K'] and ``alive`` [N, K'], K' the most any image has;
+    a row's columns past its own count are padding (box 0, not alive). Only these boxes can
+    be kept or suppress one, and they lead the image's score order, so the overlaps and the
+    greedy pass need no more columns -- a real head has tens above the threshold of its
+    thousands of boxes -- and the sort is of them alone, not of every box."""
+    n = scores.shape[0]
+    rows, cols = np.nonzero(scores >= score_thr)
+    o = np.lexsort((cols, -scores[rows, cols], rows))  # by image, score down, then index
+    rows, cols = rows[o], cols[o]
+    rank = np.arange(len(rows)) - np.searchsorted(rows, np.arange(n))[rows]
+    take = rank < k
+    rows, cols, rank = rows[take], cols[take], rank[take]
+    width = int(rank.max()) + 1 if len(rank) else 0
+    order = np.zeros((n, width), np.int64)
+    alive = np.zeros((n, width), bool)
+    order[rows, rank] = cols
+    alive[rows, rank] = True
+    return order, alive
+
+
 def batched_nms(
     xp: Any, detail: tuple, boxes: Any, scores: Any, classes: Any, keep: Any, count: Any
 ) -> None:
     """The op on ``xp`` (numpy or cupy)."""
     iou_thr, score_thr, k, m = detail
-    order = xp.argsort(-scores, axis=1, kind="stable")[:, :k]
-    s = xp.take_along_axis(scores, order, axis=1)
-    alive = s >= score_thr
+    if xp is np:  # (a device would wait on the host for the candidates' count)
+        order, alive = _candidates(scores, score_thr, k)
+        k = order.shape[1]
+    else:
+        order = xp.argsort(-scores, axis=1, kind="stable")[:, :k]
+        alive = xp.take_along_axis(scores, order, axis=1) >= score_thr
     b = xp.take_along_axis(boxes, order[..., None], axis=1).astype(xp.float64)
     cls = xp.take_along_axis(classes, order, axis=1).astype(xp.float64)
-    span = xp.abs(b).max(axis=(1, 2), keepdims=True) * 2 + 1  # classes never overlap
+    # classes never overlap: each is moved past every box of the image
+    span = xp.abs(boxes).max(axis=(1, 2), keepdims=True).astype(xp.float64) * 2 + 1
     b = b + (cls * span[..., 0])[..., None]
     over = _overlaps(xp, b) > iou_thr  # [N, K, K]
     later = xp.triu(xp.ones((k, k), dtype=bool), 1)

@@ -1,5 +1,6 @@
 """The tasks' ops on numpy against plain references: Denormalize, ArgmaxMask, ResizeNearest
-(and its table) and BatchedNms (against greedy NMS written out, class by class)."""
+(and its table) and BatchedNms (against greedy NMS written out, class by class, also where
+only a few of many boxes pass the threshold)."""
 
 from __future__ import annotations
 
@@ -110,6 +111,31 @@ def test_batched_nms_is_greedy_nms_per_class(seed):
             want = greedy(boxes[i], scores[i], classes[i], iou_thr, score_thr, k, m)
             assert keep[i, : count[i]].tolist() == want
             assert (keep[i, count[i] :] == -1).all()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_batched_nms_takes_only_the_candidates_past_the_threshold(seed):
+    """On numpy the sort and the overlaps take only the boxes at or above the threshold (at
+    most ``max_candidates`` an image): the same boxes as greedy NMS over every candidate,
+    with tied scores (the earlier box first), NaN scores (never a candidate), an image with
+    no box past the threshold, and more past it than ``max_candidates``."""
+    rng = np.random.default_rng(10 + seed)
+    n, b = 4, 600
+    xy = rng.uniform(0, 80, (n, b, 2))
+    boxes = np.concatenate([xy, xy + rng.uniform(5, 30, (n, b, 2))], -1).astype(np.float32)
+    scores = (np.round(rng.uniform(0, 1, (n, b)) * 20) / 20).astype(np.float32)  # many ties
+    scores[1, ::7] = np.nan
+    scores[2] = np.minimum(scores[2], 0.3)  # nothing at 0.5 in this image
+    classes = rng.integers(0, 4, (n, b)).astype(np.int32)
+    for iou_thr, score_thr, k, m in ((0.5, 0.5, 512, 100), (0.3, 0.05, 64, 20), (0.6, 0.99, 8, 3)):
+        kw = {"iou_threshold": iou_thr, "score_threshold": score_thr}
+        keep, count = eager(NMS, boxes, scores, classes, **kw, max_candidates=k, max_boxes=m)
+        for i in range(n):
+            s = np.where(np.isnan(scores[i]), -np.inf, scores[i])  # (NaN: last, as numpy sorts)
+            want = greedy(boxes[i], s, classes[i], iou_thr, score_thr, k, m)
+            assert keep[i, : count[i]].tolist() == want
+            assert (keep[i, count[i] :] == -1).all()
+        assert count[2] == 0 if score_thr > 0.3 else count[2] > 0
 
 
 def test_batched_nms_checks_its_shapes():
