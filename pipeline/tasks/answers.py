@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import FerryError, ResourceExhausted
 from ..ops.base import eager
 from ..ops.denormalize import DENORMALIZE
-from ..ops.mask import ARGMAX_MASK, RESIZE_NEAREST
+from ..ops.mask import ARGMAX_MASK, RESIZE_NEAREST, nearest_indices
 from ..ops.resize_crop import RESIZE_CROP
 from ..resize_plan import plan_resize
 from .detect import detections
@@ -143,13 +143,14 @@ def _images(ctx: TaskContext, task: Task, out: np.ndarray, opts: list[TaskOption
     return [Made(d, m) for d, m in zip(data, media, strict=True)]
 
 
-def _areas(ctx: TaskContext, task: Task, mask: np.ndarray) -> dict[str, Any]:
-    counts = np.bincount(mask.ravel(), minlength=task.channels)
-    total = int(mask.size)
+def _area_json(
+    ctx: TaskContext, task: Task, counts: np.ndarray, height: int, width: int
+) -> dict[str, Any]:
+    total = height * width
     label = ctx.label[task.model]
     return {
-        "height": int(mask.shape[0]),
-        "width": int(mask.shape[1]),
+        "height": height,
+        "width": width,
         "classes": [
             {"class": c, "label": label(c), "pixels": int(n), "fraction": round(n / total, 6)}
             for c, n in enumerate(counts.tolist())
@@ -158,16 +159,35 @@ def _areas(ctx: TaskContext, task: Task, mask: np.ndarray) -> dict[str, Any]:
     }
 
 
+def _areas_of(ctx: TaskContext, task: Task, mask: np.ndarray, opts: TaskOptions) -> dict:
+    """The class areas of the mask answered (``_mask_back``'s), from the model's mask
+    without making it: each pixel of the window counts as many answer pixels as its
+    nearest-neighbour rows and columns (``nearest_indices``) give it -- the same integers as
+    counting the answer's pixels, without them."""
+    ah, aw = answer_size(task, opts)
+    top, left, wh, ww = window(task, opts.source)
+    rows = np.bincount(nearest_indices(mask.shape[0], top, wh, ah) - top, minlength=wh)
+    cols = np.bincount(nearest_indices(mask.shape[1], left, ww, aw) - left, minlength=ww)
+    win = mask[top : top + wh, left : left + ww]
+    weight = np.outer(rows, cols).ravel().astype(np.float64)
+    counts = np.bincount(win.ravel(), weights=weight, minlength=task.channels)
+    return _area_json(ctx, task, np.rint(counts).astype(np.int64), ah, aw)
+
+
 def _segments(ctx: TaskContext, task: Task, out: np.ndarray, opts: list[TaskOptions]) -> list[Made]:
     masks = out  # uint8 [N, H, W]: the epilogue's argmax, on the device
     if out.dtype != np.uint8:
         (masks,) = eager(ARGMAX_MASK, out, layout=task.layout)
-    back = [_mask_back(task, masks[i], o) for i, o in enumerate(opts)]
-    pngs = [i for i, o in enumerate(opts) if o.format == "png"]
-    data = encode_many(
-        ctx.pool, [back[i] for i in pngs], ["image/png"] * len(pngs), [0] * len(pngs)
-    )
-    made = [Made(result=_areas(ctx, task, m)) for m in back]
+    made: list[Made] = []
+    pngs, back = [], []
+    for i, o in enumerate(opts):
+        if o.format == "png":
+            pngs.append(i)
+            back.append(_mask_back(task, masks[i], o))
+            made.append(Made())
+        else:  # class areas: counted on the model's mask, no answer pixels made
+            made.append(Made(result=_areas_of(ctx, task, masks[i], o)))
+    data = encode_many(ctx.pool, back, ["image/png"] * len(pngs), [0] * len(pngs))
     for i, d in zip(pngs, data, strict=True):
         made[i] = Made(d, "image/png")
     return made

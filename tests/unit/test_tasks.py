@@ -263,3 +263,25 @@ def test_the_part_of_the_output_an_answer_is_made_of():
     crop = resolve_task(entry(task="image"), card(resize="crop"), outs((3, 64, 64)))
     # a centre crop covers 64 of 73 resized pixels: the answer is the source under it
     assert answer_size(crop, for_image(opts, 146, 146, "png")) == (128, 128)
+
+
+@pytest.mark.parametrize("resize", ["stretch", "fit", "crop"])
+def test_class_areas_are_counted_on_the_models_mask_as_on_the_answered_one(resize):
+    """``format=json``'s areas, counted on the model's mask with each pixel weighted by the
+    answer pixels it becomes, are the counts of the mask a PNG answer would carry."""
+    from pipeline.tasks.answers import TaskContext, _areas_of, _mask_back
+
+    task = resolve_task(entry(task="segment"), card(resize=resize), outs((5, 64, 64)))
+    ctx = TaskContext({"m": str})
+    rng = np.random.default_rng(1)
+    for h, w in ((64, 64), (100, 200), (480, 640), (37, 301), (1080, 1920)):
+        mask = rng.integers(0, 5, (64, 64), dtype=np.uint8)
+        mask[10:30, 5:50] = 3  # a region, beside the noise
+        o = for_image(parse_options("segment", {"format": "json"}, None), h, w, "png")
+        back = _mask_back(task, mask, o)
+        counts = np.bincount(back.ravel(), minlength=5)
+        got = _areas_of(ctx, task, mask, o)
+        assert (got["height"], got["width"]) == back.shape
+        assert {c["class"]: c["pixels"] for c in got["classes"]} == {
+            c: int(n) for c, n in enumerate(counts) if n
+        }
