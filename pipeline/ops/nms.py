@@ -126,14 +126,19 @@ def batched_nms(
     if xp is np:  # (a device would wait on the host for the candidates' count)
         order, alive = _candidates(scores, score_thr, k)
         k = order.shape[1]
+        if k == 0:  # no box of the call at or above the threshold
+            keep[...] = -1
+            count[...] = 0
+            return
     else:
         order = xp.argsort(-scores, axis=1, kind="stable")[:, :k]
         alive = xp.take_along_axis(scores, order, axis=1) >= score_thr
     b = xp.take_along_axis(boxes, order[..., None], axis=1).astype(xp.float64)
     cls = xp.take_along_axis(classes, order, axis=1).astype(xp.float64)
-    # classes never overlap: each is moved past every box of the image
-    span = xp.abs(boxes).max(axis=(1, 2), keepdims=True).astype(xp.float64) * 2 + 1
-    b = b + (cls * span[..., 0])[..., None]
+    # classes never overlap: each is moved past every candidate box of the image (only they
+    # are compared; a wild box below the threshold must not cost the others their precision)
+    far = xp.where(alive[..., None], xp.abs(b), 0.0).max(axis=(1, 2), keepdims=True)
+    b = b + (cls * (far * 2 + 1)[..., 0])[..., None]
     over = _overlaps(xp, b) > iou_thr  # [N, K, K]
     later = xp.triu(xp.ones((k, k), dtype=bool), 1)
     over &= later[None]

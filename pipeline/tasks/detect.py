@@ -103,7 +103,8 @@ def to_source(task: Task, boxes: np.ndarray, source: tuple[int, int]) -> np.ndar
     p = plan_resize(h, w, t)
     pad_top, pad_left = (t.height - p.out_h) // 2, (t.width - p.out_w) // 2
     sy, sx = p.scale
-    out = np.empty(boxes.shape, np.float64)
+    boxes = np.asarray(boxes, np.float64)  # (DetectHead's are float32)
+    out = np.empty_like(boxes)
     out[:, 0::2] = (boxes[:, 0::2] - pad_left + p.left) * sx
     out[:, 1::2] = (boxes[:, 1::2] - pad_top + p.top) * sy
     out[:, 0::2] = np.clip(out[:, 0::2], 0, w)

@@ -136,6 +136,8 @@ def test_batched_nms_takes_only_the_candidates_past_the_threshold(seed):
             assert keep[i, : count[i]].tolist() == want
             assert (keep[i, count[i] :] == -1).all()
         assert count[2] == 0 if score_thr > 0.3 else count[2] > 0
+    keep, count = eager(NMS, boxes, scores, classes, score_threshold=1.5, max_boxes=4)
+    assert (count == 0).all() and (keep == -1).all()  # no box of the call is a candidate
 
 
 def test_batched_nms_checks_its_shapes():
