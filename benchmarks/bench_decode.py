@@ -127,7 +127,6 @@ def _stage_rate(
 
 def _items(name: str, batch: int) -> list:
     """``batch`` of corpus ``name``'s JPEGs as the decode stages take them."""
-    from loadtest.corpus import corpus
     from pipeline.models.repository import model_card
     from pipeline.stages.messages import Encoded
 

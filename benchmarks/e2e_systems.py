@@ -122,6 +122,12 @@ def _ferry(
     }
 
 
+def _ferry_image(sets: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A Ferry system of the image workload: ``ferry_e2e_image.yaml`` (the U-Net compiles
+    per batch size in every replica: minutes) with ``sets``."""
+    return _ferry("ferry_e2e_image.yaml", workload="image", startup_s=600, sets=sets)
+
+
 def _peer(
     module: str,
     replicas: int,
@@ -251,23 +257,19 @@ SYSTEMS: dict[str, dict[str, Any]] = {
         for n in (4, 8, 12)
     },
     # the image workload: the U-Net compiles per batch size in every replica (minutes)
-    "ferry_image": _ferry("ferry_e2e_image.yaml", workload="image", startup_s=600),
+    "ferry_image": _ferry_image(),
     # with every CUDA host wait asleep: nvImageCodec's JPEG encoder waits for each answer's
     # encode with a plain cudaEventSynchronize on its own threads (cuda_encoder.cpp), and
     # those threads took 2.5-4.9 cores at 1,149-1,900 frames/s on an H100 (2026-12-05)
-    "ferry_image_sleep": _ferry(
-        "ferry_e2e_image.yaml", workload="image", startup_s=600,
-        sets={"executor.host_wait": "sleep"},
-    ),  # fmt: skip
+    "ferry_image_sleep": _ferry_image({"executor.host_wait": "sleep"}),
     # ``ferry_image_sleep`` with nvImageCodec's encoder on 16 host threads a replica, not 4:
     # its CUDA encoder makes one GPU round trip an answer on each thread, so a call of 64
     # answers is 16 round trips in turn on 4 threads (postprocess 62-65 ms of a request's
     # 120-124 at 256 clients, H100); asleep, as CUDA's default would spin 16 threads a
     # replica on those waits (one context a process: CU_CTX_SCHED_AUTO spins)
-    "ferry_image_enc16": _ferry(
-        "ferry_e2e_image.yaml", workload="image", startup_s=600,
-        sets={"executor.host_wait": "sleep", "preprocess.encoder_threads": 16},
-    ),  # fmt: skip
+    "ferry_image_enc16": _ferry_image(
+        {"executor.host_wait": "sleep", "preprocess.encoder_threads": 16}
+    ),
     **{
         f"rayserve_image_{n}": _peer(
             "rayserve_image", n, FERRY_ENV, 600, workload="image", model=iw.UNET_PATH

@@ -16,7 +16,7 @@ from pipeline.config import ModelConfig, PipelineConfig
 from pipeline.engines.base import ImageInput, TensorInfo
 from pipeline.errors import InvalidInput
 from pipeline.models.repository import ModelCard
-from pipeline.ops.base import eager
+from pipeline.ops.base import TensorSpec, eager
 from pipeline.ops.detect_head import DETECT_HEAD, head_attrs
 from pipeline.tasks.detect import class_scores, decode_boxes, detections
 from pipeline.tasks.options import for_image, parse_options
@@ -58,9 +58,10 @@ CASES = [
 @pytest.mark.parametrize("output", CASES)
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_the_op_answers_as_the_host_decodes(output, dtype):
-    task = _task(7 if output.get("objectness", True) else 6, **output)
+    values = 7 if output.get("objectness", True) else 6  # 4 + objectness + 2 classes
+    task = _task(values, **output)
     rng = np.random.default_rng(3)
-    x = rng.standard_normal((3, 40, task_values(task)), np.float32) * 3
+    x = rng.standard_normal((3, 40, values), np.float32) * 3
     x[..., :4] = rng.uniform(0, 1 if task.normalized else 64, (3, 40, 4))
     if task.objectness:
         x[0, :5, 4] = 0.0  # every class scores 0: the first one is the box's
@@ -75,10 +76,6 @@ def test_the_op_answers_as_the_host_decodes(output, dtype):
         assert (x[..., 4] < 0).any()  # (the lowest raw score wins there: checked above)
 
 
-def task_values(task) -> int:
-    return 4 + int(task.objectness) + 2
-
-
 def test_the_heads_it_takes_and_those_the_host_decodes():
     assert head_attrs(_task()) == {
         "objectness": True, "activation": "none", "box_format": "cxcywh", "scale": None,
@@ -87,15 +84,9 @@ def test_the_heads_it_takes_and_those_the_host_decodes():
     assert head_attrs(_task(activation="softmax")) is None
     assert head_attrs(_task(background=0)) is None
     with pytest.raises(InvalidInput, match="class scores"):
-        DETECT_HEAD.prepare(_spec((2, 40, 5)), objectness=True)
+        DETECT_HEAD.prepare(TensorSpec((2, 40, 5), "float32"), objectness=True)
     with pytest.raises(InvalidInput, match="activation"):
-        DETECT_HEAD.prepare(_spec((2, 40, 7)), activation="softmax")
-
-
-def _spec(shape):
-    from pipeline.ops.base import TensorSpec
-
-    return TensorSpec(shape, "float32")
+        DETECT_HEAD.prepare(TensorSpec((2, 40, 7), "float32"), activation="softmax")
 
 
 def test_detections_read_the_ops_boxes_as_the_raw_head():
