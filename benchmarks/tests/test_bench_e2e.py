@@ -33,7 +33,7 @@ FERRY_SYSTEMS = {  # system -> (its ingress replicas, its inference replicas)
     "ferry_hw60": (8, None),  # ferry, 60% of each decode call on the engines, the rest CUDA
     "ferry_overlap": (8, None),  # ferry with preprocess.overlap_rounds
     "ferry_noprime": (8, None),  # ferry with the decoder's first call of one JPEG
-    "ferry_keep0": (8, None),  # ferry with the decoder's pool at CUDA's release threshold
+    "ferry_keep256": (8, None),  # ferry with the decoder's pool keeping 256 MiB mapped
     "ferry_4rep": (4, None),  # ferry in 4 replicas of a quarter of the GPU
 }
 
@@ -72,7 +72,7 @@ def test_benchmark_serve_configs_validate(system):
     assert cfg.preprocess.gpu_decode_backend == ("hardware" if hw else "auto")
     assert cfg.preprocess.gpu_decode_hw_load == (0.6 if system == "ferry_hw60" else 1.0)
     assert cfg.preprocess.overlap_rounds == (system == "ferry_overlap")
-    keep = 0 if system == "ferry_keep0" else 256 << 20
+    keep = 256 << 20 if system == "ferry_keep256" else 0
     assert cfg.preprocess.gpu_decode_keep_bytes == keep
     cpus = cfg.ingress_deployment.num_cpus * cfg.ingress_deployment.num_replicas
     inf = cfg.inference_deployment

@@ -97,15 +97,25 @@ class PreprocessConfig(Strict):
     first call, so a first call of one image would send most of every large call past the
     hardware engines, to decoders that work on the host. ``false`` leaves the first call
     to the warm-up's one JPEG, as before (``bench_e2e`` system ``ferry_noprime``)."""
-    gpu_decode_keep_bytes: int = Field(256 << 20, ge=0, le=1 << 40)
+    gpu_decode_keep_bytes: int = Field(0, ge=0, le=1 << 40)
     """Freed device memory the GPU decoder's pool keeps mapped between rounds, a replica
-    (``gpu_decode.keep_decoded``): nvImageCodec allocates each decoded image from the
-    device's stream-ordered pool, which by CUDA's default (0) hands every freed byte back
-    at each synchronisation, so each round mapped its images' memory afresh on the decode
-    call's thread. A cap, held outside the executor's pool (and outside the check that the
-    replicas' pools fit their GPU): what a round's images took at their peak, up to this
-    (a round of 256 451x300 images is 99 MiB; 64 of 1920x1080, 380 MiB); 0 is CUDA's
-    default (``bench_e2e`` system ``ferry_keep0``)."""
+    (``gpu_decode.keep_decoded``; nvImageCodec allocates each decoded image from the
+    device's stream-ordered pool, which by CUDA's default, 0, hands freed bytes back at
+    each synchronisation). Held outside the executor's pool and the check that the
+    replicas' pools fit their GPU. Measured on an H100 (8 replicas, ``e2e_notes.md``): 256
+    MiB saved no host time on the decode thread, and photos at 1,024 clients then found the
+    GPU full -- nvImageCodec refused rounds, whose images went to the CPU and 3.9-4.2k
+    requests got 503 -- where 0 answered all. So 0 (``bench_e2e`` system
+    ``ferry_keep256``)."""
+    gpu_decode_round_bytes: int = Field(256 << 20, ge=1, le=1 << 40)
+    """The decoded bytes one nvImageCodec call of a round holds at most, a replica
+    (height x width x channels, from each JPEG's header, as the ingress planned it): a
+    round past it -- large photos; up to ``max_pixels`` each -- is decoded and fitted in
+    runs of consecutive images, a run's images freed once its fit has run on the device and
+    a run decoded only once the fit two runs before it has, so the decoder holds two runs
+    at most whatever the images' sizes; an image past it alone is a run of its own. A round of 256 451x300 JPEGs is
+    99 MiB (one run); 256 of 1920x1080, 1.5 GiB (six). Only where the GPU decodes in the
+    replica that owns the executor (``one_process``, ``split`` on a GPU)."""
     overlap_rounds: bool = False
     """Where the GPU decodes in the process that owns the executor (``one_process``, and
     ``split`` on a GPU; not ``gpu_preprocess``, whose stage sends each batch): start the next

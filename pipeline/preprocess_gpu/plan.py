@@ -111,3 +111,21 @@ def split_parts(
     if run:
         parts.append(run)
     return parts, refused
+
+
+def runs_within(sizes: Sequence[int], budget: int) -> list[list[int]]:
+    """Consecutive runs of the indices of ``sizes`` whose sizes sum to at most ``budget``
+    (a round's decoded images, a run per decoder call); a size past ``budget`` alone is a
+    run of its own. Every index is in exactly one run, in order."""
+    runs: list[list[int]] = []
+    run: list[int] = []
+    total = 0
+    for i, n in enumerate(sizes):
+        if run and total + n > budget:
+            runs.append(run)
+            run, total = [], 0
+        run.append(i)
+        total += n
+    if run:
+        runs.append(run)
+    return runs

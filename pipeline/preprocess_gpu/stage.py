@@ -30,7 +30,7 @@ import numpy as np
 
 from .. import gpu_decode, metrics
 from ..async_result import AsyncResult, CompletionWatcher
-from ..batch_scheduler import BatchScheduler, answered_error
+from ..batch_scheduler import BatchScheduler
 from ..batching import Batch
 from ..config import PipelineConfig
 from ..device import Backend, Event, Stream, select_backend
@@ -43,22 +43,10 @@ from ..transport.base import nccl_available
 from ..transport.nccl import NcclEndpoint
 from ..transport.object_store import ObjectStoreSender
 from .fitter import GpuFitter
+from .plan import runs_within
+from .rounds import RETRY, Jpeg, Landing, landed
 
 logger = logging.getLogger(__name__)
-RETRY = object()  # a round's answer for a JPEG the GPU decoder refused: decode it on the CPU
-
-
-class Landing:
-    """A round's device row whose GPU work may still run (``preprocess.overlap_rounds``):
-    ``done`` is the round's completion, shared by its rows."""
-
-    __slots__ = ("done", "row")
-
-    def __init__(self, row: Any, done: asyncio.Future) -> None:
-        self.row = row
-        self.done = done
-
-
 Items = list[Encoded]  # checked by the ingress: bytes, media type, the plan of its header
 
 
@@ -213,7 +201,7 @@ class PreprocessGpuCore:
                 futs.append(asyncio.get_running_loop().create_future())
                 futs[-1].set_exception(exc.with_traceback(None))  # (as InferenceStage._logits)
         done = await asyncio.gather(*futs, return_exceptions=True)
-        done = await self._landed(done)
+        done = await landed(done)
         retry = []
         for (i, _), r in zip(entries, done, strict=True):
             if r is RETRY:
@@ -248,38 +236,44 @@ class PreprocessGpuCore:
             a if a is RETRY or isinstance(a, BaseException) else Landing(a, done) for a in answers
         ]
 
-    @staticmethod
-    async def _landed(results: list[Any]) -> list[Any]:
-        """``results`` with each ``Landing`` replaced by its row once its round is complete
-        on the device, or by the error that round's wait ended in."""
-        rounds = {id(r.done): r.done for r in results if isinstance(r, Landing)}
-        if not rounds:
-            return results
-        await asyncio.wait(list(rounds.values()))
-        failed: dict[int, BaseException] = {}
-        for k, f in rounds.items():
-            exc = asyncio.CancelledError() if f.cancelled() else f.exception()
-            if exc is not None:  # as the scheduler answers a failed batch
-                failed[k] = answered_error(exc, "a preprocessing round on the device")
-        return [(failed.get(id(r.done), r.row) if isinstance(r, Landing) else r) for r in results]
-
     def _round(self, model: str, datas: list[Any]) -> tuple[list[Any], Event]:
-        t = self.targets[model]
-        jpegs = [j for j, d in enumerate(datas) if not isinstance(d, np.ndarray)]
+        """A round's answers: its host images (decoded on the CPU) in one fit, its JPEGs in
+        runs of at most ``gpu_decode_round_bytes`` decoded. A run's images are freed once
+        its fit has run on the device, and a run is decoded only once the fit of the run
+        two before it has: two runs of images at most are on the device at once."""
         answers: list[Any] = [RETRY] * len(datas)
-        imgs: dict[int, Any] = {j: d for j, d in enumerate(datas) if isinstance(d, np.ndarray)}
-        if jpegs:
+        self._fit_into(
+            answers, model, {j: d for j, d in enumerate(datas) if not isinstance(d, Jpeg)}
+        )
+        jpegs = [j for j, d in enumerate(datas) if isinstance(d, Jpeg)]
+        budget = self.config.preprocess.gpu_decode_round_bytes
+        fitted: list[Event] = []  # the runs' fits still on the device, oldest first
+        for run in runs_within([datas[j].nbytes for j in jpegs], budget):
+            which = [jpegs[k] for k in run]
+            if len(fitted) == 2:
+                fitted.pop(0).synchronize()
             assert self.decoder is not None
-            decoded = self.decoder.decode([datas[j] for j in jpegs], t.channels, self.stream)
-            imgs.update({j: img for j, img in zip(jpegs, decoded, strict=True) if img is not None})
-        order = sorted(imgs)
-        if order:
-            out, keep, refused = self.batch(model, [imgs[j] for j in order])
-            for r, k in enumerate(keep):
-                answers[order[k]] = out[r]
-            for k, exc in refused.items():
-                answers[order[k]] = exc
+            got = self.decoder.decode(
+                [datas[j].data for j in which], self.targets[model].channels, self.stream
+            )
+            self._fit_into(
+                answers, model, {j: g for j, g in zip(which, got, strict=True) if g is not None}
+            )
+            del got
+            fitted.append(self.stream.record())
         return answers, self.stream.record()
+
+    def _fit_into(self, answers: list[Any], model: str, imgs: dict[int, Any]) -> None:
+        """Fit ``imgs`` (index in ``answers`` -> image) as one batch: each gets its row or
+        the error it was refused with."""
+        if not imgs:
+            return
+        order = list(imgs)
+        out, keep, refused = self.batch(model, [imgs[j] for j in order])
+        for r, k in enumerate(keep):
+            answers[order[k]] = out[r]
+        for k, exc in refused.items():
+            answers[order[k]] = exc
 
     async def _when_done(self, event: Event) -> None:
         """Wait for a device event without polling: the watcher thread sleeps on it."""
@@ -300,7 +294,7 @@ class PreprocessGpuCore:
         channels = self.targets[model].channels
         gpu = None
         if jpegs:
-            datas = [d for _, d in jpegs]
+            datas = [j.data for _, j in jpegs]
             gpu = loop.run_in_executor(
                 self.gpu_pool, self.decoder.decode, datas, channels, self.stream
             )
@@ -319,16 +313,17 @@ class PreprocessGpuCore:
         owner = sorted(found)
         return [found[i] for i in owner], owner, errors
 
-    def _split(self, model: str, items: Items) -> tuple[list[tuple[int, bytes]], list[int], dict]:
+    def _split(self, model: str, items: Items) -> tuple[list[tuple[int, Jpeg]], list[int], dict]:
         """JPEGs for the GPU decoder, the indices of everything else (for the CPU path), and
         the JPEGs that failed: none, since the ingress checked and planned every image from
         its header (media type, pixel count, the resize plan's bounds) and its plan came along."""
         errors: dict[int, FerryError] = {}
-        jpegs: list[tuple[int, bytes]] = []
+        jpegs: list[tuple[int, Jpeg]] = []
         others: list[int] = []
+        channels = self.targets[model].channels
         for i, it in enumerate(items):
             if it.plan.kind == "jpeg":
-                jpegs.append((i, it.data))
+                jpegs.append((i, Jpeg(it.data, it.plan.height * it.plan.width * channels)))
             else:
                 others.append(i)
         return jpegs, others, errors

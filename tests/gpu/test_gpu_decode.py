@@ -335,3 +335,43 @@ def test_the_decoders_pool_keeps_a_rounds_images_mapped(nvimgcodec):
     print(f"a round of {len(blobs)} images, {used / 2**20:.1f} MiB: reserved after it "
           f"{kept_at_0 / 2**20:.1f} MiB at threshold 0, {kept / 2**20:.1f} MiB at 64 MiB")  # fmt: skip
     assert kept_at_0 < used <= kept
+
+
+def test_a_round_past_its_bytes_holds_one_run_of_decoded_images_at_a_time(nvimgcodec):
+    """``preprocess.gpu_decode_round_bytes`` on the device: a round of 24 JPEGs of
+    1920x1080 (6.2 MB decoded each, 149 MB in all) through the local stage. Under a budget
+    of 8 MiB they are decoded in runs of one image, two runs at most on the device at once,
+    so the device pool's peak of memory in use is a fraction of the one-call round's; the
+    rows are the same."""
+    import cupy
+    from cupy.cuda import runtime
+    from PIL import Image
+
+    from pipeline.stages.messages import Encoded
+    from pipeline.stages.preprocess_gpu import PreprocessGpuStage
+
+    used_high = 8  # cudaMemPoolAttrUsedMemHigh
+    pool = runtime.deviceGetMemPool(0)
+    target = model_info("resnet50").target()
+    photos = [np.asarray(Image.fromarray(p).resize((1920, 1080))) for p in _photos().values()]
+    blobs = [encode_jpeg(photos[k % len(photos)], quality=85) for k in range(24)]
+    items = [Encoded.checked(b, "image/jpeg", target, 1 << 30, 1 << 32) for b in blobs]
+    got = {}
+    for budget in (1 << 30, 8 << 20):
+        pre = {"decoder": "nvimgcodec", "gpu_decode_round_bytes": budget}
+        stage = PreprocessGpuStage(_config(preprocess=pre), 0, local=True)
+        cupy.cuda.Device(0).synchronize()
+        runtime.memPoolSetAttribute(pool, used_high, 0)  # (resets the peak to what is in use)
+        rows = asyncio.run(stage.run("resnet50", items))
+        cupy.cuda.Device(0).synchronize()
+        high = int(runtime.memPoolGetAttribute(pool, used_high))
+        assert rows.owner == list(range(24)) and not rows.errors
+        got[budget] = (high, cupy.stack(rows.data).get())
+        del rows
+        stage.close()
+    whole, runs = got[1 << 30][0], got[8 << 20][0]
+    print(f"peak in the decoder's pool: {whole / 2**20:.1f} MiB in one call, "
+          f"{runs / 2**20:.1f} MiB in runs of 8 MiB")  # fmt: skip
+    assert whole >= 24 * 1920 * 1080 * 3 * 0.9  # the one call held every image at once
+    assert runs < whole / 4
+    assert np.array_equal(got[1 << 30][1], got[8 << 20][1])

@@ -15,7 +15,7 @@ from pipeline.memory import PinnedRing, make_pool
 from pipeline.ops.base import TensorSpec, align, eager
 from pipeline.ops.resize_crop import RESIZE_CROP, table_offsets, target_attrs
 from pipeline.preprocess_gpu.fitter import GpuFitter, size_class
-from pipeline.preprocess_gpu.plan import plan_staging, split_parts
+from pipeline.preprocess_gpu.plan import plan_staging, runs_within, split_parts
 from pipeline.resize_plan import Target
 
 CPU = Backend("numpy")
@@ -188,3 +188,10 @@ def test_size_classes_are_powers_of_two_from_4_kib():
     assert [size_class(n) for n in (0, 1, 4096, 4097, 100_000, 1 << 20)] == [
         4096, 4096, 4096, 8192, 131072, 1 << 20,
     ]  # fmt: skip
+
+
+def test_runs_within_keeps_order_and_puts_an_oversized_image_alone():
+    assert runs_within([], 10) == []
+    assert runs_within([3, 3, 3, 3], 10) == [[0, 1, 2], [3]]
+    assert runs_within([4, 20, 5, 5, 1], 10) == [[0], [1], [2, 3], [4]]
+    assert runs_within([10, 10], 10) == [[0], [1]]  # exactly the budget: a run of its own

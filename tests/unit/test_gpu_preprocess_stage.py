@@ -13,7 +13,8 @@ import pytest
 from pipeline.config import PipelineConfig
 from pipeline.device import Backend
 from pipeline.imaging import decode, encode_jpeg, encode_png
-from pipeline.preprocess_gpu.stage import Landing, PreprocessGpuCore
+from pipeline.preprocess_gpu.rounds import Landing
+from pipeline.preprocess_gpu.stage import PreprocessGpuCore
 from pipeline.stages.decode import PreprocessStage
 from pipeline.stages.messages import DeviceRows, Encoded
 
@@ -176,3 +177,43 @@ def test_overlapped_rounds_hand_rows_on_only_when_done_and_two_at_most_are_out()
         for row, it in zip(r.data, items, strict=True):
             assert np.abs(row.astype(np.int16) - decode(*it, target, 1 << 20)).max() <= 1
     core.close()
+
+
+class _CpuDecoder:
+    """The GPU decoder's interface over the CPU's full decode (nvImageCodec does not run
+    here; ``tests/gpu`` runs the real one): what each call held, in decoded bytes."""
+
+    def __init__(self):
+        self.calls: list[int] = []
+
+    def decode(self, datas, channels, stream):
+        import simplejpeg
+
+        space = "GRAY" if channels == 1 else "RGB"
+        imgs = [simplejpeg.decode_jpeg(d, colorspace=space) for d in datas]
+        self.calls.append(sum(i.nbytes for i in imgs))
+        return imgs
+
+
+def test_a_round_past_its_decoded_bytes_is_decoded_in_runs_with_the_same_rows():
+    """``preprocess.gpu_decode_round_bytes``: a round's JPEGs go to the decoder in runs of
+    at most that many decoded bytes (one image larger than that alone), each fitted before
+    the next is decoded; the rows are the same as from one call."""
+    rng = np.random.default_rng(3)
+    sizes = [(40, 50), (300, 200), (30, 30), (120, 90), (20, 70), (64, 64)]
+    jpegs = [encode_jpeg(rng.integers(0, 256, (h, w, 1), dtype=np.uint8)) for h, w in sizes]
+    got = {}
+    for budget in (1 << 20, 16_000):
+        core = _core()
+        core.config.preprocess.gpu_decode_round_bytes = budget
+        core.decoder = dec = _CpuDecoder()
+        items = [_checked(core, j, "image/jpeg") for j in jpegs]
+        rows = asyncio.run(core.process("digits", items))
+        assert rows.owner == list(range(len(jpegs))) and not rows.errors
+        got[budget] = (dec.calls, [np.asarray(r).copy() for r in rows.data])
+        core.close()
+    assert got[1 << 20][0] == [sum(h * w for h, w in sizes)]  # one call: under the budget
+    # 2000 + 60000 (alone: past it), 900 + 10800 + 1400, 4096
+    assert got[16_000][0] == [2000, 60000, 13100, 4096]
+    for a, b in zip(got[1 << 20][1], got[16_000][1], strict=True):
+        assert np.array_equal(a, b)

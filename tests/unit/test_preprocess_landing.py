@@ -8,7 +8,7 @@ import asyncio
 
 from pipeline.config import PipelineConfig
 from pipeline.errors import FerryError, TransportError
-from pipeline.preprocess_gpu.stage import RETRY, Landing, PreprocessGpuCore
+from pipeline.preprocess_gpu.rounds import RETRY, Landing, landed
 
 
 def test_rows_wait_for_their_round_and_the_rest_pass_through():
@@ -17,7 +17,7 @@ def test_rows_wait_for_their_round_and_the_rest_pass_through():
         first, second = loop.create_future(), loop.create_future()
         refused = FerryError("not an image")
         results = [Landing("a", first), RETRY, refused, Landing("b", second), Landing("c", first)]
-        task = asyncio.ensure_future(PreprocessGpuCore._landed(results))
+        task = asyncio.ensure_future(landed(results))
         await asyncio.sleep(0.01)
         assert not task.done()  # neither round is complete
         first.set_result(None)
@@ -37,7 +37,7 @@ def test_a_failed_round_fails_only_its_rows():
         bad, good = loop.create_future(), loop.create_future()
         bad.set_exception(TransportError("the round's event never came"))
         good.set_result(None)
-        return await PreprocessGpuCore._landed([Landing("x", bad), Landing("y", good)])
+        return await landed([Landing("x", bad), Landing("y", good)])
 
     out = asyncio.run(main())
     assert isinstance(out[0], TransportError) and out[1] == "y"
@@ -45,7 +45,7 @@ def test_a_failed_round_fails_only_its_rows():
 
 def test_without_landings_the_results_are_returned_as_they_are():
     results = ["r", RETRY]
-    assert asyncio.run(PreprocessGpuCore._landed(results)) is results
+    assert asyncio.run(landed(results)) is results
 
 
 def test_the_option_is_off_by_default_and_set_from_the_config():

@@ -1,0 +1,47 @@
+"""What a local round of the GPU preprocess stage hands around: the JPEGs it decodes, the
+answer that sends an image back to the CPU, and rows whose device work may still run."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ..batch_scheduler import answered_error
+
+RETRY = object()  # a round's answer for a JPEG the GPU decoder refused: decode it on the CPU
+
+
+class Jpeg:
+    """A JPEG for the GPU decoder: its bytes and what it decodes to (h x w x channels)."""
+
+    __slots__ = ("data", "nbytes")
+
+    def __init__(self, data: bytes, nbytes: int) -> None:
+        self.data = data
+        self.nbytes = nbytes
+
+
+class Landing:
+    """A round's device row whose GPU work may still run (``preprocess.overlap_rounds``):
+    ``done`` is the round's completion, shared by its rows."""
+
+    __slots__ = ("done", "row")
+
+    def __init__(self, row: Any, done: asyncio.Future) -> None:
+        self.row = row
+        self.done = done
+
+
+async def landed(results: list[Any]) -> list[Any]:
+    """``results`` with each ``Landing`` replaced by its row once its round is complete
+    on the device, or by the error that round's wait ended in."""
+    rounds = {id(r.done): r.done for r in results if isinstance(r, Landing)}
+    if not rounds:
+        return results
+    await asyncio.wait(list(rounds.values()))
+    failed: dict[int, BaseException] = {}
+    for k, f in rounds.items():
+        exc = asyncio.CancelledError() if f.cancelled() else f.exception()
+        if exc is not None:  # as the scheduler answers a failed batch
+            failed[k] = answered_error(exc, "a preprocessing round on the device")
+    return [(failed.get(id(r.done), r.row) if isinstance(r, Landing) else r) for r in results]
