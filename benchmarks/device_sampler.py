@@ -7,7 +7,10 @@ any kernel ran -- not how many SMs it kept busy) and its JPEG engines'
 (``nvmlDeviceGetJpgUtilization``, A100/H100/H200) every ``every_s``, and ``result()`` gives
 the means over the level and every device of the node, as fractions. It reads the device, not a process, so it measures
 Ferry and the peers alike -- whether a system's decoder uses the hardware JPEG engines at
-all shows as ``jpeg_util`` near 0.
+all shows as ``jpeg_util`` near 0. It also keeps the peak of each device's memory in use
+(``nvmlDeviceGetMemoryInfo``) and of each process's on it (``nvmlDeviceGetComputeRunning
+Processes``; none under MPS, which runs them as one): how close a level came to the GPU's
+size, and what a replica holds beside its pool.
 
 NVML comes from ``nvidia-ml-py`` where installed, else from the copy Ray ships
 (``ray._private.thirdparty.pynvml``). Without either, or without a driver, ``result()`` is
@@ -51,6 +54,9 @@ class DeviceSampler:
         self._thread: threading.Thread | None = None
         self._sm: list[float] = []
         self._jpeg: list[float] = []
+        self._mem: dict[int, int] = {}  # device -> peak bytes in use
+        self._total: dict[int, int] = {}  # device -> its bytes
+        self._procs: dict[int, int] = {}  # pid -> peak bytes on its devices
         self.failed = False  # a reading failed: the means cover only the span before it
         self.devices = 0
 
@@ -64,6 +70,13 @@ class DeviceSampler:
             self._sm.append(nvml.nvmlDeviceGetUtilizationRates(h).gpu / 100.0)
             with contextlib.suppress(Exception):  # a GPU without JPEG engines: no reading
                 self._jpeg.append(nvml.nvmlDeviceGetJpgUtilization(h)[0] / 100.0)
+            with contextlib.suppress(Exception):  # memory figures are extras: never fatal
+                m = nvml.nvmlDeviceGetMemoryInfo(h)
+                self._total[h] = int(m.total)
+                self._mem[h] = max(self._mem.get(h, 0), int(m.used))
+                for p in nvml.nvmlDeviceGetComputeRunningProcesses(h):
+                    used = int(p.usedGpuMemory or 0)  # None where the driver withholds it
+                    self._procs[p.pid] = max(self._procs.get(p.pid, 0), used)
 
     def _run(self, handles: list[Any]) -> None:
         while not self._stop.wait(self.every_s):
@@ -94,11 +107,18 @@ class DeviceSampler:
 
     def result(self) -> dict[str, Any] | None:
         """``gpu_util`` and ``gpu_jpeg_util`` (means, 0-1; the latter None on a GPU without
-        JPEG engines), ``gpu_samples`` (readings: devices x rounds), ``gpu_devices`` and
-        ``gpu_sampling_failed``; None where nothing was sampled."""
+        JPEG engines), ``gpu_samples`` (readings: devices x rounds), ``gpu_devices``,
+        ``gpu_sampling_failed``, and in MiB ``gpu_mem_peak_mib`` / ``gpu_mem_total_mib``
+        (the fullest device's peak in use, and its size) and ``gpu_proc_mem_mib`` (each
+        process's peak, largest first); None where nothing was sampled."""
         if not self._sm:
             return None
+        mib = 1 << 20
+        fullest = max(self._mem, key=lambda h: self._mem[h] / self._total[h], default=None)
         return {
+            "gpu_mem_peak_mib": None if fullest is None else self._mem[fullest] // mib,
+            "gpu_mem_total_mib": None if fullest is None else self._total[fullest] // mib,
+            "gpu_proc_mem_mib": sorted((b // mib for b in self._procs.values()), reverse=True),
             "gpu_util": round(sum(self._sm) / len(self._sm), 3),
             "gpu_jpeg_util": round(sum(self._jpeg) / len(self._jpeg), 3) if self._jpeg else None,
             "gpu_samples": len(self._sm),

@@ -24,7 +24,9 @@ def test_without_a_driver_there_is_nothing_to_sample_and_the_level_goes_on():
 
 
 class StandInNvml:
-    """Device 0 has JPEG engines, device 1 has none; each reading is the next of a list."""
+    """Device 0 has JPEG engines, device 1 has none; each reading is the next of a list.
+    Memory: device 0 of 80 GiB, its in-use and its two processes' growing each reading (the
+    second process's withheld at first, as a driver may); device 1 has no memory reading."""
 
     def __init__(self, sm: list[list[int]], jpg: list[int]) -> None:
         self.sm, self.jpg = sm, jpg
@@ -43,6 +45,18 @@ class StandInNvml:
         if h == 1 and self.reads[1] >= len(self.sm[1]):
             self.enough.set()
         return SimpleNamespace(gpu=self.sm[h][min(k, len(self.sm[h]) - 1)])
+
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> SimpleNamespace:
+        if h == 1:
+            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+        return SimpleNamespace(total=80 << 30, used=(10 << 30) * self.reads[0])
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[SimpleNamespace]:
+        k = self.reads[0]
+        return [
+            SimpleNamespace(pid=7, usedGpuMemory=(k << 30)),
+            SimpleNamespace(pid=8, usedGpuMemory=None if k < 2 else (3 << 30)),
+        ]
 
     def nvmlDeviceGetJpgUtilization(self, h: int) -> tuple[int, int]:
         if h == 1:
@@ -73,6 +87,9 @@ def test_two_rounds_give_their_exact_means():
     s._sample(handles)
     s._sample(handles)
     assert s.result() == {
+        "gpu_mem_peak_mib": 20 << 10,  # device 0's second reading, 20 GiB
+        "gpu_mem_total_mib": 80 << 10,
+        "gpu_proc_mem_mib": [3 << 10, 2 << 10],  # each process's peak, largest first
         "gpu_util": 0.4,
         "gpu_jpeg_util": 0.3,
         "gpu_samples": 4,
