@@ -54,9 +54,9 @@ class DeviceSampler:
         self._thread: threading.Thread | None = None
         self._sm: list[float] = []
         self._jpeg: list[float] = []
-        self._mem: dict[int, int] = {}  # device -> peak bytes in use
-        self._total: dict[int, int] = {}  # device -> its bytes
-        self._procs: dict[int, int] = {}  # pid -> peak bytes on its devices
+        self._mem: dict[Any, int] = {}  # device handle -> peak bytes in use
+        self._total: dict[Any, int] = {}  # device handle -> its bytes
+        self._procs: dict[int, int] = {}  # pid -> its largest reading on any one device
         self.failed = False  # a reading failed: the means cover only the span before it
         self.devices = 0
 
@@ -105,6 +105,18 @@ class DeviceSampler:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
+    def _memory(self) -> dict[str, Any]:
+        """The memory fields of ``result`` (None and [] where there was no reading)."""
+        mib = 1 << 20
+        mem, total, procs = dict(self._mem), dict(self._total), list(self._procs.values())
+        full = [h for h in mem if total.get(h)]  # (a device of size 0 is no reading)
+        h = max(full, key=lambda h: mem[h] / total[h], default=None)
+        return {
+            "gpu_mem_peak_mib": None if h is None else mem[h] // mib,
+            "gpu_mem_total_mib": None if h is None else total[h] // mib,
+            "gpu_proc_mem_mib": sorted((b // mib for b in procs), reverse=True),
+        }
+
     def result(self) -> dict[str, Any] | None:
         """``gpu_util`` and ``gpu_jpeg_util`` (means, 0-1; the latter None on a GPU without
         JPEG engines), ``gpu_samples`` (readings: devices x rounds), ``gpu_devices``,
@@ -113,12 +125,8 @@ class DeviceSampler:
         process's peak, largest first); None where nothing was sampled."""
         if not self._sm:
             return None
-        mib = 1 << 20
-        fullest = max(self._mem, key=lambda h: self._mem[h] / self._total[h], default=None)
         return {
-            "gpu_mem_peak_mib": None if fullest is None else self._mem[fullest] // mib,
-            "gpu_mem_total_mib": None if fullest is None else self._total[fullest] // mib,
-            "gpu_proc_mem_mib": sorted((b // mib for b in self._procs.values()), reverse=True),
+            **self._memory(),
             "gpu_util": round(sum(self._sm) / len(self._sm), 3),
             "gpu_jpeg_util": round(sum(self._jpeg) / len(self._jpeg), 3) if self._jpeg else None,
             "gpu_samples": len(self._sm),

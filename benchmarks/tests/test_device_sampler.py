@@ -96,3 +96,12 @@ def test_two_rounds_give_their_exact_means():
         "gpu_devices": 0,  # (set on entering the span; this test samples by hand)
         "gpu_sampling_failed": False,
     }
+
+
+def test_a_device_of_size_zero_gives_no_memory_figure_and_no_error():
+    """(A MIG slice or a withholding driver may say 0: the level goes on without the peak.)"""
+    s = DeviceSampler(nvml=StandInNvml(sm=[[50], [10]], jpg=[20]))
+    s._sm, s._mem, s._total = [0.5], {0: 1 << 30}, {0: 0}
+    got = s.result()
+    assert got["gpu_mem_peak_mib"] is None and got["gpu_mem_total_mib"] is None
+    assert got["gpu_util"] == 0.5

@@ -239,8 +239,9 @@ class PreprocessGpuCore:
     def _round(self, model: str, datas: list[Any]) -> tuple[list[Any], Event]:
         """A round's answers: its host images (decoded on the CPU) in one fit, its JPEGs in
         runs of at most ``gpu_decode_round_bytes`` decoded. A run's images are freed once
-        its fit has run on the device, and a run is decoded only once the fit of the run
-        two before it has: two runs of images at most are on the device at once."""
+        its fit has run on the device (by the completion watcher), and a run is decoded only
+        once the fit of the run two before it has: about two runs of images on the device at
+        once (a third for the moment the watcher takes to let the oldest go)."""
         answers: list[Any] = [RETRY] * len(datas)
         self._fit_into(
             answers, model, {j: d for j, d in enumerate(datas) if not isinstance(d, Jpeg)}

@@ -340,7 +340,7 @@ def test_the_decoders_pool_keeps_a_rounds_images_mapped(nvimgcodec):
 def test_a_round_past_its_bytes_holds_one_run_of_decoded_images_at_a_time(nvimgcodec):
     """``preprocess.gpu_decode_round_bytes`` on the device: a round of 24 JPEGs of
     1920x1080 (6.2 MB decoded each, 149 MB in all) through the local stage. Under a budget
-    of 8 MiB they are decoded in runs of one image, two runs at most on the device at once,
+    of 8 MiB they are decoded in runs of one image, about two runs on the device at once,
     so the device pool's peak of memory in use is a fraction of the one-call round's; the
     rows are the same."""
     import cupy
