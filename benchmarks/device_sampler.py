@@ -5,12 +5,12 @@ system.
 utilisation (``nvmlDeviceGetUtilizationRates().gpu``: the share of the sample period in which
 any kernel ran -- not how many SMs it kept busy) and its JPEG engines'
 (``nvmlDeviceGetJpgUtilization``, A100/H100/H200) every ``every_s``, and ``result()`` gives
-the means over the level and every device of the node, as fractions. It reads the device, not a process, so it measures
-Ferry and the peers alike -- whether a system's decoder uses the hardware JPEG engines at
-all shows as ``jpeg_util`` near 0. It also keeps the peak of each device's memory in use
-(``nvmlDeviceGetMemoryInfo``) and of each process's on it (``nvmlDeviceGetComputeRunning
-Processes``; none under MPS, which runs them as one): how close a level came to the GPU's
-size, and what a replica holds beside its pool.
+the means over the level and every device of the node, as fractions. It reads the device,
+not a process, so it measures Ferry and the peers alike -- whether a system's decoder uses
+the hardware JPEG engines at all shows as ``jpeg_util`` near 0. It also keeps the peak of
+each device's memory in use (``nvmlDeviceGetMemoryInfo``) and of each process's on it
+(``nvmlDeviceGetComputeRunningProcesses``; none under MPS, which runs them as one): how close
+a level came to the GPU's size, and what a replica holds beside its pool.
 
 NVML comes from ``nvidia-ml-py`` where installed, else from the copy Ray ships
 (``ray._private.thirdparty.pynvml``). Without either, or without a driver, ``result()`` is

@@ -113,9 +113,10 @@ class PreprocessConfig(Strict):
     round past it -- large photos; up to ``max_pixels`` each -- is decoded and fitted in
     runs of consecutive images, a run's images freed once its fit has run on the device and
     a run decoded only once the fit two runs before it has, so the decoder holds about two
-    runs whatever the images' sizes; an image past it alone is a run of its own. A round of 256 451x300 JPEGs is
-    99 MiB (one run); 256 of 1920x1080, 1.5 GiB (six). Only where the GPU decodes in the
-    replica that owns the executor (``one_process``, ``split`` on a GPU)."""
+    runs whatever the images' sizes; an image past it alone is a run of its own. A round
+    of 256 451x300 JPEGs is 99 MiB (one run); 256 of 1920x1080, 1.5 GiB (six). Only where
+    the GPU decodes in the replica that owns the executor (``one_process``, ``split`` on a
+    GPU)."""
     overlap_rounds: bool = False
     """Where the GPU decodes in the process that owns the executor (``one_process``, and
     ``split`` on a GPU; not ``gpu_preprocess``, whose stage sends each batch): start the next
