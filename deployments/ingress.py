@@ -289,7 +289,7 @@ class Ingress(TritonRoutes, TaskRoutes, V2Core, GrpcInference, GrpcStream):  # (
         self.drain.start()
         return JSONResponse(*await self.readiness.model(model, self._v2_model(model)))
 
-    @app.post("/v2/models/{model}/infer")
+    # POST /v2/models/{model}/infer: FerryApp serves it (ingress_http.infer documents it)
     async def infer(self, model: str, request: Request) -> Response:
         self.drain.start()
         with self.drain.work(request_id_of(request)):  # 503 once the app is being stopped

@@ -27,54 +27,77 @@ from .http_errors import error_response, request_id_of, unwrap
 from .observe import RequestMetrics, ingress_of, request_id_from
 
 CLASSIFY_PATH = re.compile(r"^/v1/models/([^/]+)/classify$")
+INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
 
 
-def classify_match(scope: dict) -> Any:
-    """The path's match where ``scope`` is ``POST /v1/models/{model}/classify``, else None."""
+async def _classify(ingress: Any, match: Any, request: Request) -> Response:
+    return await ingress.classify_request(
+        match.group(1), request, request.query_params.get("top_k")
+    )
+
+
+async def _infer(ingress: Any, match: Any, request: Request) -> Response:
+    model, version = match.group(1), match.group(2)
+    if version is not None:
+        return await ingress.version_infer(model, version, request)
+    return await ingress.infer(model, request)
+
+
+FAST_ROUTES = ((CLASSIFY_PATH, _classify), (INFER_PATH, _infer))
+"""The routes ``FerryApp`` takes past FastAPI (all ``POST``): v1 classify, nearly all of
+Ferry's own traffic, and v2 infer (with or without a version), all of a Triton client's."""
+
+
+def fast_route(scope: dict) -> tuple[Any, Any] | None:
+    """(the path's match, its handler) where ``scope`` is a POST of ``FAST_ROUTES``."""
     if scope["type"] != "http" or scope["method"] != "POST":
         return None
-    return CLASSIFY_PATH.match(scope["path"])
-
-
-async def serve_classify(scope: dict, receive: Any, send: Any) -> None:
-    """``POST /v1/models/{model}/classify`` straight to the replica's handler (``FerryApp``
-    matched the path, its model in ``path_params`` as a router puts it, and the replica is
-    in the scope's app): no router, no dependency solving; a Ferry error or a bug is its
-    JSON answer."""
-    request = Request(scope, receive)
-    try:
-        response = await ingress_of(scope).classify_request(
-            scope["path_params"]["model"], request, request.query_params.get("top_k")
-        )
-    except Exception as exc:
-        response = error_response(unwrap(exc), request_id_of(request))
-    await response(scope, receive, send)
+    path = scope["path"]
+    for pattern, handler in FAST_ROUTES:
+        m = pattern.match(path)
+        if m:
+            return m, handler
+    return None
 
 
 class FerryApp(FastAPI):
-    """FastAPI whose ``__call__`` takes ``POST /v1/models/{model}/classify`` -- nearly all the
-    traffic -- through Ferry's own layers only (metrics, JSON errors, the token check: the
-    same classes as in the stack, ``fast``) to the replica's handler, past Starlette's and
-    FastAPI's middleware (server errors, exception telemetry, the body limit: Ferry bounds
-    a body itself, ``uploads.py``) and the router. Every other request, and every request
-    before the replica has put itself in ``state``, takes the whole stack, where the route
-    ``Ingress.classify`` serves it. A layer costs a call per ASGI message and per request:
-    the classify path had eleven, it has three."""
+    """FastAPI whose ``__call__`` takes ``POST /v1/models/{model}/classify`` and ``POST
+    /v2/models/{model}[/versions/{version}]/infer`` -- nearly all the traffic -- through
+    Ferry's own layers only (metrics, JSON errors, the token check: the same classes as in
+    the stack, ``fast``) to the replica's handler, past Starlette's and FastAPI's middleware
+    (server errors, exception telemetry, the body limit: Ferry bounds a body itself,
+    ``uploads.py``) and the router. Every other request, and every request before the
+    replica has put itself in ``state``, takes the whole stack, where the routes
+    ``Ingress.classify`` and ``Ingress.infer`` serve it. A layer costs a call per ASGI
+    message and per request: these paths had eleven, they have three."""
 
     fast: Any = None
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        match = classify_match(scope)
-        if match and getattr(self.state, "ingress", None) is not None:
+        found = fast_route(scope)
+        if found and getattr(self.state, "ingress", None) is not None:
             scope["app"] = self  # as Starlette sets it: ingress_of reads it
-            scope["path_params"] = {"model": match.group(1)}
+            scope["fast_route"] = found
             if self.root_path:
                 scope["root_path"] = self.root_path
             if self.fast is None:
-                self.fast = RequestMetrics(http_errors.JsonErrors(BearerAuth(serve_classify)))
+                self.fast = RequestMetrics(http_errors.JsonErrors(BearerAuth(serve_fast)))
             await self.fast(scope, receive, send)
             return
         await super().__call__(scope, receive, send)
+
+
+async def serve_fast(scope: dict, receive: Any, send: Any) -> None:
+    """A fast request straight to the replica's method (``FerryApp`` put the path's match and
+    its handler in the scope, and the replica is in the scope's app): no router, no
+    dependency solving; a Ferry error or a bug is its JSON answer."""
+    match, handler = scope["fast_route"]
+    request = Request(scope, receive)
+    try:
+        response = await handler(ingress_of(scope), match, request)
+    except Exception as exc:
+        response = error_response(unwrap(exc), request_id_of(request))
+    await response(scope, receive, send)
 
 
 app = FerryApp(
@@ -93,10 +116,31 @@ async def classify(model: str, request: Request, top_k: int | None = None) -> Re
     ``FerryApp`` serves this path ahead of the router; the route documents it, and answers
     503 for a request that comes before the replica is in the app's state. It is the app's
     first route, so that Serve's route lookup, made for every request, stops at it."""
+    return await _replica(request).classify_request(model, request, top_k)
+
+
+@app.post("/v2/models/{model}/infer")
+async def infer(model: str, request: Request) -> Response:
+    """Open Inference Protocol (KServe v2 / Triton) inference: JSON tensors, or the binary
+    tensor extension (``Inference-Header-Content-Length``), as ``tritonclient.http`` sends.
+
+    Served ahead of the router by ``FerryApp``, as classify is, and declared right after it
+    so that Serve's per-request route lookup finds it second."""
+    return await _replica(request).infer(model, request)
+
+
+@app.post("/v2/models/{model}/versions/{version}/infer")
+async def version_infer(model: str, version: str, request: Request) -> Response:
+    """v2 inference of a model's version (each model has version "1")."""
+    return await _replica(request).version_infer(model, version, request)
+
+
+def _replica(request: Request) -> Any:
+    """The ingress replica serving ``request``; 503 before it is in the app's state."""
     ingress = ingress_of(request.scope)
     if ingress is None:
         raise Unavailable("the ingress replica is starting")
-    return await ingress.classify_request(model, request, top_k)
+    return ingress
 
 
 docs.install(app)

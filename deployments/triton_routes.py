@@ -86,7 +86,7 @@ class TritonRoutes:
         triton.check_version(model, version)
         return await self.model_stats(model)
 
-    @app.post("/v2/models/{model}/versions/{version}/infer")
+    # POST .../versions/{version}/infer: FerryApp serves it (ingress_http.version_infer)
     async def version_infer(self, model: str, version: str, request: Request) -> Response:
         triton.check_version(model, version)
         return await self.infer(model, request)

@@ -9,12 +9,38 @@ import pytest
 from ray.serve._private.thirdparty.get_asgi_route_name import get_asgi_route_name
 
 import deployments.ingress  # noqa: F401 - the class's routes join the app
-from deployments.ingress_http import app
+from deployments.ingress_http import app, fast_route
 
 
-def test_classify_is_the_first_route_after_fastapis_own():
+def test_classify_then_v2_infer_are_the_first_routes_after_fastapis_own():
     paths = [getattr(r, "path", None) for r in app.router.routes]
-    assert paths[:2] == ["/openapi.json", "/v1/models/{model}/classify"], paths[:4]
+    assert paths[:4] == [
+        "/openapi.json",
+        "/v1/models/{model}/classify",
+        "/v2/models/{model}/infer",
+        "/v2/models/{model}/versions/{version}/infer",
+    ], paths[:6]
+
+
+@pytest.mark.parametrize(
+    "method,path,handler,groups",
+    [
+        ("POST", "/v1/models/digits/classify", "_classify", ("digits",)),
+        ("POST", "/v2/models/digits/infer", "_infer", ("digits", None)),
+        ("POST", "/v2/models/digits/versions/1/infer", "_infer", ("digits", "1")),
+        ("GET", "/v2/models/digits/infer", None, None),
+        ("POST", "/v1/models/digits/image", None, None),
+        ("POST", "/v2/models/digits/versions/1/infer/x", None, None),
+        ("POST", "/v2/models/a/b/infer", None, None),
+    ],
+)
+def test_the_fast_routes_take_classify_and_v2_infer_posts_only(method, path, handler, groups):
+    found = fast_route({"type": "http", "method": method, "path": path})
+    if handler is None:
+        assert found is None
+        return
+    match, fn = found
+    assert fn.__name__ == handler and match.groups() == groups
 
 
 @pytest.mark.parametrize(
@@ -23,6 +49,7 @@ def test_classify_is_the_first_route_after_fastapis_own():
         ("POST", "/v1/models/digits/classify", "/v1/models/{model}/classify"),
         ("POST", "/v1/models/digits/image", "/v1/models/{model}/image"),
         ("POST", "/v2/models/digits/infer", "/v2/models/{model}/infer"),
+        ("POST", "/v2/models/d/versions/1/infer", "/v2/models/{model}/versions/{version}/infer"),
         ("GET", "/v1/models", "/v1/models"),
         ("GET", "/v2/health/ready", "/v2/health/ready"),
         ("GET", "/v1/streams", "/v1/streams"),
