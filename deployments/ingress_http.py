@@ -28,6 +28,7 @@ from .observe import RequestMetrics, ingress_of, request_id_from
 
 CLASSIFY_PATH = re.compile(r"^/v1/models/([^/]+)/classify$")
 INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
+TASK_PATH = re.compile(r"^/v1/models/([^/]+)/(image|segment|detect)$")
 
 
 async def _classify(ingress: Any, match: Any, request: Request) -> Response:
@@ -43,9 +44,14 @@ async def _infer(ingress: Any, match: Any, request: Request) -> Response:
     return await ingress.infer(model, request)
 
 
-FAST_ROUTES = ((CLASSIFY_PATH, _classify), (INFER_PATH, _infer))
+async def _task(ingress: Any, match: Any, request: Request) -> Response:
+    return await ingress.task_request(match.group(1), request, match.group(2))
+
+
+FAST_ROUTES = ((CLASSIFY_PATH, _classify), (INFER_PATH, _infer), (TASK_PATH, _task))
 """The routes ``FerryApp`` takes past FastAPI (all ``POST``): v1 classify, nearly all of
-Ferry's own traffic, and v2 infer (with or without a version), all of a Triton client's."""
+Ferry's own traffic, v2 infer (with or without a version), all of a Triton client's, and
+the other tasks' v1 routes (image, segment, detect): every request that runs a model."""
 
 
 def fast_route(scope: dict) -> tuple[Any, Any] | None:
@@ -61,14 +67,15 @@ def fast_route(scope: dict) -> tuple[Any, Any] | None:
 
 
 class FerryApp(FastAPI):
-    """FastAPI whose ``__call__`` takes ``POST /v1/models/{model}/classify`` and ``POST
-    /v2/models/{model}[/versions/{version}]/infer`` -- nearly all the traffic -- through
+    """FastAPI whose ``__call__`` takes the requests that run a model (``FAST_ROUTES``: ``POST
+    /v1/models/{model}/classify``, ``/image``, ``/segment``, ``/detect`` and ``POST
+    /v2/models/{model}[/versions/{version}]/infer``) -- nearly all the traffic -- through
     Ferry's own layers only (metrics, JSON errors, the token check: the same classes as in
     the stack, ``fast``) to the replica's handler, past Starlette's and FastAPI's middleware
     (server errors, exception telemetry, the body limit: Ferry bounds a body itself,
     ``uploads.py``) and the router. Every other request, and every request before the
-    replica has put itself in ``state``, takes the whole stack, where the routes
-    ``Ingress.classify`` and ``Ingress.infer`` serve it. A layer costs a call per ASGI
+    replica has put itself in ``state``, takes the whole stack, where the routes of the same
+    paths below serve it. A layer costs a call per ASGI
     message and per request: these paths had eleven, they have three."""
 
     fast: Any = None
@@ -133,6 +140,27 @@ async def infer(model: str, request: Request) -> Response:
 async def version_infer(model: str, version: str, request: Request) -> Response:
     """v2 inference of a model's version (each model has version "1")."""
     return await _replica(request).version_infer(model, version, request)
+
+
+@app.post("/v1/models/{model}/image")
+async def image(model: str, request: Request) -> Response:
+    """An image in, the model's image out: ``Accept`` (image/jpeg, image/png, image/webp;
+    default the input's format), ``quality``, ``size=input|model``."""
+    return await _replica(request).task_request(model, request, "image")
+
+
+@app.post("/v1/models/{model}/segment")
+async def segment(model: str, request: Request) -> Response:
+    """An image in, its class mask out: a PNG, one byte a pixel at the input's size, or
+    ``format=json``: each class's pixels."""
+    return await _replica(request).task_request(model, request, "segment")
+
+
+@app.post("/v1/models/{model}/detect")
+async def detect(model: str, request: Request) -> Response:
+    """An image in, boxes out (JSON, in the input's pixels): ``score_threshold``,
+    ``iou_threshold``, ``max_boxes``."""
+    return await _replica(request).task_request(model, request, "detect")
 
 
 def _replica(request: Request) -> Any:

@@ -123,25 +123,11 @@ class TaskRoutes:
         kind, binary = task.kind, req.binary_outputs
         return lambda r: triton_encoded.task_outputs(kind, finish(r, t0, queued), binary)
 
-    @app.post("/v1/models/{model}/image")
-    async def image(self, model: str, request: Request) -> Response:
-        """An image in, the model's image out: ``Accept`` (image/jpeg, image/png,
-        image/webp; default the input's format), ``quality``, ``size=input|model``."""
-        return await self.task_request(model, request, "image")
-
-    @app.post("/v1/models/{model}/segment")
-    async def segment(self, model: str, request: Request) -> Response:
-        """An image in, its class mask out: a PNG, one byte a pixel at the input's size, or
-        ``format=json``: each class's pixels."""
-        return await self.task_request(model, request, "segment")
-
-    @app.post("/v1/models/{model}/detect")
-    async def detect(self, model: str, request: Request) -> Response:
-        """An image in, boxes out (JSON, in the input's pixels): ``score_threshold``,
-        ``iou_threshold``, ``max_boxes``."""
-        return await self.task_request(model, request, "detect")
-
+    # POST /v1/models/{model}/image, /segment, /detect: FerryApp serves them
+    # (ingress_http.image, .segment and .detect document them)
     async def task_request(self, model: str, request: Request, kind: str) -> Response:
+        """One request of a task route (``kind``: image, segment or detect): its options
+        read, its answer's memory checked per image, then the classify path."""
         self.drain.start()
         rid = request_id_of(request)
         with self.drain.work(rid):  # 503 once the app is being stopped

@@ -12,14 +12,17 @@ import deployments.ingress  # noqa: F401 - the class's routes join the app
 from deployments.ingress_http import app, fast_route
 
 
-def test_classify_then_v2_infer_are_the_first_routes_after_fastapis_own():
+def test_the_routes_that_run_a_model_come_first_after_fastapis_own():
     paths = [getattr(r, "path", None) for r in app.router.routes]
-    assert paths[:4] == [
+    assert paths[:7] == [
         "/openapi.json",
         "/v1/models/{model}/classify",
         "/v2/models/{model}/infer",
         "/v2/models/{model}/versions/{version}/infer",
-    ], paths[:6]
+        "/v1/models/{model}/image",
+        "/v1/models/{model}/segment",
+        "/v1/models/{model}/detect",
+    ], paths[:8]
 
 
 @pytest.mark.parametrize(
@@ -29,12 +32,14 @@ def test_classify_then_v2_infer_are_the_first_routes_after_fastapis_own():
         ("POST", "/v2/models/digits/infer", "_infer", ("digits", None)),
         ("POST", "/v2/models/digits/versions/1/infer", "_infer", ("digits", "1")),
         ("GET", "/v2/models/digits/infer", None, None),
-        ("POST", "/v1/models/digits/image", None, None),
+        ("POST", "/v1/models/unet/image", "_task", ("unet", "image")),
+        ("POST", "/v1/models/m/detect", "_task", ("m", "detect")),
+        ("POST", "/v1/models/digits/other", None, None),
         ("POST", "/v2/models/digits/versions/1/infer/x", None, None),
         ("POST", "/v2/models/a/b/infer", None, None),
     ],
 )
-def test_the_fast_routes_take_classify_and_v2_infer_posts_only(method, path, handler, groups):
+def test_the_fast_routes_take_the_posts_that_run_a_model_only(method, path, handler, groups):
     found = fast_route({"type": "http", "method": method, "path": path})
     if handler is None:
         assert found is None
