@@ -46,7 +46,7 @@ def protocol_profile_section(prof: dict) -> list[str]:
             + " | ".join(f"{c.get(p, 0.0):.3f}" for p in procs)
             + f" | {total:.2f} |"
         )
-    return lines
+    return lines + (["", prof["what"]] if prof.get("what") else [])
 
 
 def experiment_section(key: str, exp: dict) -> list[str]:
