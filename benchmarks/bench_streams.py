@@ -106,11 +106,14 @@ def run_system(a: argparse.Namespace, name: str, frames: list[bytes]) -> dict[st
             if not wait_ready(f"http://127.0.0.1:{a.port}", 600, proc):
                 with open(os.path.join(tmp, "serve.log"), errors="replace") as f:
                     raise SystemExit(f"{name} did not become ready:\n" + f.read()[-3000:])
-            streams.run_level(url, 1, a.fps, 2.0, frames, a.token)  # warm: first frames
+            zip_ = streams.COMPRESSIONS[a.compression]
+            streams.run_level(url, 1, a.fps, 2.0, frames, a.token, 1, zip_)  # warm: first frames
             levels = []
             for n in (int(x) for x in a.streams.split(",")):
                 time.sleep(a.rest_s)  # the last level's late frames leave admission's window
-                levels.append(streams.run_level(url, n, a.fps, a.seconds, frames, a.token, a.procs))
+                levels.append(
+                    streams.run_level(url, n, a.fps, a.seconds, frames, a.token, a.procs, zip_)
+                )
                 print(json.dumps({"system": name, **levels[-1]}), flush=True)
         finally:
             end_local_ray(proc)
@@ -153,6 +156,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         "commit": commit(),
         "date": today(),
         "frames": f"{w}x{h} JPEG, a pan across scikit-image's astronaut, 30 frames cycled",
+        "compression": a.compression,  # permessage-deflate offered by the client, or none
         "deadline_ms": a.deadline_ms or "the service's default (streams.deadline_frames)",
         "rest_s_between_levels": a.rest_s,
         "env": ENV,
@@ -177,6 +181,12 @@ def main() -> None:
         "--rest-s", type=float, default=6.0, help="pause before each level (streams.late_window_s)"
     )
     ap.add_argument("--token", default=None)
+    ap.add_argument(
+        "--compression",
+        choices=sorted(streams.COMPRESSIONS),
+        default="none",
+        help="permessage-deflate offered by the streams (loadtest.streams.COMPRESSIONS)",
+    )
     ap.add_argument("--label", required=True, help="what ran: 'CPU only', 'one H200', ...")
     ap.add_argument(
         "--systems",

@@ -34,6 +34,12 @@ from loadtest.corpus import _photo, fit
 from pipeline.imaging import encode_jpeg
 
 RECEIPT_EVERY = 4  # frames between two receipts (the service pauses past max(8, 2 s) unread)
+COMPRESSIONS = {"none": None, "deflate": "deflate"}
+"""What a stream offers the server (``--compression``): nothing by default. A frame is a JPEG,
+which permessage-deflate does not shrink (a 640x360 frame of 54,042 bytes deflates to
+53,715), yet a client that offers it -- ``websockets``' default, and browsers' -- makes the
+client deflate every frame and the server inflate it: 1.2 ms and 0.19 ms a frame on the
+2-core VM (README, "Live streams")."""
 
 
 @dataclass
@@ -63,13 +69,23 @@ def frames_corpus(width: int, height: int, n: int = 30, quality: int = 85) -> li
 
 
 async def _stream(
-    url: str, headers: dict[str, str], frames: list[bytes], fps: float, seconds: float, delay: float
+    url: str,
+    headers: dict[str, str],
+    frames: list[bytes],
+    fps: float,
+    seconds: float,
+    delay: float,
+    compression: str | None = None,
 ) -> StreamStats:
     await asyncio.sleep(delay)
     st = StreamStats()
     try:
         ws = await websockets.connect(
-            url, additional_headers=headers, max_size=None, open_timeout=60
+            url,
+            additional_headers=headers,
+            max_size=None,
+            open_timeout=60,
+            compression=compression,
         )
     except (OSError, websockets.InvalidStatus, asyncio.TimeoutError) as exc:
         st.refused = f"connect: {type(exc).__name__}"
@@ -126,19 +142,26 @@ async def _read(ws: Any, st: StreamStats) -> None:
 
 
 async def play(
-    url: str, n: int, fps: float, seconds: float, frames: list[bytes], token: str | None = None
+    url: str,
+    n: int,
+    fps: float,
+    seconds: float,
+    frames: list[bytes],
+    token: str | None = None,
+    compression: str | None = None,
 ) -> list[StreamStats]:
-    """``n`` streams at ``fps`` for ``seconds``, opened over the first second."""
+    """``n`` streams at ``fps`` for ``seconds``, opened over the first second, each offering
+    ``compression`` (None: none; ``"deflate"``: permessage-deflate)."""
     headers = {"authorization": f"Bearer {token}"} if token else {}
     return await asyncio.gather(
-        *(_stream(url, headers, frames, fps, seconds, i / max(1, n)) for i in range(n))
+        *(_stream(url, headers, frames, fps, seconds, i / max(1, n), compression) for i in range(n))
     )
 
 
 def _play_in_process(args: tuple) -> tuple[list[dict[str, Any]], float]:
-    url, n, fps, seconds, frames, token = args
+    url, n, fps, seconds, frames, token, compression = args
     cpu0 = _cpu()
-    stats = asyncio.run(play(url, n, fps, seconds, frames, token))
+    stats = asyncio.run(play(url, n, fps, seconds, frames, token, compression))
     out = []
     for s in stats:
         s.sent_at = []  # (not sent back)
@@ -159,11 +182,12 @@ def run_level(
     frames: list[bytes],
     token: str | None = None,
     procs: int = 1,
+    compression: str | None = None,
 ) -> dict[str, Any]:
     """One level: ``n`` streams spread over ``procs`` processes; its summary."""
     procs = max(1, min(procs, n))
     shares = [n // procs + (1 if i < n % procs else 0) for i in range(procs)]
-    jobs = [(url, k, fps, seconds, frames, token) for k in shares]
+    jobs = [(url, k, fps, seconds, frames, token, compression) for k in shares]
     t0 = time.perf_counter()
     if procs == 1:
         results = [_play_in_process(jobs[0])]
@@ -236,6 +260,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--procs", type=int, default=1)
     ap.add_argument("--token", default=None)
     ap.add_argument("--out", default=None, help="write the levels as JSON here")
+    ap.add_argument(
+        "--compression",
+        choices=sorted(COMPRESSIONS),
+        default="none",
+        help="permessage-deflate offered by each stream (COMPRESSIONS says why not by default)",
+    )
     a = ap.parse_args(argv)
     w, h = (int(x) for x in a.size.lower().split("x"))
     frames = frames_corpus(w, h)
@@ -243,7 +273,11 @@ def main(argv: list[str] | None = None) -> None:
     url = f"{a.url}{sep}fps={a.fps:g}"
     levels = []
     for n in (int(x) for x in a.streams.split(",")):
-        levels.append(run_level(url, n, a.fps, a.seconds, frames, a.token, a.procs))
+        levels.append(
+            run_level(
+                url, n, a.fps, a.seconds, frames, a.token, a.procs, COMPRESSIONS[a.compression]
+            )
+        )
         print(json.dumps(levels[-1]), flush=True)
     if a.out:
         with open(a.out, "w") as f:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import io
 import json
 import time
@@ -26,6 +27,7 @@ import pytest
 import websockets
 from PIL import Image
 
+from loadtest.streams import COMPRESSIONS, run_level
 from loadtest.streams import book_idle as idle
 from pipeline.imaging import encode_jpeg, encode_png
 from tests.integration.helpers import BASE, PORT, cpu_config, deploy, png_header_claiming, undeploy
@@ -256,6 +258,26 @@ def test_streams_are_refused_at_the_handshake_with_a_reason(app):
     wait_books(idle, "refused streams left something behind")
     msgs, code, _ = asyncio.run(play("digits", [png(3)], 20, "&deadline_ms=5000"))
     assert code == 1000 and "top_k" in msgs[0]  # room again
+
+
+@pytest.mark.parametrize("offer", sorted(COMPRESSIONS))
+def test_the_server_deflates_only_a_stream_that_offers_it_and_the_load_test_offers_none(app, offer):
+    """Serve's server takes permessage-deflate when a client offers it (``websockets``' and
+    browsers' default), so the client decides whether every frame -- a JPEG, which does not
+    shrink -- is deflated and inflated; the load test's streams offer none by default."""
+
+    async def main() -> str | None:
+        async with connect("digits?fps=5", compression=COMPRESSIONS[offer]) as ws:
+            agreed = ws.response.headers.get("Sec-WebSocket-Extensions")
+            await ws.send(png(4))
+            answer = json.loads(await ws.recv())
+            assert answer["frame"] == 0 and "top_k" in answer, answer
+        return agreed
+
+    agreed = asyncio.run(main())
+    assert (agreed or "").startswith("permessage-deflate") == (offer == "deflate"), agreed
+    assert inspect.signature(run_level).parameters["compression"].default is None  # none
+    wait_books(idle, "a stream left something behind")
 
 
 def test_a_slow_reader_is_paused_then_closed_and_its_slots_come_back(app):
