@@ -75,8 +75,8 @@ class FerryApp(FastAPI):
     (server errors, exception telemetry, the body limit: Ferry bounds a body itself,
     ``uploads.py``) and the router. Every other request, and every request before the
     replica has put itself in ``state``, takes the whole stack, where the routes of the same
-    paths below serve it. A layer costs a call per ASGI
-    message and per request: these paths had eleven, they have three."""
+    paths below serve it. A layer costs a call per ASGI message and per request: these paths
+    had eleven, they have three."""
 
     fast: Any = None
 
