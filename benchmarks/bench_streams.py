@@ -16,7 +16,9 @@ level by level (``vs_peer``); Ferry then serves that U-Net too (issue 34's H200 
 
 Both systems run under Serve's HAProxy and its throughput mode. The config file is run as
 given but on ``--port`` (a copy with its ``http_options.port`` changed), so a benchmark never
-takes another service's port. The results file holds the
+takes another service's port. Each level also carries what it cost the server
+(``server_cost``: CPU seconds, cores, CPU ms a frame answered, the busiest threads; the load
+generator left out). The results file holds the
 levels with the machine, the commit, the date and the label -- say what ran (``CPU only``
 when no GPU did).
 """
@@ -39,6 +41,7 @@ sys.path.insert(0, ROOT)
 from benchmarks.common import commit, machine, table, today, write_json  # noqa: E402
 from benchmarks.e2e_systems import FERRY_ENV, peer_app  # noqa: E402
 from loadtest import streams  # noqa: E402
+from loadtest.cores import busiest, busy_cores_since, run_cpu_s, thread_cpu_s  # noqa: E402
 from loadtest.run import end_local_ray, start_app, wait_ready  # noqa: E402
 
 
@@ -86,6 +89,28 @@ def peer_model(a: argparse.Namespace) -> str:
     return model
 
 
+def server_cost(run_id: str, play: Any) -> dict[str, Any]:
+    """``play()``'s level with what it cost the server -- every process of the system's
+    ``serve run`` (Ray, Serve, HAProxy, the replicas), the load generator left out: its CPU
+    seconds and cores over the level, its CPU ms a frame answered, the machine's busy cores
+    and the busiest threads -- as ``bench_e2e``'s rows carry them."""
+    mark, _ = busy_cores_since()
+    cpu0, threads0, t0 = run_cpu_s(run_id), thread_cpu_s(run_id), time.monotonic()
+    level = play()
+    wall_s = max(time.monotonic() - t0, 1e-9)
+    cores = (run_cpu_s(run_id) - cpu0) / wall_s
+    _, busy = busy_cores_since(mark)
+    rate = level.get("answers_per_s") or 0.0
+    return {
+        **level,
+        "server_cpu_s": round(cores * wall_s, 3),
+        "server_cores": round(cores, 2),
+        "server_cpu_ms_per_frame": round(cores / rate * 1e3, 3) if rate else None,
+        "machine_busy_cores": busy,
+        "server_threads": busiest(threads0, thread_cpu_s(run_id), wall_s, top=8),
+    }
+
+
 def run_system(a: argparse.Namespace, name: str, frames: list[bytes]) -> dict[str, Any]:
     """One system started on ``--port``, warmed, played at each level, stopped by PID."""
     query = f"fps={a.fps:g}" + (f"&deadline_ms={a.deadline_ms:g}" if a.deadline_ms else "")
@@ -112,7 +137,12 @@ def run_system(a: argparse.Namespace, name: str, frames: list[bytes]) -> dict[st
             for n in (int(x) for x in a.streams.split(",")):
                 time.sleep(a.rest_s)  # the last level's late frames leave admission's window
                 levels.append(
-                    streams.run_level(url, n, a.fps, a.seconds, frames, a.token, a.procs, zip_)
+                    server_cost(
+                        proc.ferry_run_id,  # type: ignore[attr-defined]
+                        lambda n=n: streams.run_level(
+                            url, n, a.fps, a.seconds, frames, a.token, a.procs, zip_
+                        ),
+                    )
                 )
                 print(json.dumps({"system": name, **levels[-1]}), flush=True)
         finally:

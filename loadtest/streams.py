@@ -52,6 +52,7 @@ class StreamStats:
     sent: int = 0
     answered: int = 0
     errors: int = 0
+    error_types: dict[str, int] = field(default_factory=dict)  # a frame's error, by its type
     dropped: dict[str, int] = field(default_factory=dict)
     latency_ms: list[float] = field(default_factory=list)
     sending_s: float = 0.0
@@ -133,6 +134,8 @@ async def _read(ws: Any, st: StreamStats) -> None:
             last = m["frame"]
             if "error" in m:
                 st.errors += 1
+                kind = str(m.get("type", "?"))
+                st.error_types[kind] = st.error_types.get(kind, 0) + 1
             else:
                 st.answered += 1
                 st.latency_ms.append((now - st.sent_at[last]) * 1e3)
@@ -199,16 +202,22 @@ def run_level(
     return summarize(stats, n, fps, seconds, wall, sum(c for _, c in results))
 
 
+def _summed(counts: Any) -> dict[str, int]:
+    """Counters by key, summed over streams."""
+    out: dict[str, int] = {}
+    for c in counts:
+        for k, v in c.items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
 def summarize(
     stats: list[StreamStats], n: int, fps: float, seconds: float, wall_s: float, cpu_s: float
 ) -> dict[str, Any]:
     opened = [s for s in stats if s.refused is None]
     lat = np.array([x for s in opened for x in s.latency_ms]) if opened else np.zeros(0)
     sent = sum(s.sent for s in opened)
-    dropped: dict[str, int] = {}
-    for s in opened:
-        for k, v in s.dropped.items():
-            dropped[k] = dropped.get(k, 0) + v
+    dropped = _summed(s.dropped for s in opened)
     per_stream = [s.answered / s.sending_s for s in opened if s.sending_s > 0]
     refusals: dict[str, int] = {}
     for s in stats:
@@ -226,6 +235,7 @@ def summarize(
         "frames_sent": sent,
         "answered": sum(s.answered for s in opened),
         "errors": sum(s.errors for s in opened),
+        "errors_by_type": _summed(s.error_types for s in opened),
         "dropped": dropped,
         "dropped_pct": round(100 * sum(dropped.values()) / sent, 3) if sent else None,
         "latency_ms": {"p50": pct(50), "p90": pct(90), "p99": pct(99), "max": pct(100)},

@@ -70,3 +70,48 @@ def test_a_frames_header_says_its_number_and_its_jpegs_length_or_its_error():
     }
     bad = json.loads(peer.header(4, None, (0.0, 0.0)))
     assert bad["frame"] == 4 and "error" in bad and "bytes" not in bad
+
+
+def test_a_levels_server_cost_is_the_cpu_of_the_runs_processes_over_its_answers():
+    """``server_cost`` charges a level the CPU its ``serve run``'s processes spent meanwhile
+    (here one marked process that burns 0.5 s of CPU), per frame answered; a process of
+    another run, burning as much at the same time, is not charged."""
+    import os
+    import subprocess
+    import sys
+
+    from loadtest import procs
+
+    burn = (
+        "import sys, time\nt = time.process_time()\n"
+        "while time.process_time() - t < 0.5: pass\n"
+        "print('burned', flush=True)\ntime.sleep(2)\n"
+    )
+    run_id = procs.new_run_id("test")
+    started = []
+
+    def play() -> dict:
+        for rid in (run_id, procs.new_run_id("other")):
+            started.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", burn],
+                    env={**os.environ, procs.MARK: rid},
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+            )
+        for p in started:  # both have burned their 0.5 s (however long that took) and sleep
+            assert p.stdout.readline().strip() == "burned"
+        return {"streams": 1, "answers_per_s": 100.0}
+
+    level = bs.server_cost(run_id, play)
+    for p in started:
+        p.wait()
+    assert level["streams"] == 1 and level["answers_per_s"] == 100.0  # the level, kept
+    # the marked process's 0.5 s (and its interpreter's start), not the other's as well
+    assert 0.45 <= level["server_cpu_s"] <= 0.9, level
+    per_frame = level["server_cpu_ms_per_frame"]  # its cores over 100 answers a second
+    assert abs(per_frame - level["server_cores"] * 10) <= 0.06, level
+    assert level["server_threads"] and level["machine_busy_cores"] > 0
+    empty = bs.server_cost(procs.new_run_id("none"), lambda: {"answers_per_s": 0.0})
+    assert empty["server_cpu_s"] == 0.0 and empty["server_cpu_ms_per_frame"] is None
