@@ -152,6 +152,12 @@ def main() -> int:
         "to the digits model costs a photo's decode but almost no inference",
     )
     ap.add_argument(
+        "--route",
+        choices=["classify", "image", "segment", "detect"],
+        default="classify",
+        help="the v1 route the load posts to (the model must answer that task)",
+    )
+    ap.add_argument(
         "--out",
         default=None,
         help="add the result to this JSON file (benchmarks/results/profile_pipeline.json "
@@ -225,7 +231,7 @@ def main() -> int:
         from loadtest.corpus import chelsea
 
         body, ct = chelsea().bodies[0], "image/jpeg"
-    url = f"http://127.0.0.1:{args.port}/v1/models/{args.model}/classify"
+    url = f"http://127.0.0.1:{args.port}/v1/models/{args.model}/{args.route}"
     loadgen.run(url, body, ct, 4, 2, warmup=0.5)  # warm
     pids = ray_processes()
     idle0 = cpu_times(pids)
@@ -256,6 +262,7 @@ def main() -> int:
         "serve_env": serve_env,
         **({"set": sets} if sets else {}),
         "model": args.model,
+        "route": args.route,
         "image": image,
         "load": res,
         "wall_s": round(wall, 2),
