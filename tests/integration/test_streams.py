@@ -267,7 +267,7 @@ def test_the_server_deflates_only_a_stream_that_offers_it_and_the_load_test_offe
     shrink -- is deflated and inflated; the load test's streams offer none by default."""
 
     async def main() -> str | None:
-        async with connect("digits?fps=5", compression=COMPRESSIONS[offer]) as ws:
+        async with connect("digits?fps=5&deadline_ms=5000", compression=COMPRESSIONS[offer]) as ws:
             agreed = ws.response.headers.get("Sec-WebSocket-Extensions")
             await ws.send(png(4))
             answer = json.loads(await ws.recv())
