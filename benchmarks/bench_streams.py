@@ -41,7 +41,7 @@ sys.path.insert(0, ROOT)
 from benchmarks.common import commit, machine, table, today, write_json  # noqa: E402
 from benchmarks.e2e_systems import FERRY_ENV, peer_app  # noqa: E402
 from loadtest import streams  # noqa: E402
-from loadtest.cores import busiest, busy_cores_since, run_cpu_s, thread_cpu_s  # noqa: E402
+from loadtest.cores import ServerSpan  # noqa: E402
 from loadtest.run import end_local_ray, start_app, wait_ready  # noqa: E402
 
 
@@ -94,20 +94,17 @@ def server_cost(run_id: str, play: Any) -> dict[str, Any]:
     ``serve run`` (Ray, Serve, HAProxy, the replicas), the load generator left out: its CPU
     seconds and cores over the level, its CPU ms a frame answered, the machine's busy cores
     and the busiest threads -- as ``bench_e2e``'s rows carry them."""
-    mark, _ = busy_cores_since()
-    cpu0, threads0, t0 = run_cpu_s(run_id), thread_cpu_s(run_id), time.monotonic()
+    span = ServerSpan(run_id)
     level = play()
-    wall_s = max(time.monotonic() - t0, 1e-9)
-    cores = (run_cpu_s(run_id) - cpu0) / wall_s
-    _, busy = busy_cores_since(mark)
+    span.end(top=8)
     rate = level.get("answers_per_s") or 0.0
     return {
         **level,
-        "server_cpu_s": round(cores * wall_s, 3),
-        "server_cores": round(cores, 2),
-        "server_cpu_ms_per_frame": round(cores / rate * 1e3, 3) if rate else None,
-        "machine_busy_cores": busy,
-        "server_threads": busiest(threads0, thread_cpu_s(run_id), wall_s, top=8),
+        "server_cpu_s": round(span.cores * span.wall_s, 3),
+        "server_cores": round(span.cores, 2),
+        "server_cpu_ms_per_frame": round(span.cores / rate * 1e3, 3) if rate else None,
+        "machine_busy_cores": span.busy,
+        "server_threads": span.threads,
     }
 
 

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import argparse
 import subprocess
-import time
 from typing import Any
 
 from benchmarks import loadgen
 from benchmarks.device_sampler import DeviceSampler
 from benchmarks.e2e_systems import WORKLOADS, Workload
-from loadtest.cores import busiest, busy_cores_since, run_cpu_s, thread_cpu_s
+from loadtest.cores import ServerSpan
 from loadtest.corpus import Corpus
 
 
@@ -104,8 +103,7 @@ def measure(
     w: Workload = WORKLOADS[args.workload]
     spies = _spies(system, c, n, args, run_id)
     device = DeviceSampler()  # (before the span: NVML's first load may import Ray)
-    mark, _ = busy_cores_since()
-    cpu0, threads0, t0 = run_cpu_s(run_id), thread_cpu_s(run_id), time.monotonic()
+    span = ServerSpan(run_id)
     with device:
         r = loadgen.run(
             url,
@@ -119,10 +117,8 @@ def measure(
             expect_sizes=w.expect(c),
         )
     # warm-up included: the level's whole span, its rate taken as the measured one
-    wall_s = max(time.monotonic() - t0, 1e-9)
-    server_cores = (run_cpu_s(run_id) - cpu0) / wall_s
-    threads = busiest(threads0, thread_cpu_s(run_id), wall_s)
-    _, busy = busy_cores_since(mark)
+    span.end()
+    server_cores, threads, busy = span.cores, span.threads, span.busy
     _spied(spies, args.warmup + args.seconds)
     row = _row(system, w, c, n, args, r, replicas, busy, server_cores, threads, device.result())
     if spies:  # py-spy ran on two replicas over this level (native: pausing them)

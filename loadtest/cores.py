@@ -106,3 +106,27 @@ def busiest(
         for (p, t), s in ranked
         if s > 0
     ]
+
+
+class ServerSpan:
+    """What the processes of the run ``run_id`` (a ``serve run``: its Ray, Serve, HAProxy and
+    replicas; a load generator outside it is not counted) and the machine spent from this
+    object's making to ``end()``: ``wall_s``, ``cores`` (the run's CPU seconds over the
+    span), ``busy`` (the machine's busy cores, ``busy_cores_since``) and ``threads`` (the
+    run's busiest, ``busiest``). The server's cost of one load level, for every benchmark
+    that reports one."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self._mark, _ = busy_cores_since()
+        self._cpu0, self._threads0 = run_cpu_s(run_id), thread_cpu_s(run_id)
+        self._t0 = time.monotonic()
+        self.wall_s = self.cores = self.busy = 0.0  # (set by ``end``)
+        self.threads: list[dict[str, Any]] = []
+
+    def end(self, top: int = 12) -> ServerSpan:
+        self.wall_s = max(time.monotonic() - self._t0, 1e-9)
+        self.cores = (run_cpu_s(self.run_id) - self._cpu0) / self.wall_s
+        self.threads = busiest(self._threads0, thread_cpu_s(self.run_id), self.wall_s, top)
+        _, self.busy = busy_cores_since(self._mark)
+        return self

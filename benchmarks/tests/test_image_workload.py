@@ -253,10 +253,12 @@ def test_a_level_asks_for_jpegs_of_each_frames_size_and_its_row_says_image(monke
     from benchmarks import e2e_level
 
     monkeypatch.setattr(e2e_level.loadgen, "run", fake_run)
-    monkeypatch.setattr(e2e_level, "run_cpu_s", lambda run_id: 0.0)
-    monkeypatch.setattr(e2e_level, "thread_cpu_s", lambda run_id: {})
-    monkeypatch.setattr(e2e_level, "busiest", lambda a, b, wall: [])
-    monkeypatch.setattr(e2e_level, "busy_cores_since", lambda mark=None: (None, 1.5))
+    from loadtest import cores
+
+    monkeypatch.setattr(cores, "run_cpu_s", lambda run_id: 0.0)
+    monkeypatch.setattr(cores, "thread_cpu_s", lambda run_id: {})
+    monkeypatch.setattr(cores, "busiest", lambda a, b, wall, top=12: [])
+    monkeypatch.setattr(cores, "busy_cores_since", lambda mark=None: (None, 1.5))
     args = argparse.Namespace(workload="image", seconds=2.0, warmup=1.0, mps=False)
     c = corpus_of("frames720")
     row, timings = bench_e2e.measure("ferry_image", "http://x/y", c, 16, args, True, "run", 8)
