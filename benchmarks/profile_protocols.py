@@ -14,7 +14,10 @@ are the app's own count (the statistics extension's successes), so each process'
 per request is exact whatever perf_analyzer's windows did; the background each process
 burns idle, measured once over ``--idle-s``, is taken off. This is what says whether a
 protocol's difference is Ferry's code, Serve's request path or gRPC's own threads
-(``event_engine``, ``grpc_global_tim``).
+(``event_engine``, ``grpc_global_tim``). Each row also has the ingress's calls downstream
+over the run and their ``mean_group`` (requests a call), from Ray's metrics endpoint
+(``ray_ferry_ingress_groups_total``): fewer requests a call is more Serve calls, in the
+ingress and in every stage after it, for the same requests.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import httpx
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from benchmarks import ray_probe  # noqa: E402
 from benchmarks.bench_perf_analyzer import (  # noqa: E402
     config_on_ports,
     pa_interface,
@@ -69,6 +73,7 @@ def one_run(
     cmd = [pa, "-m", args.model, "-u", f"127.0.0.1:{port}", *pa_interface(protocol)]
     cmd += ["--concurrency-range", str(args.concurrency), "-p", str(args.window_ms)]
     cmd += ["-s", "100", "-r", "10", "-f", out]
+    g0 = ray_probe.ingress_groups()
     n0, cpu0, th0 = answered(base, args.model), cpu_times(pids), thread_cpu_times(pids)
     t0 = time.perf_counter()
     spies = start_spies(pids, os.path.join(args.spy, label), args.spy_s) if args.spy else []
@@ -90,6 +95,11 @@ def one_run(
         for k in sorted(cpu1, key=lambda k: -(cpu1[k] - cpu0.get(k, 0.0)))
     }
     row["threads_ms_per_request"] = per_thread(th0, th1, n)
+    # the ingress's calls downstream over the run: a request of perf_analyzer's is one item
+    g1 = ray_probe.ingress_groups_after(g0, n)
+    if g1 is not None and g1[0] > g0[0]:
+        row["ingress_calls"] = round(g1[0] - g0[0])
+        row["mean_group"] = round((g1[1] - g0[1]) / (g1[0] - g0[0]), 2)
     return row
 
 

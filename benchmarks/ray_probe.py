@@ -57,6 +57,37 @@ def rejected() -> dict[str, float]:
     return out
 
 
+def ingress_groups() -> tuple[float, float]:
+    """(calls, items): what the ingress replicas have sent downstream so far, summed over
+    replicas and models -- ``ray_ferry_ingress_groups_total`` (each call a coalesced group)
+    and ``ray_ferry_ingress_group_items_total`` (their images or tensor rows)."""
+    calls = items = 0.0
+    for name, _, v in scrape("ray_ferry_ingress_group"):
+        if name == "ray_ferry_ingress_groups_total":
+            calls += v
+        elif name == "ray_ferry_ingress_group_items_total":
+            items += v
+    return calls, items
+
+
+def ingress_groups_after(
+    before: tuple[float, float], items: float, limit_s: float = 30.0
+) -> tuple[float, float] | None:
+    """``ingress_groups`` once ``items`` more items than ``before`` have been exported (Ray
+    exports each replica's counters on its own period, seconds behind), polled each second;
+    None if they are not in by ``limit_s``."""
+    import time
+
+    deadline = time.monotonic() + limit_s
+    while True:
+        now = ingress_groups()
+        if now[1] - before[1] >= items:
+            return now
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(1.0)
+
+
 def gauge(series: str) -> dict[str, float]:
     """One gauge per replica, e.g. ``ray_ferry_pool_bytes_in_use``."""
     out = {}

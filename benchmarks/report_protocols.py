@@ -24,6 +24,7 @@ def protocol_profile_section(prof: dict) -> list[str]:
     """profile_protocols.py's result: per run, perf_analyzer's infer/s and each busy
     process's CPU ms per request answered."""
     procs: list[str] = []
+    groups = int(any("mean_group" in r for r in prof["rows"]))
     for r in prof["rows"]:
         for k, v in r["cpu_ms_per_request"].items():
             if v >= 0.02 and k not in procs:
@@ -35,8 +36,9 @@ def protocol_profile_section(prof: dict) -> list[str]:
         "",
         "| protocol | infer/s | "
         + " | ".join(p.replace("ServeReplica:", "") for p in procs)
-        + " | total |",
-        "|---|---|" + "---|" * (len(procs) + 1),
+        + " | total |"
+        + (" requests an ingress call |" if groups else ""),
+        "|---|---|" + "---|" * (len(procs) + 1 + groups),
     ]
     for r in prof["rows"]:
         c = r["cpu_ms_per_request"]
@@ -45,6 +47,7 @@ def protocol_profile_section(prof: dict) -> list[str]:
             f"| {r['protocol']} | {r.get('pa_infer_s', 'failed')} | "
             + " | ".join(f"{c.get(p, 0.0):.3f}" for p in procs)
             + f" | {total:.2f} |"
+            + (f" {r.get('mean_group', '-')} |" if groups else "")
         )
     return lines + (["", prof["what"]] if prof.get("what") else [])
 

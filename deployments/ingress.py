@@ -174,6 +174,7 @@ class Ingress(TritonRoutes, TaskRoutes, V2Core, GrpcInference, GrpcStream):  # (
         self, model: str, items: list[ImageRequest]
     ) -> list[Answer | FerryError]:
         t_send = time.perf_counter()
+        metrics.observe_group(model, len(items))
         encoded = [it.image for it in items]
         meta = [it.meta for it in items]
         specs = [it.spec for it in items]
@@ -183,6 +184,7 @@ class Ingress(TritonRoutes, TaskRoutes, V2Core, GrpcInference, GrpcStream):  # (
 
         t_send = time.perf_counter()
         owner = [i for i, it in enumerate(items) for _ in range(len(it.tensors))]
+        metrics.observe_group(model, len(owner))
         rows = HostRows(len(items), owner, data=np.concatenate([it.tensors for it in items]))
         meta = [it.meta for it in items]
         specs = [it.spec for it in items]

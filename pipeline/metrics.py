@@ -116,6 +116,17 @@ def _make(m: Any) -> dict[str, Any]:
             "Items in the GPU batches run (before padding)",
             tag_keys=model,
         ),
+        "groups": m.Counter(
+            "ferry_ingress_groups_total",
+            "Calls the ingress sent downstream, each a coalesced group of requests",
+            tag_keys=model,
+        ),
+        "group_items": m.Counter(
+            "ferry_ingress_group_items_total",
+            "Images and tensor rows in the ingress's calls downstream (over groups: the mean "
+            "group)",
+            tag_keys=model,
+        ),
         "queue": m.Gauge(
             "ferry_queue_depth", "Items waiting in the inference queue", tag_keys=model
         ),
@@ -344,6 +355,14 @@ def observe_batch(model: str, size: int) -> None:
     _put("batch", "observe", int(size), tags)
     _put("batches", "inc", 1, tags)
     _put("batch_items", "inc", int(size), tags)
+
+
+def observe_group(model: str, size: int) -> None:
+    """One call the ingress sent downstream: a coalesced group of requests, ``size`` images
+    or tensor rows in all."""
+    tags = (("model", model),)
+    _put("groups", "inc", 1, tags)
+    _put("group_items", "inc", int(size), tags)
 
 
 def set_queue_depth(model: str, depth: int) -> None:

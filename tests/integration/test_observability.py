@@ -137,6 +137,7 @@ def complete(series, n: dict[str, int]) -> bool:
         ("ray_ferry_stage_latency_ms_count", {"stage": "gpu", "model": "digits"}, items),
         ("ray_ferry_stage_latency_ms_count", {"stage": "queue", "model": "digits"}, items),
         ("ray_ferry_batch_items_total", {"model": "digits"}, items),
+        ("ray_ferry_ingress_group_items_total", {"model": "digits"}, items),
         (
             "ray_ferry_requests_total",
             {"protocol": "grpc", "model": "digits", "code": "OK"},
@@ -261,6 +262,11 @@ def test_requests_are_counted_by_model_route_and_code_with_serves_labels(scraped
     assert got == items and got == int(got)
     batches = total(series, "ray_ferry_batches_total", application=APP, model="digits")
     assert 1 <= batches <= items
+    # the ingress's calls downstream: every item in one, no more calls than requests
+    got = total(series, "ray_ferry_ingress_group_items_total", application=APP, model="digits")
+    assert got == items
+    groups = total(series, "ray_ferry_ingress_groups_total", application=APP, model="digits")
+    assert 1 <= groups <= n["v1"] + n["v2"] + n["grpc"]
     assert total(series, "ray_ferry_stage_duration_us_total", application=APP, stage="gpu") > 0
 
 

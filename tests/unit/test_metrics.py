@@ -196,6 +196,19 @@ def test_batch_sizes_are_counted_as_integers(monkeypatch):
     assert buf.sinks["batch_sum"].calls == [("set", 11, {"model": "m"})]
 
 
+def test_ingress_groups_are_counted_with_their_items(monkeypatch):
+    c = Collect()
+    monkeypatch.setattr(metrics, "_buffer", c)
+    for size in (5, 1, 16):
+        metrics.observe_group("m", size)
+    buf = metrics.Buffer({k: Recorder() for k in ("groups", "group_items")})
+    for r in c.records:
+        buf.put(*r)
+    buf.flush()
+    assert buf.sinks["groups"].calls == [("inc", 3, {"model": "m"})]
+    assert buf.sinks["group_items"].calls == [("inc", 22, {"model": "m"})]
+
+
 def test_metrics_are_made_from_the_installed_classes(monkeypatch):
     import ray.util.metrics as rum
 
