@@ -249,4 +249,21 @@ def models_section(doc: dict) -> list[str]:
         "",
         md_table(rows, [*cols, *ratios]),
         *([""] + notes if notes else []),
+        *(line for key, t in doc.get("traces", {}).items() for line in trace_section(key, t)),
     ]
+
+
+def trace_section(key: str, trace: dict) -> list[str]:
+    """``trace_engine.py``'s readings of the GPU under each loop (a diagnostic run kept in
+    ``models.json``'s ``traces``): per model, batch and system, the device's own figures."""
+    cols = [
+        ("model", "model"),
+        ("batch", "batch"),
+        ("system", "system"),
+        ("us a batch", "us_per_batch"),
+        ("GPU busy", "gpu_busy"),
+        ("kernel us a batch", "kernel_us_per_batch"),
+        ("idle gaps a batch", "idle_gaps_per_batch"),
+        ("idle us a batch", "idle_us_per_batch"),
+    ]
+    return ["", f"#### Trace: `{key}`", "", trace["what"], "", md_table(trace["rows"], cols)]
