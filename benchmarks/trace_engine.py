@@ -12,6 +12,11 @@ count), ``copy_us_per_batch``, ``idle_gaps`` (the device idle gaps over 5 us: co
 and their total, us). Same work on the GPU and only gaps between them says the host path
 (a late wake-up or a slow submit) is the difference; more kernel time says the work itself is.
 A diagnostic, not a result: the profiler's own cost is in every figure.
+
+``--spy DIR``: then, untraced, Ferry's loop runs ``--spy-s`` seconds a batch size under
+py-spy (sampling this process without pausing it): where its driving thread's time goes --
+prepare, commit, the wait and the finishing -- as raw stacks in ``DIR/ferry_torch_b<N>.txt``
+(summarise with ``scripts/spy_top.py DIR``).
 """
 
 from __future__ import annotations
@@ -86,12 +91,35 @@ def trace_driver(d: H.Driver, steps: int, path: str) -> dict:
     return _summary(trace, steps, wall)
 
 
+def spy_driver(d: H.Driver, seconds: float, path: str) -> None:
+    """Run ``d`` for ``seconds`` with py-spy recording this process (raw stacks to ``path``,
+    every thread, not paused)."""
+    import shutil
+    import subprocess
+
+    spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+    cmd = [spy, "record", "-p", str(os.getpid()), "-d", str(int(seconds)), "-r", "500"]
+    proc = subprocess.Popen(
+        [*cmd, "-f", "raw", "-t", "--nonblocking", "-o", path],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    t_end = time.perf_counter() + seconds + 1.0
+    while time.perf_counter() < t_end and proc.poll() is None:
+        for _ in range(50):
+            d.step()
+    d.drain()
+    proc.wait(30)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", default="resnet50")
     ap.add_argument("--batches", default="1,32")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--out", default="")
+    ap.add_argument("--spy", default="", help="then py-spy Ferry's loop: raw stacks in this folder")
+    ap.add_argument("--spy-s", type=float, default=8.0, help="seconds spied a batch size")
     args = ap.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
     opts = argparse.Namespace(onnx_models="", compute_streams=H.IN_FLIGHT, seconds=1.2)
@@ -111,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
                 row.update(trace_driver(d, args.steps, os.path.join(tmp, "t.json")))
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+                if args.spy and system == "ferry_torch":
+                    os.makedirs(args.spy, exist_ok=True)
+                    spy_driver(d, args.spy_s, os.path.join(args.spy, f"ferry_torch_b{b}.txt"))
                 d.close()
     mb.close()
     if args.out:
