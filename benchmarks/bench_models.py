@@ -60,7 +60,9 @@ NATIVE = {"resnet50"}  # architectures Ferry builds natively
 COLS = ["model", "batch", "system", "img_s", "top1_agree", "spread", "host_us_per_batch"]
 
 
-def ferry_executor(entry: Any, batches: list[int], compute_streams: int) -> Any:
+def ferry_executor(
+    entry: Any, batches: list[int], compute_streams: int, batch_wait: str = "sleep"
+) -> Any:
     from pipeline.config import ExecutorConfig
     from pipeline.executor import GpuExecutor
 
@@ -71,6 +73,7 @@ def ferry_executor(entry: Any, batches: list[int], compute_streams: int) -> Any:
             max_in_flight=H.IN_FLIGHT,
             compute_streams=compute_streams,
             pool_limit_fraction=0.4,
+            batch_wait=batch_wait,
         )
     )
     if hasattr(entry, "engine") and hasattr(entry, "graph"):  # a LoadedModel (native)
@@ -122,7 +125,9 @@ class ModelBench:
             torch.save(sd, sd_path)
             t0 = time.perf_counter()
             entry = ModelConfig(name=name, engine="torch", source=name, weights=sd_path)
-            self.exs["torch"] = ferry_executor(entry, self.batches, self.args.compute_streams)
+            self.exs["torch"] = ferry_executor(
+                entry, self.batches, self.args.compute_streams, self.args.batch_wait
+            )
             self.compile_s[name] = round(time.perf_counter() - t0, 1)
         if "ferry_native" in systems and name in NATIVE:
             from pipeline.models import resnet50
@@ -130,7 +135,9 @@ class ModelBench:
 
             npsd = {k: v.numpy() for k, v in sd.items()}
             lm = LoadedModel(name, model_info("resnet50"), resnet50.build(npsd, name), False, "zoo")
-            self.exs["native"] = ferry_executor(lm, self.batches, self.args.compute_streams)
+            self.exs["native"] = ferry_executor(
+                lm, self.batches, self.args.compute_streams, self.args.batch_wait
+            )
         onnx_models = self.args.onnx_models.split(",")
         backends = {"onnx": "torch", "onnx_native": "native"}
         wanted = [k for k in backends if f"ferry_{k}" in systems]
@@ -147,7 +154,9 @@ class ModelBench:
             for kind in wanted:
                 t0 = time.perf_counter()
                 entry = ModelConfig(name=name, engine="onnx", source=path, backend=backends[kind])
-                self.exs[kind] = ferry_executor(entry, self.batches, self.args.compute_streams)
+                self.exs[kind] = ferry_executor(
+                    entry, self.batches, self.args.compute_streams, self.args.batch_wait
+                )
                 self.compile_s[f"{name}:{kind}"] = round(time.perf_counter() - t0, 1)
         self.eager = H.eager_fn(model) if "torch_eager" in systems else None
         torch.cuda.empty_cache()
@@ -273,6 +282,7 @@ def run_models(args: Any, models: list[str], save: Any) -> list[str]:
                 cmd += ["--seconds", str(args.seconds), "--onnx-models", args.onnx_models]
                 cmd += ["--compute-streams"]
                 cmd += [str(args.compute_streams), "--rows-out", f"{tmp}/{name}.json"]
+                cmd += ["--batch-wait", args.batch_wait]
                 cmd += ["--diagnose"] if args.diagnose and w + i == 0 else []
                 log = open(f"{tmp}/{name}.log", "w")
                 procs[name] = (
@@ -333,7 +343,8 @@ def _merge(doc: dict, part: dict, args: Any) -> None:
         "thread for every system; random weights with randomised batch norms; top1_agree "
         "against torch fp32 on 20 photos; torch_compile shares ferry_torch's compiled "
         "function (same kernels), in torch's CUDA graphs on 3 streams; Ferry: "
-        f"{args.compute_streams} compute streams, one per in-flight arena; img_s the "
+        f"{args.compute_streams} compute streams, one per in-flight arena, its batch waits "
+        f"{args.batch_wait} (executor.batch_wait); img_s the "
         f"median of 3 windows over {args.seconds} s, the systems of a batch size "
         "timed window by window in turn; spread (max-min)/median; host_us_per_batch: "
         "CPU us per batch of the thread driving the loop, its device waits left out; "
@@ -358,6 +369,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--no-merge", action="store_true", help="replace the file instead of adding")
     ap.add_argument("--compute-streams", type=int, default=H.IN_FLIGHT)
+    ap.add_argument(
+        "--batch-wait",
+        choices=("sleep", "spin"),
+        default="sleep",
+        help="Ferry's executors' executor.batch_wait (spin: as the torch peers wait)",
+    )
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--rows-out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

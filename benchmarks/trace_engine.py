@@ -120,9 +120,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="")
     ap.add_argument("--spy", default="", help="then py-spy Ferry's loop: raw stacks in this folder")
     ap.add_argument("--spy-s", type=float, default=8.0, help="seconds spied a batch size")
+    ap.add_argument(
+        "--batch-wait",
+        choices=("sleep", "spin"),
+        default="sleep",
+        help="Ferry's executor.batch_wait (spin: its batch waits as the peer's do)",
+    )
     args = ap.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
-    opts = argparse.Namespace(onnx_models="", compute_streams=H.IN_FLIGHT, seconds=1.2)
+    opts = argparse.Namespace(
+        onnx_models="", compute_streams=H.IN_FLIGHT, seconds=1.2, batch_wait=args.batch_wait
+    )
     mb = ModelBench(args.model, batches, ["ferry_torch", "torch_compile"], opts)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

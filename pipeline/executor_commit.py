@@ -43,7 +43,7 @@ class SlotEvents:
 
     __slots__ = ("h2d", "compute", "done")
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, spin: bool = False) -> None:
         if not backend.is_cuda:
             self.h2d = self.compute = self.done = COMPLETE
             return
@@ -53,7 +53,8 @@ class SlotEvents:
             self.h2d = Event(cupy.cuda.Event(block=False, disable_timing=True))
             self.compute = Event(cupy.cuda.Event(block=False, disable_timing=True))
             # blocking sync: the thread that waits on it sleeps instead of spinning a core
-            self.done = Event(cupy.cuda.Event(block=True, disable_timing=True))
+            # (``executor.batch_wait: spin``: a plain event, waited on as the context says)
+            self.done = Event(cupy.cuda.Event(block=not spin, disable_timing=True))
 
 
 def record(event: Event, stream: Stream) -> None:
@@ -207,7 +208,8 @@ class StagedMode:
             part = self._slot_parts[key] = (stage_in, outs, copies)
         events = self._events.get(slot.index)
         if events is None:
-            events = self._events[slot.index] = SlotEvents(self.backend)
+            spin = self.config.batch_wait == "spin"
+            events = self._events[slot.index] = SlotEvents(self.backend, spin)
         return Route(compute, bound, graph, part, events)
 
     # ------------------------------------------------------------------ phase two

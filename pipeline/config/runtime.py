@@ -51,6 +51,13 @@ class ExecutorConfig(Strict):
     (spin while the process has fewer contexts than the machine has cores), ``sleep`` blocks
     on an OS primitive (``CU_CTX_SCHED_BLOCKING_SYNC``), freeing the cores that libraries'
     synchronous waits (nvImageCodec's, torch's) would otherwise spin on."""
+    batch_wait: Literal["sleep", "spin"] = "sleep"
+    """How a thread that waits for one of the executor's batches waits: ``sleep`` (a blocking
+    event: the thread sleeps and the driver wakes it, tens of microseconds after the batch
+    ends) or ``spin`` (a plain event, waited on as the context's ``host_wait`` says --
+    spinning under CUDA's default, as torch's own loop waits: no wake-up, a core busy for
+    the whole wait). An experiment for the engine benchmarks (``bench_models --batch-wait``),
+    not a serving setting: a replica's cores are worth more than a wake-up."""
     faults: FaultConfig = Field(default_factory=FaultConfig)
     """Injected faults (tests and chaos runs; none by default; ``FERRY_FAULTS`` wins)."""
 

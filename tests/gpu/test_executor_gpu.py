@@ -247,6 +247,29 @@ def test_a_waiting_thread_finishes_its_batches_and_each_slot_keeps_its_events():
         np.testing.assert_array_equal(a, b)
 
 
+def test_a_spinning_batch_wait_answers_as_the_sleeping_one():
+    """``executor.batch_wait: spin`` (plain completion events, the engine benchmarks'
+    experiment) answers every batch as ``sleep`` does, the waiting thread finishing each."""
+    _, _, xte, _ = digits.load_split()
+    chunks = [xte[i * 5 : i * 5 + 1 + i % 8] for i in range(24)]
+    answers = {}
+    for wait in ("sleep", "spin"):
+        ex = executor(buckets=(1, 8), max_in_flight=3, compute_streams=3, batch_wait=wait)
+        ex.load_model("digits", "digits")
+        ex.warmup()
+        got, pending = [], deque()
+        for x in chunks:
+            if len(pending) >= 3:
+                got.append(pending.popleft().wait())
+            pending.append(ex.commit(ex.prepare("digits", len(x)), x))
+        got += [r.wait() for r in pending]
+        assert ex.completions._thread is None and ex.stats()["in_flight"] == 0
+        answers[wait] = got
+        ex.close()
+    for a, b in zip(answers["sleep"], answers["spin"], strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_awaiters_bounded_waits_and_batches_nobody_waits_for():
     """Awaited batches and bounded waits finish on the completion thread; batches whose
     results are dropped hold their slots only until a prepare needs one (it finishes the

@@ -66,3 +66,17 @@ def test_each_arena_keeps_its_compute_stream_and_arenas_spread_over_streams():
             first[1].name,
         ]
     assert s.compute_for(400).name == first[0].name  # the fourth wraps round
+
+
+def test_batch_wait_is_sleep_or_spin_and_spin_answers_as_sleep():
+    with pytest.raises(ValueError):
+        ExecutorConfig(batch_wait="poll")  # type: ignore[arg-type]
+    assert ExecutorConfig().batch_wait == "sleep"
+    _, _, xte, _ = digits.load_split()
+    got = {}
+    for wait in ("sleep", "spin"):
+        e = GpuExecutor(ExecutorConfig(backend="numpy", buckets=(1, 8), batch_wait=wait))
+        e.load_model("digits", "digits")
+        got[wait] = e.commit(e.prepare("digits", 6), xte[:6]).wait()
+        e.close()
+    np.testing.assert_array_equal(got["sleep"], got["spin"])
