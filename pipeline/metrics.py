@@ -17,8 +17,8 @@ took 4.4 ms of the caller's time against 3.2 us alone. On the event loop that wa
 stall of every request in the replica; on the flushing thread it delays only the metrics.
 Gauges keep their last value per flush and counters their sum (one record each).
 
-Histograms are kept here (``Histograms``: per label set, a running count per bucket and the
-exact sum) and exported as Prometheus reads a histogram -- ``<name>_bucket{le=...}``
+Histograms are kept in the process (``metrics_buffer.Histograms``: per label set, a running
+count per bucket and the exact sum) and exported as Prometheus reads a histogram -- ``<name>_bucket{le=...}``
 (cumulative), ``<name>_count`` and ``<name>_sum``, each a Ray gauge set to the running total
 (a Ray counter would be named ``..._total``) -- so a flush makes a bounded number of Ray
 calls (label sets x buckets) whatever the request rate. Recording each observation
@@ -34,26 +34,23 @@ histograms' cells are bounded by their label sets.
 
 from __future__ import annotations
 
-import bisect
-import collections
 import logging
 import threading
-import time
 from typing import Any
 
 import ray
 
-from .threads import name_os_thread
+from .metrics_buffer import (  # noqa: F401  (Histograms and the bounds: this module's API too)
+    BATCH_BOUNDARIES,
+    FLUSH_S,
+    HISTOGRAMS,
+    LATENCY_BOUNDARIES_MS,
+    MAX_PENDING,
+    Buffer,
+    Histograms,
+)
 
 logger = logging.getLogger(__name__)
-
-LATENCY_BOUNDARIES_MS = [0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
-BATCH_BOUNDARIES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
-
-HISTOGRAMS = {"stage": LATENCY_BOUNDARIES_MS, "batch": BATCH_BOUNDARIES}
-"""The histograms kept in the replica (``Histograms``), by record name, and their bounds."""
-FLUSH_S = 0.5
-MAX_PENDING = 100_000
 
 _lock = threading.Lock()
 _metrics: dict[str, Any] | None = None
@@ -161,51 +158,6 @@ def _histogram(m: Any, key: str, name: str, text: str, tags: tuple) -> dict[str,
     }
 
 
-class Histograms:
-    """Observations counted per (record name, label set) by bucket, with their exact sum,
-    from any thread, as running totals since the process started; ``drain`` sets the label
-    sets observed since the last drain on Ray's gauges: cumulative buckets, count and sum,
-    as Prometheus' histogram has them (``rate`` and ``histogram_quantile`` read them; a
-    replica's restart is a counter reset to them)."""
-
-    def __init__(self, bounds: dict[str, list[float]] = HISTOGRAMS) -> None:
-        self.bounds = bounds
-        self._les = {n: [*(repr(float(b)) for b in bs), "+Inf"] for n, bs in bounds.items()}
-        self._cells: dict[tuple, list[float]] = {}
-        self._dirty: set[tuple] = set()
-        self._lock = threading.Lock()
-
-    def observe(self, name: str, value: float, tags: tuple = (), n: int = 1) -> None:
-        bounds = self.bounds[name]
-        i = bisect.bisect_left(bounds, value)  # the first bucket whose le holds the value
-        key = (name, tags)
-        with self._lock:
-            cell = self._cells.get(key)
-            if cell is None:
-                cell = self._cells[key] = [0] * (len(bounds) + 1) + [0.0]
-            cell[i] += n
-            cell[-1] += value * n
-            self._dirty.add(key)
-
-    def drain(self, sinks: dict[str, Any]) -> int:
-        """Export the label sets observed since the last drain; the number of Ray calls."""
-        with self._lock:
-            dirty, self._dirty = self._dirty, set()
-            cells = {k: list(self._cells[k]) for k in dirty}
-        calls = 0
-        for (name, tags), cell in cells.items():
-            base = dict(tags)
-            les = self._les[name]
-            below = 0
-            for le, count in zip(les, cell[:-1], strict=True):
-                below += count
-                sinks[f"{name}_bucket"].set(below, tags={**base, "le": le})
-            sinks[f"{name}_count"].set(below, tags=base or None)
-            sinks[f"{name}_sum"].set(cell[-1], tags=base or None)
-            calls += len(les) + 2
-        return calls
-
-
 def _device_metrics(m: Any) -> dict[str, Any]:
     """The GPU's own readings (NVML) and the exporter's drops."""
     return {
@@ -232,75 +184,6 @@ def _device_metrics(m: Any) -> dict[str, Any]:
             "Metric records dropped because too many waited to be exported",
         ),
     }
-
-
-class Buffer:
-    """Records waiting for Ray: appended from any thread (a deque append holds the GIL
-    throughout), handed to ``sinks`` (name -> Ray metric object) by ``flush``."""
-
-    def __init__(self, sinks: dict[str, Any], max_pending: int = MAX_PENDING):
-        self.sinks = sinks
-        self.max_pending = max_pending
-        self.pending: collections.deque = collections.deque()
-        self.histograms = Histograms()
-        self.dropped = 0
-        self._flush_lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-
-    def put(self, name: str, op: str, value: float, tags: tuple = ()) -> None:
-        if op == "observe":
-            self.histograms.observe(name, value, tags)
-            return
-        if len(self.pending) >= self.max_pending:
-            self.dropped += 1
-            return
-        self.pending.append((name, op, value, tags))
-
-    def observe(self, name: str, value: float, tags: tuple = (), n: int = 1) -> None:
-        """``n`` observations of ``value`` (a batch's items, each the batch's time)."""
-        self.histograms.observe(name, value, tags, n)
-
-    def flush(self) -> int:
-        """Hand every waiting record to its metric; the number of Ray calls made."""
-        with self._flush_lock:
-            n = len(self.pending)
-            last: dict[tuple, float] = {}  # gauges: the last value per (name, tags)
-            sums: dict[tuple, float] = {}  # counters: the sum per (name, tags)
-            for _ in range(n):
-                name, op, value, tags = self.pending.popleft()
-                if op == "set":
-                    last[(name, tags)] = value
-                else:
-                    sums[(name, tags)] = sums.get((name, tags), 0.0) + value
-            dropped, self.dropped = self.dropped, 0
-            if dropped:
-                sums[("dropped", ())] = sums.get(("dropped", ()), 0.0) + dropped
-                logger.warning("%d metric records dropped: the exporter fell behind", dropped)
-            calls = self.histograms.drain(self.sinks)
-            for (name, tags), value in last.items():
-                self.sinks[name].set(value, tags=dict(tags) if tags else None)
-                calls += 1
-            for (name, tags), value in sums.items():
-                self.sinks[name].inc(value, tags=dict(tags) if tags else None)
-                calls += 1
-            return calls
-
-    def start(self, every_s: float = FLUSH_S) -> None:
-        """The flushing thread, once (a daemon: it ends with the process)."""
-        if self._thread is not None:
-            return
-
-        def run() -> None:
-            name_os_thread()
-            while True:
-                time.sleep(every_s)
-                try:
-                    self.flush()
-                except Exception:  # a metric must never take the replica down
-                    logger.exception("metrics flush failed")
-
-        self._thread = threading.Thread(target=run, name="ferry-metrics", daemon=True)
-        self._thread.start()
 
 
 _buffer: Buffer | None = None
