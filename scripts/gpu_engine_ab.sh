@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# On the GPU machine: issue 29's A/B of how Ferry's executor waits for its batches
+# (executor.batch_wait: sleep, the default, against spin, as torch's own loop waits), for the
+# models where the trace showed the GPU running dry between Ferry's batches.
+#   FERRY_COMMIT=<commit> bash scripts/gpu_engine_ab.sh
+#   MODELS=squeezenet1_1,mobilenet_v2 BATCHES=1,32,128 SPY=1 bash scripts/gpu_engine_ab.sh
+# Per model and wait: trace_engine.py (the device's idle gaps under each loop; SPY=1 adds
+# py-spy's stacks of Ferry's loop) into $OUT/trace_<model>_<wait>.json; then bench_models.py
+# at each wait, every system of a batch size in one run, into $OUT/models_<wait>.json (kept
+# apart from benchmarks/results/models.json: --no-merge). Each step is bounded by timeout.
+set -u
+export PYTHONPATH=$PWD:${PYTHONPATH:-}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+MODELS=${MODELS:-squeezenet1_1,resnet18}
+BATCHES=${BATCHES:-1,32}
+nvidia-smi --query-gpu=name --format=csv,noheader
+for m in ${MODELS//,/ }; do
+  for w in sleep spin; do
+    timeout 200 python3 benchmarks/trace_engine.py --model "$m" --batches "$BATCHES" \
+      --steps 200 --batch-wait "$w" --out "$OUT/trace_${m}_$w.json" \
+      ${SPY:+--spy "$OUT/spy_${m}_$w"} > "$OUT/trace_${m}_$w.log" 2>&1
+    echo "== trace $m $w (rc $?)"; grep '^{' "$OUT/trace_${m}_$w.log" | cut -c1-240
+  done
+done
+for w in sleep spin; do
+  timeout 400 python3 benchmarks/bench_models.py --models "$MODELS" --batches "$BATCHES" \
+    --batch-wait "$w" --out "$OUT/models_$w.json" --no-merge > "$OUT/models_$w.log" 2>&1
+  echo "== bench_models $w (rc $?)"; grep -v "^\s*$" "$OUT/models_$w.log" | tail -14
+done
+if [ -n "${SPY:-}" ]; then
+  for d in "$OUT"/spy_*; do python3 scripts/spy_top.py "$d" --top 30 > "$d.top.txt" 2>&1; done
+fi
