@@ -214,6 +214,17 @@ def test_50_threads_committing_concurrently():
     ex.close()
 
 
+def three_in_flight(ex: GpuExecutor, chunks: list[np.ndarray]) -> list[np.ndarray]:
+    """Each chunk's answer, from one thread with three batches out: it waits on the oldest
+    (finishing it itself) before committing the next, as bench_models' loop does."""
+    got, pending = [], deque()
+    for x in chunks:
+        if len(pending) >= 3:
+            got.append(pending.popleft().wait())
+        pending.append(ex.commit(ex.prepare("digits", len(x)), x))
+    return got + [r.wait() for r in pending]
+
+
 def test_a_waiting_thread_finishes_its_batches_and_each_slot_keeps_its_events():
     """prepare/commit/wait from one thread, 3 in flight: the waiting thread finishes every
     batch itself (the completion thread never starts), the events are the slots' own (made
@@ -228,12 +239,7 @@ def test_a_waiting_thread_finishes_its_batches_and_each_slot_keeps_its_events():
         ex.warmup()
         assert ex.mode.one_stream == (streams == 3)
         s0 = ex.stats()
-        got, pending = [], deque()
-        for x in chunks:
-            if len(pending) >= 3:
-                got.append(pending.popleft().wait())
-            pending.append(ex.commit(ex.prepare("digits", len(x)), x))
-        got += [r.wait() for r in pending]
+        got = three_in_flight(ex, chunks)
         s = ex.stats()
         assert ex.completions._thread is None  # no second thread was woken for a batch
         assert len(ex.mode._events) == ex.ring.slots
@@ -257,12 +263,7 @@ def test_a_spinning_batch_wait_answers_as_the_sleeping_one():
         ex = executor(buckets=(1, 8), max_in_flight=3, compute_streams=3, batch_wait=wait)
         ex.load_model("digits", "digits")
         ex.warmup()
-        got, pending = [], deque()
-        for x in chunks:
-            if len(pending) >= 3:
-                got.append(pending.popleft().wait())
-            pending.append(ex.commit(ex.prepare("digits", len(x)), x))
-        got += [r.wait() for r in pending]
+        got = three_in_flight(ex, chunks)
         assert ex.completions._thread is None and ex.stats()["in_flight"] == 0
         answers[wait] = got
         ex.close()
