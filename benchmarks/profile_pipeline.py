@@ -27,6 +27,7 @@ import os
 import sys
 import time
 from collections import defaultdict
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -116,10 +117,6 @@ def start_spies(
     """py-spy record, without pausing them, on two replicas of each deployment and the proxy
     for ``seconds``; ``native``: with the C/C++ frames below Python's (py-spy then pauses
     the process for each sample), ``prefix`` before each file's name."""
-    import shutil
-    import subprocess
-
-    spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
     os.makedirs(folder, exist_ok=True)
     procs = []
     seen: dict[str, int] = defaultdict(int)
@@ -128,11 +125,24 @@ def start_spies(
             continue
         seen[name] += 1
         out = os.path.join(folder, f"{prefix}{name.replace(':', '_')}_{pid}.txt")
-        cmd = [spy, "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "100"]
-        cmd += ["-f", "raw", "-t", "-o", out] + (["--gil"] if gil else [])
-        cmd += ["--native"] if native else ["--nonblocking"]  # (py-spy: native needs a pause)
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        procs.append(py_spy(pid, seconds, out, gil=gil, native=native))
     return procs
+
+
+def py_spy(
+    pid: int, seconds: float, out: str, rate: int = 100, gil: bool = False, native: bool = False
+) -> Any:
+    """``py-spy record`` of ``pid`` for ``seconds``, raw stacks of every thread to ``out``
+    (its ``Popen``); ``gil``: only the thread holding the GIL; ``native``: the C/C++ frames
+    too, which makes py-spy pause the process for each sample (else it never pauses it)."""
+    import shutil
+    import subprocess
+
+    spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+    cmd = [spy, "record", "-p", str(pid), "-d", str(int(seconds)), "-r", str(rate)]
+    cmd += ["-f", "raw", "-t", "-o", out] + (["--gil"] if gil else [])
+    cmd += ["--native"] if native else ["--nonblocking"]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def main() -> int:

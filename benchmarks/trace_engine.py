@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import bench_models_harness as H  # noqa: E402
 from benchmarks.bench_models import ModelBench  # noqa: E402
+from benchmarks.profile_pipeline import py_spy  # noqa: E402
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
@@ -94,16 +95,7 @@ def trace_driver(d: H.Driver, steps: int, path: str) -> dict:
 def spy_driver(d: H.Driver, seconds: float, path: str) -> None:
     """Run ``d`` for ``seconds`` with py-spy recording this process (raw stacks to ``path``,
     every thread, not paused)."""
-    import shutil
-    import subprocess
-
-    spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
-    cmd = [spy, "record", "-p", str(os.getpid()), "-d", str(int(seconds)), "-r", "500"]
-    proc = subprocess.Popen(
-        [*cmd, "-f", "raw", "-t", "--nonblocking", "-o", path],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = py_spy(os.getpid(), seconds, path, rate=500)
     t_end = time.perf_counter() + seconds + 1.0
     while time.perf_counter() < t_end and proc.poll() is None:
         for _ in range(50):
