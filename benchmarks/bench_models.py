@@ -60,9 +60,9 @@ NATIVE = {"resnet50"}  # architectures Ferry builds natively
 COLS = ["model", "batch", "system", "img_s", "top1_agree", "spread", "host_us_per_batch"]
 
 
-def ferry_executor(
-    entry: Any, batches: list[int], compute_streams: int, batch_wait: str = "sleep"
-) -> Any:
+def ferry_executor(entry: Any, batches: list[int], args: Any) -> Any:
+    """Ferry's executor of ``entry`` at ``batches``, warmed up, as the run's ``args`` set it
+    (``compute_streams``, ``batch_wait``)."""
     from pipeline.config import ExecutorConfig
     from pipeline.executor import GpuExecutor
 
@@ -71,9 +71,9 @@ def ferry_executor(
             backend="cupy",
             buckets=tuple(sorted(batches)),
             max_in_flight=H.IN_FLIGHT,
-            compute_streams=compute_streams,
+            compute_streams=args.compute_streams,
             pool_limit_fraction=0.4,
-            batch_wait=batch_wait,
+            batch_wait=args.batch_wait,
         )
     )
     if hasattr(entry, "engine") and hasattr(entry, "graph"):  # a LoadedModel (native)
@@ -125,9 +125,7 @@ class ModelBench:
             torch.save(sd, sd_path)
             t0 = time.perf_counter()
             entry = ModelConfig(name=name, engine="torch", source=name, weights=sd_path)
-            self.exs["torch"] = ferry_executor(
-                entry, self.batches, self.args.compute_streams, self.args.batch_wait
-            )
+            self.exs["torch"] = ferry_executor(entry, self.batches, self.args)
             self.compile_s[name] = round(time.perf_counter() - t0, 1)
         if "ferry_native" in systems and name in NATIVE:
             from pipeline.models import resnet50
@@ -135,9 +133,7 @@ class ModelBench:
 
             npsd = {k: v.numpy() for k, v in sd.items()}
             lm = LoadedModel(name, model_info("resnet50"), resnet50.build(npsd, name), False, "zoo")
-            self.exs["native"] = ferry_executor(
-                lm, self.batches, self.args.compute_streams, self.args.batch_wait
-            )
+            self.exs["native"] = ferry_executor(lm, self.batches, self.args)
         onnx_models = self.args.onnx_models.split(",")
         backends = {"onnx": "torch", "onnx_native": "native"}
         wanted = [k for k in backends if f"ferry_{k}" in systems]
@@ -154,9 +150,7 @@ class ModelBench:
             for kind in wanted:
                 t0 = time.perf_counter()
                 entry = ModelConfig(name=name, engine="onnx", source=path, backend=backends[kind])
-                self.exs[kind] = ferry_executor(
-                    entry, self.batches, self.args.compute_streams, self.args.batch_wait
-                )
+                self.exs[kind] = ferry_executor(entry, self.batches, self.args)
                 self.compile_s[f"{name}:{kind}"] = round(time.perf_counter() - t0, 1)
         self.eager = H.eager_fn(model) if "torch_eager" in systems else None
         torch.cuda.empty_cache()
