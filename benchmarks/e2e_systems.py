@@ -96,6 +96,7 @@ def corpus_of(name: str) -> Corpus:
 UP_S = {
     "ferry": 60,
     "ferry_image": 150,  # up in 88-90 s on an H100 (2026-12-05)
+    "ferry_torch": 240,  # not yet measured: ResNet-50 compiles once a bucket (about 18 s each)
     "rayserve_batch": 40,
     "rayserve_expert": 120,
     "rayserve_image": 120,  # 50 s on an H100 (2026-12-05), inductor still compiling after
@@ -108,8 +109,12 @@ def _ferry(
     workload: str = "classify",
     startup_s: float = 300,
     sets: dict[str, Any] | None = None,
+    up_s: float | None = None,
 ) -> dict[str, Any]:
-    """A Ferry system: ``config`` with ``sets`` (dotted keys, as ``--set``) applied first."""
+    """A Ferry system: ``config`` with ``sets`` (dotted keys, as ``--set``) applied first;
+    ``up_s`` its usual start-up where it is not its workload's (``UP_S``)."""
+    if up_s is None:
+        up_s = UP_S["ferry_image" if workload == "image" else "ferry"]
     return {
         "kind": "ferry",
         "workload": workload,
@@ -117,7 +122,7 @@ def _ferry(
         "config": os.path.join(CONFIGS, config),
         "naive": naive,
         "startup_s": startup_s,
-        "up_s": UP_S["ferry_image" if workload == "image" else "ferry"],
+        "up_s": up_s,
         "sets": sets or {},
     }
 
@@ -173,6 +178,16 @@ SYSTEMS: dict[str, dict[str, Any]] = {
         "ferry_e2e_split.yaml", sets={**HOP2, "preprocess.gpu_decode_backend": "hardware"}
     ),
     "ferry_4stage": _ferry("ferry_e2e_4stage.yaml"),
+    # ``ferry`` with ResNet-50 on the torch engine (torch.compile in Ferry's CUDA graphs, as the
+    # peer compiles it) instead of the native cupy engine: 17k img/s on the H200 against
+    # torch.compile's 29-30k (bench_engine / bench_models), while 8 CUDA contexts time-slice
+    # the GPU at 0.82-0.86 busy (H100, 2026-12-05): less GPU time an image
+    "ferry_torch": _ferry(
+        "ferry_e2e.yaml",
+        startup_s=600,
+        up_s=UP_S["ferry_torch"],
+        sets={"models": [{"name": "resnet50", "engine": "torch", "source": "resnet50"}]},
+    ),
     "ferry_naive": _ferry("ferry_e2e.yaml", naive=True),
     # ``ferry`` with every CUDA host wait of the replicas asleep (executor.host_wait: sleep):
     # nvImageCodec's threads spun on up to 6 of the 16 cores at 1,024 clients (e2e.json)
