@@ -28,6 +28,7 @@ probed with ``trial`` where that is float16), and loads the engine with that con
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
@@ -161,7 +162,6 @@ class Engine(ABC):
         """The feed that plans ``feed`` (an engine whose own input is the uint8 image
         answers ``image`` for both, so both share plans and CUDA graphs)."""
         if feed not in self.feeds:
-
             raise InvalidInput("this model has no such feed", model=self.model, feed=feed)
         return feed
 
@@ -204,6 +204,11 @@ class Engine(ABC):
             finally:
                 stream.synchronize()  # the arena goes back only once the stream is done
         return outs
+
+    def warm_gate(self, buckets: tuple[int, ...]) -> contextlib.AbstractContextManager:
+        """What the warm-up of ``buckets`` runs under: nothing by default; an engine that
+        compiles on a GPU takes the machine's compile gate (``compile_gate.py``)."""
+        return contextlib.nullcontext()
 
     def close(self) -> None:  # noqa: B027 - optional for engines that hold nothing
         """Give back what the engine holds (device memory, accounted bytes)."""

@@ -24,8 +24,10 @@ the backend that serves.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
+import os
 from typing import Any
 
 from ..device import Stream
@@ -46,6 +48,8 @@ class NativeOnnx(GraphEngine):
     """The imported graph on Ferry's ops (the ``native`` backend)."""
 
     name = "onnx"
+    gate_key: str | None = None
+    """The file (path, size, modification time) for the compile gate of the lowered graph."""
 
     def __init__(self, model: str, imported: Any, image: ImageInput | None = None) -> None:
         super().__init__(model, {"tensors": imported.graph()})
@@ -128,6 +132,7 @@ class OnnxEngine(Engine):
                 )
             module = lower(self.imported)
             self._lowered = TorchEngine(self.model, module, self.image, "float32", False)
+            self._lowered.gate_key = self.gate_key
         return self._lowered
 
     # -- the model's own signature, from the file
@@ -169,6 +174,9 @@ class OnnxEngine(Engine):
     def bind(self, plan: EnginePlan, arena: Any) -> BoundModel:
         return self.impl.bind(plan, arena)
 
+    def warm_gate(self, buckets: tuple[int, ...]) -> contextlib.AbstractContextManager:
+        return self.impl.warm_gate(buckets)
+
     def close(self) -> None:
         self.impl.close()
 
@@ -202,4 +210,6 @@ def build(entry: Any, image: ImageInput | None = None) -> Any:
         raise InvalidInput("the onnx engine needs a source file", model=entry.name)
     imported = load_onnx(path, entry.name)
     engine = OnnxEngine(entry.name, imported, image, getattr(entry, "backend", "auto"))
+    st = os.stat(path)
+    engine.gate_key = f"onnx:{os.path.abspath(path)}:{st.st_size}:{st.st_mtime_ns}"
     return LoadedModel(entry.name, None, None, False, path, engine=engine)

@@ -27,6 +27,7 @@ model; the tensors feed casts the model's own input. On the CPU it runs eager to
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -37,6 +38,7 @@ from ..errors import InvalidInput
 from ..models.registry import LoadedModel
 from ..ops.base import TensorSpec, align, workspace_view
 from .base import Engine, EngineContext, EnginePlan, Feed, ImageInput, TensorInfo, probe_input
+from .compile_gate import compile_gate
 from .torch_cuda import TorchCharge, TorchGraph
 from .torch_sources import _torch, declared_input, load_module
 
@@ -50,6 +52,7 @@ def build(entry: Any, image: ImageInput) -> Any:
     module, random, scripted = load_module(entry)
     dtype = entry.input.dtype or "float32"
     eng = TorchEngine(entry.name, module, image, dtype, scripted)
+    eng.gate_key = f"torch:{entry.source}:{entry.weights}:{entry.seed}"
     return LoadedModel(entry.name, None, None, random, entry.source, engine=eng)
 
 
@@ -59,6 +62,9 @@ def build(entry: Any, image: ImageInput) -> Any:
 class TorchEngine(Engine):
     name = "torch"
     trial_loads = False  # its trials run the module eagerly; ``load`` compiles it
+    gate_key: str | None = None
+    """What the module is, for the machine's compile gate (``warm_gate``): its source, weights
+    and seed (the builder sets it); None: no gate."""
 
     def __init__(
         self, model: str, module: Any, image: ImageInput, input_dtype: str, scripted: bool
@@ -168,6 +174,25 @@ class TorchEngine(Engine):
                 for name, t in _state(m):
                     t.copy_(self._master[name])
         return m
+
+    def warm_gate(self, buckets: tuple[int, ...]) -> contextlib.AbstractContextManager:
+        """On a GPU, the warm-up compiles each bucket: one process of the machine compiles a
+        given module, dtype and buckets first, alone, and the others from its caches
+        (``compile_gate.py``)."""
+        if self.ctx is None or not self.ctx.backend.is_cuda or self.gate_key is None:
+            return contextlib.nullcontext()
+        torch = _torch()
+        key = "|".join(
+            (
+                torch.__version__,
+                self.gate_key,
+                str(self.compute),
+                str(self._input.shape),
+                torch.cuda.get_device_name(self.device),
+                ",".join(map(str, buckets)),
+            )
+        )
+        return compile_gate(key)
 
     # -- the precision probe (``executor_precision``): eager, before the module is compiled
     def dtype_in(self, ctx: EngineContext) -> str:
