@@ -4,6 +4,7 @@
 # models where the trace showed the GPU running dry between Ferry's batches.
 #   FERRY_COMMIT=<commit> bash scripts/gpu_engine_ab.sh
 #   MODELS=squeezenet1_1,mobilenet_v2 BATCHES=1,32,128 SPY=1 bash scripts/gpu_engine_ab.sh
+#   TRACE=0 MODELS=squeezenet1_1 bash scripts/gpu_engine_ab.sh    # bench_models' A/B alone
 # Per model and wait: trace_engine.py (the device's idle gaps under each loop; SPY=1 adds
 # py-spy's stacks of Ferry's loop) into $OUT/trace_<model>_<wait>.json; then bench_models.py
 # at each wait, every system of a batch size in one run, into $OUT/models_<wait>.json (kept
@@ -14,7 +15,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 MODELS=${MODELS:-squeezenet1_1,resnet18}
 BATCHES=${BATCHES:-1,32}
 nvidia-smi --query-gpu=name --format=csv,noheader
-for m in ${MODELS//,/ }; do
+for m in $([ "${TRACE:-1}" = 1 ] && echo "${MODELS//,/ }"); do
   for w in sleep spin; do
     timeout 200 python3 benchmarks/trace_engine.py --model "$m" --batches "$BATCHES" \
       --steps 200 --batch-wait "$w" --out "$OUT/trace_${m}_$w.json" \
