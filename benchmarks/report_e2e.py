@@ -75,6 +75,27 @@ def level_table(rows: list[dict], clients: list[int], cell) -> list[str]:
     return lines
 
 
+def gpu_cell(r: dict) -> str:
+    """A level's device: a kernel running (NVML's utilisation) / the JPEG engines busy."""
+    if r.get("gpu_util") is None:
+        return "-"
+    jpeg = r.get("gpu_jpeg_util")
+    return f"{r['gpu_util']:.2f} / " + ("-" if jpeg is None else f"{jpeg:.2f}")
+
+
+def gpu_lines(rows: list[dict], clients: list[int]) -> list[str]:
+    """The device's busy fractions by system and level, where the rows sampled it."""
+    if not any(r.get("gpu_util") is not None for r in rows):
+        return []
+    return [
+        "",
+        "The GPU during each level (`benchmarks/device_sampler.py`, NVML): the fraction of the "
+        "time a kernel was running / the fraction the JPEG engines were busy ('-': not sampled):",
+        "",
+        *level_table(rows, clients, gpu_cell),
+    ]
+
+
 def run_cell(r: dict) -> str:
     if not r["img_s"]:
         return "0 answered within the window"
@@ -165,6 +186,7 @@ def e2e_section(e2e: dict) -> list[str]:
                 "-" if r.get("machine_busy_cores") is None else f"{r['machine_busy_cores']:.1f}"
             ),
         )
+        lines += gpu_lines(part, clients)
         lines += thread_lines(part)
         picks = {k: v for k, v in bd.items() if k.startswith(f"ferry@{corpus}@")}
         if picks:

@@ -9,7 +9,7 @@ import re
 import pytest
 import yaml
 
-from benchmarks import report, report_base
+from benchmarks import report, report_base, report_e2e
 from benchmarks.bench_e2e import SYSTEMS, apply_sets, parse_sets, row_name, serve_config
 from benchmarks.common import run_no
 from benchmarks.tests.torchless import assert_builds_without_torch
@@ -355,3 +355,15 @@ def test_rows_carry_their_device_and_results_md_says_when_runs_differ():
         if r["run"] == last:
             r["gpu"] = "NVIDIA H100 80GB HBM3"
     assert f"{last} on NVIDIA H100 80GB HBM3" in "\n".join(report.e2e_section(mixed))
+
+
+def test_results_md_shows_the_gpu_and_jpeg_engines_busy_by_level_where_sampled():
+    rows = [
+        {"system": "ferry", "clients": 64, "gpu_util": 0.862, "gpu_jpeg_util": 0.197},
+        {"system": "ferry", "clients": 256, "gpu_util": 0.5, "gpu_jpeg_util": None},
+        {"system": "peer", "clients": 64},  # not sampled
+    ]
+    lines = report_e2e.gpu_lines(rows, [64, 256])
+    assert "| ferry | 0.86 / 0.20 | 0.50 / - |" in lines
+    assert "| peer | - | not measured |" in lines
+    assert report_e2e.gpu_lines([{"system": "ferry", "clients": 64}], [64]) == []
