@@ -48,8 +48,6 @@ class NativeOnnx(GraphEngine):
     """The imported graph on Ferry's ops (the ``native`` backend)."""
 
     name = "onnx"
-    gate_key: str | None = None
-    """The file (path, size, modification time) for the compile gate of the lowered graph."""
 
     def __init__(self, model: str, imported: Any, image: ImageInput | None = None) -> None:
         super().__init__(model, {"tensors": imported.graph()})
@@ -84,6 +82,8 @@ class OnnxEngine(Engine):
     ``_pick`` chooses for the load context (see the module's docstring)."""
 
     name = "onnx"
+    gate_key: str | None = None
+    """The file (path, size, modification time) for the compile gate of the lowered graph."""
 
     def __init__(
         self, model: str, imported: Any, image: ImageInput | None = None, backend: str = "auto"

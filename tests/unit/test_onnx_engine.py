@@ -187,3 +187,14 @@ def test_a_node_the_lowering_cannot_take(tmp_path, caplog):
         assert auto._pick(SimpleNamespace(target="cuda")) is auto.native
     assert auto.why.startswith("native: ") and "Pad" in auto.why, auto.why
     assert "onnx backend native, not torch" in caplog.text
+
+
+def test_the_file_is_the_compile_gates_key_and_an_engine_made_without_one_has_none(tmp_path):
+    from pipeline.engines.onnx import OnnxEngine
+
+    path = str(tmp_path / "pad.onnx")
+    onnx.save(_edge_pad_on_channels(), path)
+    image = ImageInput(4, 4, 3, MEAN, STD)
+    built = builder("onnx")(SimpleNamespace(name="p", source=path), image).engine
+    assert built.gate_key.startswith(f"onnx:{path}:")
+    assert OnnxEngine("p", load_onnx(path), image).gate_key is None  # no gate, no error
