@@ -3,6 +3,7 @@
     python benchmarks/bench_decode.py [--out benchmarks/results/decode.json] [--seconds 3]
         [--corpus chelsea,photos] [--batches 4,16,64] [--threads 1,4,8]
         [--backends auto,hardware,hardware@0.6,cuda,hybrid] [--procs 1,8] [--mps] [--no-peer]
+        [--peer-decoders torchvision,nvimgcodec]
 
 The JPEGs of ``bench_e2e``'s corpora (``loadtest.corpus``: ``chelsea``, one 451x300 photo,
 quality 90; ``photos``, 16 photos of 640x480 to 1920x1080, quality 85), ``batch`` of them a
@@ -21,7 +22,10 @@ call, made into uint8 224x224x3 batches by:
   ``decode_jpeg(..., device="cuda")`` -- nvJPEG's hardware engines for baseline JPEGs --
   then an antialiased resize and crop per group of same-sized images), one call at a time
   as its replica's GPU thread runs it, each waited for. Where torch, torchvision or CUDA
-  is missing, or with ``--no-peer``, it has no row.
+  is missing, or with ``--no-peer``, it has no row. ``--peer-decoders nvimgcodec`` adds
+  ``peer_nvimgcodec`` (the peer's nvImageCodec form); with ``--procs 8`` each peer row is
+  also run in 8 processes (``peer_torchvision_x8p``), as its 8 replicas share the GPU, and
+  each ``gpu_<backend>_x8p`` row is set against it.
 
 ``--procs 8`` also runs each GPU row in 8 processes at once, each its own decoder and CUDA
 context on the one GPU, started together (``gpu_<backend>_x8p``: their images a second
@@ -139,14 +143,19 @@ def _items(name: str, batch: int) -> list:
 def _one_of_many(
     backend: str, wait: str, name: str, batch: int, seconds: float, start, out
 ) -> None:
-    """One of ``--procs``' processes: its warm-up, then the span once all are warm."""
+    """One of ``--procs``' processes: its warm-up, then the span once all are warm
+    (``peer_<decoder>``: the peer's decode and resize, else Ferry's stage ``backend``)."""
+    if backend.startswith("peer_"):
+        bodies = _bodies(name, batch)
+        out.put(_peer_rate(bodies, seconds, backend[len("peer_") :], start.wait))
+        return
     out.put(_stage_rate(backend, _items(name, batch), seconds, wait, start.wait))
 
 
 def _many_rate(backend: str, name: str, batch: int, seconds: float, procs: int, wait: str = "auto"):
     """(img/s, CPU ms per image, images) of ``procs`` processes decoding at once, each as
-    ``_rate`` does, with host waits ``wait``; their spans start together (a barrier after
-    every warm-up)."""
+    ``_rate`` (or ``_peer_rate``, for ``peer_<decoder>``) does, with host waits ``wait``;
+    their spans start together (a barrier after every warm-up)."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -165,16 +174,25 @@ def _many_rate(backend: str, name: str, batch: int, seconds: float, procs: int, 
     return sum(r for r, _, _ in got), cpu / max(1, done), done
 
 
-def _peer_rate(bodies: list[bytes], seconds: float) -> tuple[float, float, int]:
-    """(img/s, CPU ms per image, images) of the expert peer's decode and resize of
-    ``bodies``, call after call on one thread as its replica's GPU thread runs them: each
-    call's nvJPEG decode waits for its own stream, its resize is not waited for (the next
-    call's decode overlaps it), and the span ends when the device has finished."""
+def _bodies(name: str, batch: int) -> list[bytes]:
+    """``batch`` of corpus ``name``'s JPEG bodies, as the peer takes them."""
+    c = corpus(name)
+    return [c.bodies[i % len(c.bodies)] for i in range(batch)]
+
+
+def _peer_rate(
+    bodies: list[bytes], seconds: float, decoder: str = "torchvision", ready=None
+) -> tuple[float, float, int]:
+    """(img/s, CPU ms per image, images) of the expert peer's decode (``decoder``:
+    ``expert_decoders``) and resize of ``bodies``, call after call on one thread as its
+    replica's GPU thread runs them: each call's nvJPEG decode waits for its own stream, its
+    resize is not waited for (the next call's decode overlaps it), and the span ends when
+    the device has finished; ``ready()`` between the warm-up and the span."""
     import torch
 
     from benchmarks.peers.rayserve_expert import ExpertCore, bucket_of
 
-    core = ExpertCore(compile=False)  # the model is not run here: no compile
+    core = ExpertCore(compile=False, decoder=decoder)  # the model is not run here: no compile
     x = core.inputs[bucket_of(len(bodies), core.buckets)]
 
     def once() -> int:
@@ -185,6 +203,8 @@ def _peer_rate(bodies: list[bytes], seconds: float) -> tuple[float, float, int]:
     for _ in range(2):
         once()
     torch.cuda.synchronize()
+    if ready is not None:
+        ready()
     done, t0, c0 = 0, time.perf_counter(), time.process_time()
     while time.perf_counter() - t0 < seconds:
         done += once()
@@ -224,8 +244,11 @@ def _ratios(rows: list) -> None:
         if base and base["img_s"] and base["cpu_ms_per_img"]:
             r["img_s_vs_cpu_1t"] = r["img_s"] / base["img_s"]
             r["cpu_ms_vs_cpu_1t"] = r["cpu_ms_per_img"] / base["cpu_ms_per_img"]
-        peer = _of(rows, "peer_torchvision", r)
-        if peer and peer["img_s"] and r["path"].startswith("gpu_"):  # Ferry's GPU paths
+        if not r["path"].startswith("gpu_"):  # Ferry's GPU paths, against the peer's
+            continue
+        procs = r["path"].removesuffix("_sleep").rpartition("_")[2]  # x8p, or a backend
+        peer = _of(rows, "peer_torchvision" + (f"_{procs}" if procs[:1] == "x" else ""), r)
+        if peer and peer["img_s"]:
             r["img_s_vs_peer"] = r["img_s"] / peer["img_s"]
 
 
@@ -245,7 +268,12 @@ def main() -> int:
         help="executor.host_wait of the --procs processes, comma-separated (auto,sleep: "
         "each N-process row in both; _sleep ends a row's path where it is not auto)",
     )
-    ap.add_argument("--no-peer", action="store_true", help="no peer_torchvision rows")
+    ap.add_argument("--no-peer", action="store_true", help="no peer_<decoder> rows")
+    ap.add_argument(
+        "--peer-decoders",
+        default="torchvision",
+        help="the peer's decoders (expert_decoders: torchvision,nvimgcodec), comma-separated",
+    )
     args = ap.parse_args()
     from benchmarks.mps import mps_server
 
@@ -297,7 +325,7 @@ def _measure(args: argparse.Namespace) -> list[dict]:
     rows: list[dict] = []
     for c in corpora:
         for batch in [int(x) for x in args.batches.split(",") if x]:
-            bodies = [c.bodies[i % len(c.bodies)] for i in range(batch)]
+            bodies = _bodies(c.name, batch)
             items = _items(c.name, batch)
             for t in [int(x) for x in args.threads.split(",") if x]:
                 got = _stage_rate(f"cpu_{t}t", items, args.seconds)
@@ -314,13 +342,25 @@ def _measure(args: argparse.Namespace) -> list[dict]:
             if peer and batch > 128:
                 print(f"no peer row at {batch} a call: the peer's batches stop at 128")
             elif peer:
-                try:
-                    measured = _peer_rate(bodies, args.seconds)
-                except Exception as exc:  # the peer's failure must not lose Ferry's rows
-                    print(f"peer_torchvision failed on {c.name} x{batch}: {exc!r}")
-                else:
-                    _row(rows, "peer_torchvision", c.name, batch, measured)
+                _peer_rows(rows, args, c.name, bodies)
     return rows
+
+
+def _peer_rows(rows: list, args: argparse.Namespace, name: str, bodies: list[bytes]) -> None:
+    """The peer's rows of one corpus and batch: each of ``--peer-decoders`` in each of
+    ``--procs`` processes (``peer_<decoder>``, ``peer_<decoder>_x<N>p``)."""
+    for dec in [x for x in args.peer_decoders.split(",") if x]:
+        for n in [int(x) for x in args.procs.split(",") if x]:
+            path = f"peer_{dec}" + ("" if n == 1 else f"_x{n}p")
+            try:
+                if n == 1:
+                    measured = _peer_rate(bodies, args.seconds, dec)
+                else:
+                    measured = _many_rate(f"peer_{dec}", name, len(bodies), args.seconds, n)
+            except Exception as exc:  # the peer's failure must not lose Ferry's rows
+                print(f"{path} failed on {name} x{len(bodies)}: {exc!r}")
+            else:
+                _row(rows, path, name, len(bodies), measured)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,23 @@ def test_ratios_pair_rows_of_the_same_corpus_and_batch():
     assert "img_s_vs_peer" not in rows[3]  # the peer is not compared with itself
 
 
+def test_ratios_pair_n_processes_with_the_peer_in_as_many():
+    rows = [
+        {"path": p, "corpus": "chelsea", "batch": 32, "img_s": v, "cpu_ms_per_img": 1.0}
+        for p, v in [("peer_torchvision", 1000.0), ("peer_torchvision_x8p", 4000.0),
+                     ("gpu_auto", 3000.0), ("gpu_auto_x8p", 6000.0),
+                     ("gpu_auto_x8p_sleep", 2000.0)]
+    ]  # fmt: skip
+    bench_decode._ratios(rows)
+    assert rows[2]["img_s_vs_peer"] == 3.0
+    assert rows[3]["img_s_vs_peer"] == 1.5 and rows[4]["img_s_vs_peer"] == 0.5
+    del rows[1]
+    for r in rows:
+        r.pop("img_s_vs_peer", None)
+    bench_decode._ratios(rows)
+    assert "img_s_vs_peer" not in rows[2]  # no 8-process peer row: no ratio
+
+
 def test_processes_at_once_start_together_and_sum_their_rates():
     # the CPU stage stands in for the GPU's (the same path through _many_rate)
     rate, cpu_ms, n = bench_decode._many_rate("cpu_1t", "chelsea", 2, 0.3, 2)
