@@ -1,11 +1,16 @@
 """DetectHead: a YOLO-style detection head [N, B, 4 (+ 1) + C] -> float32 [N, B, 6], each
-box as (x0, y0, x1, y1, score, class) in the model input's pixels.
+box as (x0, y0, x1, y1, score, class) in the model input's pixels; with ``keep=K`` (a
+``detect`` task's ``max_candidates``) [N, K, 6], each image's K best boxes, best first
+(``top_rows``: the boxes NMS considers, in the order it takes them).
 
 A detection model's answer depends on each request's thresholds, so NMS stays with the
 answers; what needs nothing of the request -- each box's best class and score, its corners
 -- is this op, which a ``detect`` task's epilogue runs on the device right after the model
-(``engines/epilogue.py``). The host then reads 24 bytes a box, not 4 a class score, and never
-touches the class scores. The answering stage runs the same op on numpy where no epilogue
+(``engines/epilogue.py``). Which boxes NMS considers needs nothing of the request either
+(the ``max_candidates`` best, whatever the threshold: those at or above any threshold lead
+them), so with ``keep`` the op also ranks each image's boxes and keeps those. The host then
+reads 24 bytes a candidate box, not 4 a class score of every box, and never touches the
+class scores. The answering stage runs the same op on numpy where no epilogue
 ran, so both paths answer alike.
 
 A box's class is the one with the highest raw class score: with ``activation: sigmoid`` and
@@ -29,6 +34,7 @@ from typing import Any
 
 from ..errors import InvalidInput
 from .base import FLOAT_DTYPES, OpPlan, TensorSpec, XpOp, align, check_tensor, workspace_view
+from .top_rows import MAX_K, top_rows
 
 ACTIVATIONS = ("none", "sigmoid")
 BOX_FORMATS = ("cxcywh", "xyxy")
@@ -43,7 +49,8 @@ class _Detail:
     scale: tuple[float, float] | None  # (width, height) for normalised boxes
     n: int
     b: int
-    offsets: tuple[int, ...]  # idx, alt, m (x's dtype), mn (x's dtype), best, obj, half, mask
+    keep: int | None  # each image's best boxes kept, ranked (None: every box, in order)
+    offsets: tuple[int, ...]  # idx, alt, m, mn (x's dtype), best, obj, half, mask, boxes
 
 
 class DetectHead(XpOp):
@@ -68,17 +75,25 @@ class DetectHead(XpOp):
             raise InvalidInput("detect_head: no class scores past the box", values=k, first=first)
         if scale is not None:
             scale = (float(scale[0]), float(scale[1]))
+        keep = attrs.get("keep")
+        if keep is not None:
+            keep = min(int(keep), b)
+            if not 1 <= keep <= MAX_K:
+                raise InvalidInput(f"detect_head: keep in [1, {MAX_K}]", keep=keep)
         item = TensorSpec((n, b), x.dtype).nbytes
-        sizes = (8 * n * b, 8 * n * b, item, item, 4 * n * b, 4 * n * b, 4 * n * b, n * b)
+        every = 0 if keep is None else 24 * n * b  # every box, before the ranking
+        sizes = (8 * n * b, 8 * n * b, item, item, 4 * n * b, 4 * n * b, 4 * n * b, n * b, every)
         offsets, at = [], 0
         for s in sizes:
             offsets.append(at)
             at = align(at + s)
-        detail = _Detail(first, objectness, activation, box_format, scale, n, b, tuple(offsets))
+        detail = _Detail(
+            first, objectness, activation, box_format, scale, n, b, keep, tuple(offsets)
+        )
         return OpPlan(
             self.name,
             specs,
-            (TensorSpec((n, b, 6), "float32"),),
+            (TensorSpec((n, b if keep is None else keep, 6), "float32"),),
             at,
             flops=x.size * 2,
             bytes_moved=x.nbytes + n * b * 24,
@@ -87,6 +102,7 @@ class DetectHead(XpOp):
                 ("activation", activation),
                 ("box_format", box_format),
                 ("scale", scale),
+                ("keep", keep),
             ),
             detail=detail,
         )
@@ -105,9 +121,10 @@ def _sigmoid(xp: Any, v: Any) -> None:
     xp.reciprocal(v, out=v)
 
 
-def detect_head(xp: Any, d: _Detail, x: Any, y: Any, ws: Any) -> None:
+def detect_head(xp: Any, d: _Detail, x: Any, out: Any, ws: Any) -> None:
     shape = (d.n, d.b)
-    o_idx, o_alt, o_m, o_mn, o_best, o_obj, o_half, o_mask = d.offsets
+    o_idx, o_alt, o_m, o_mn, o_best, o_obj, o_half, o_mask, o_boxes = d.offsets
+    y = out if d.keep is None else workspace_view(ws, o_boxes, (d.n, d.b, 6), "float32")
     idx = workspace_view(ws, o_idx, shape, "int64")
     m = workspace_view(ws, o_m, shape, x.dtype)
     best = workspace_view(ws, o_best, shape, "float32")
@@ -149,6 +166,8 @@ def detect_head(xp: Any, d: _Detail, x: Any, y: Any, ws: Any) -> None:
         xp.multiply(y[..., 1:4:2], d.scale[1], out=y[..., 1:4:2])
     xp.copyto(y[..., 4], best)
     xp.copyto(y[..., 5], idx, casting="unsafe")
+    if d.keep is not None:
+        top_rows(xp, y, out, 4)
 
 
 DETECT_HEAD = DetectHead()
@@ -172,4 +191,5 @@ def head_attrs(task: Any) -> dict[str, Any] | None:
         "activation": task.activation,
         "box_format": task.box_format,
         "scale": (float(t.width), float(t.height)) if task.normalized else None,
+        "keep": int(task.max_candidates),
     }

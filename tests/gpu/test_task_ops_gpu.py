@@ -1,5 +1,6 @@
 """The tasks' ops on cupy against their numpy results: Denormalize, ArgmaxMask, ResizeNearest
-(its index table uploaded into the workspace, as the op asks), BatchedNms and DetectHead.
+(its index table uploaded into the workspace, as the op asks), BatchedNms, DetectHead and
+the ranking of its boxes (``top_rows``).
 
 Written without a GPU; the first four ran on one since (benchmarks/results/gpu_tests.txt),
 DetectHead's not yet."""
@@ -88,3 +89,41 @@ def test_detect_head_matches_numpy(dtype, attrs):
     dev = cp().asnumpy(dev)
     np.testing.assert_array_equal(dev[..., 5], host[..., 5])
     np.testing.assert_allclose(dev[..., :5], host[..., :5], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "n,b,k", [(3, 8400, 512), (2, 25200, 4096), (4, 300, 300), (2, 1500, 1), (1, 40, 7)]
+)
+def test_top_rows_matches_numpy(n, b, k):
+    """``top_rows`` (the detection epilogue's ranking: a radix select and a bitonic sort in
+    one block an image) against numpy's stable argsort, to the bit: the same rows in the
+    same order, ties (scores of few distinct values, -0.0 with 0.0) in the head's order."""
+    from pipeline.ops.top_rows import top_rows
+
+    rng = np.random.default_rng(b + k)
+    y = rng.uniform(0, 640, (n, b, 6)).astype(np.float32)
+    y[..., 4] = rng.integers(-3, 40, (n, b)) / 8.0  # many ties, some below 0
+    y[0, : b // 3, 4] = rng.random(b // 3, dtype=np.float32)  # and distinct values
+    y[-1, ::5, 4] = -0.0
+    host = np.empty((n, k, 6), np.float32)
+    top_rows(np, y, host, 4)
+    dev = cp().empty((n, k, 6), cp().float32)
+    top_rows(cp(), cp().asarray(y), dev, 4)
+    np.testing.assert_array_equal(cp().asnumpy(dev), host)
+
+
+def test_detect_head_keep_matches_numpy():
+    """DetectHead with ``keep`` (as a ``detect`` task's epilogue runs it) on cupy: each
+    image's 512 best of 8,400 boxes, best first, as numpy ranks them (raw scores times a
+    raw objectness: the same floats on both)."""
+    from pipeline.ops.detect_head import DETECT_HEAD
+
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((3, 8400, 4 + 1 + 80)).astype(np.float32)
+    x[..., :4] = rng.uniform(0, 640, (3, 8400, 4))
+    attrs = {"objectness": True, "activation": "none", "box_format": "cxcywh", "keep": 512}
+    (host,) = eager(DETECT_HEAD, x, **attrs)
+    (dev,) = eager(DETECT_HEAD, cp().asarray(x), **attrs)
+    assert host.shape == (3, 512, 6)
+    np.testing.assert_array_equal(cp().asnumpy(dev)[..., 4:], host[..., 4:])
+    np.testing.assert_allclose(cp().asnumpy(dev)[..., :4], host[..., :4], rtol=1e-6)

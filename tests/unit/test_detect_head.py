@@ -66,7 +66,7 @@ def test_the_op_answers_as_the_host_decodes(output, dtype):
     if task.objectness:
         x[0, :5, 4] = 0.0  # every class scores 0: the first one is the box's
     x = x.astype(dtype)
-    (y,) = eager(DETECT_HEAD, x, **head_attrs(task))
+    (y,) = eager(DETECT_HEAD, x, **{**head_attrs(task), "keep": None})  # every box, in order
     assert y.shape == (3, 40, 6) and y.dtype == np.float32
     boxes, score, best = _reference(task, x)
     np.testing.assert_array_equal(y[..., 5].astype(np.int64), best)
@@ -74,11 +74,36 @@ def test_the_op_answers_as_the_host_decodes(output, dtype):
     np.testing.assert_allclose(y[..., :4], boxes, rtol=1e-6, atol=1e-5)
     if task.objectness and task.activation == "none":
         assert (x[..., 4] < 0).any()  # (the lowest raw score wins there: checked above)
+    # as the task runs it: each image's boxes ranked, the best first (all 40 of them kept)
+    (ranked,) = eager(DETECT_HEAD, x, **head_attrs(task))
+    order = np.argsort(-score, axis=1, kind="stable")
+    np.testing.assert_array_equal(ranked, np.take_along_axis(y, order[..., None], axis=1))
+
+
+def test_keep_ranks_each_images_boxes_and_keeps_the_best():
+    """``keep=K``: each image's K highest-scoring boxes, best first; equal scores in the
+    head's order (-0.0 with 0.0), as the NMS after it takes its candidates."""
+    task = _task(activation="none", objectness=False, box_format="xyxy")
+    rng = np.random.default_rng(8)
+    x = rng.uniform(0, 64, (2, 40, 6)).astype(np.float32)
+    x[..., 4:] = rng.integers(-2, 3, (2, 40, 2)).astype(np.float32)  # scores with many ties
+    x[0, 3, 4:] = -0.0  # a box whose best score is -0.0 ranks with those of 0.0
+    (every,) = eager(DETECT_HEAD, x, **{**head_attrs(task), "keep": None})
+    (y,) = eager(DETECT_HEAD, x, **{**head_attrs(task), "keep": 7})
+    assert y.shape == (2, 7, 6)
+    for i in range(2):
+        s = every[i, :, 4]
+        want = sorted(range(40), key=lambda j: (-s[j], j))[:7]
+        np.testing.assert_array_equal(y[i], every[i, want])
+    assert eager(DETECT_HEAD, x, **{**head_attrs(task), "keep": 999})[0].shape == (2, 40, 6)
+    with pytest.raises(InvalidInput, match="keep"):
+        DETECT_HEAD.prepare(TensorSpec((2, 40, 6), "float32"), objectness=False, keep=0)
 
 
 def test_the_heads_it_takes_and_those_the_host_decodes():
     assert head_attrs(_task()) == {
         "objectness": True, "activation": "none", "box_format": "cxcywh", "scale": None,
+        "keep": 40,  # max_candidates (512), at most the head's boxes
     }  # fmt: skip
     assert head_attrs(_task(normalized=True))["scale"] == (64.0, 64.0)
     assert head_attrs(_task(activation="softmax")) is None
