@@ -4,3 +4,10 @@
 FERRY_RUN_ID="${FERRY_RUN_ID:+$FERRY_RUN_ID.}script-$$-$RANDOM"
 export FERRY_RUN_ID
 clean() { python3 -m loadtest.procs stop "$FERRY_RUN_ID" > /dev/null; sleep 1; }
+# Before anything starts: Ferry's app must import here. A package the device bundle lacks
+# (tritonclient, for the gRPC service) otherwise shows only as every Ferry system's
+# DEPLOY_FAILED after its start-up wait; make the bundle with EXTRA="tritonclient".
+if ! _err=$(python3 -c "import deployments.app" 2>&1); then
+  echo "deployments.app does not import on this machine: $(echo "$_err" | tail -1)" >&2
+  exit 2
+fi

@@ -144,6 +144,10 @@ class TorchEngine(Engine):
             self._weights_bytes = _nbytes(m)
             return
         dev = self.device
+        # the module runs on the GPU: torch's intra-op CPU threads (one a core by default, in
+        # every replica) have nothing to do but spin -- the expert peer's 8 replicas took about
+        # a core each that way (results/e2e_notes.md, 2026-12-03) -- so one is enough
+        torch.set_num_threads(1)
         if not self.scripted and len(self._input.shape) == 4:
             _to_channels_last(m)
             import torch._dynamo.config as dc  # optional: torch

@@ -54,6 +54,7 @@ def test_torch_engine_runs_in_ferrys_graphs_on_ferrys_streams_counted_by_its_poo
     )
     loaded = ex.load_entry(entry)
     assert not loaded.random_weights
+    assert torch.get_num_threads() == 1  # a GPU module's process keeps no CPU thread pool
     t0 = time.perf_counter()
     ex.warmup()
     print(
