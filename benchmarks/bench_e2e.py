@@ -60,7 +60,7 @@ from benchmarks.common import (  # noqa: E402
     today,
     write_json,
 )
-from benchmarks.e2e_level import measure  # noqa: E402
+from benchmarks.e2e_level import measure, precisions  # noqa: E402
 from benchmarks.e2e_systems import (  # noqa: E402
     SYSTEMS,
     WORKLOADS,
@@ -350,6 +350,9 @@ def run_system(
             print(f"{name} did not come up; see serve_{name}.log", flush=True)
             return "did not come up"
         print(f"   up in {time.time() - t0:.0f} s", flush=True)
+        dtypes = precisions() if spec["kind"] == "ferry" else {}
+        if dtypes:
+            print(f"   precision: {dtypes}", flush=True)
         for c in corpora:
             loadgen.run(url, c.bodies, "image/jpeg", 32, 4, warmup=1, extra_headers=w.headers())
             for n in levels:
@@ -359,6 +362,8 @@ def run_system(
                 row, timings = measure(
                     system, url, c, n, args, collect, proc.ferry_run_id, spec.get("replicas")
                 )
+                if dtypes:
+                    row["precision"] = dtypes
                 rows.append(row)
                 if timings:
                     breakdown[f"{system}@{c.name}@{n}"] = timings

@@ -138,3 +138,18 @@ def measure(
     if r.get("mean_timings_ms"):
         print(f"      stages (mean ms): {r['mean_timings_ms']}", flush=True)
     return row, r.get("mean_timings_ms")
+
+
+def precisions(base: str = "http://127.0.0.1:8000", timeout_s: float = 10) -> dict[str, Any]:
+    """Each model's compute dtype as a Ferry app reports it (``GET /v1/models``: the dtype
+    chosen at load and why, once its inference replica has answered), else {}: which one an
+    engine ran in changes its GPU time several-fold, and it is not in the config."""
+    import json
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{base}/v1/models", timeout=timeout_s) as r:
+            models = json.load(r).get("models", [])
+    except Exception:  # (a peer, or an app without the route: nothing to say)
+        return {}
+    return {m["name"]: m["precision"] for m in models if m.get("precision")}

@@ -367,3 +367,42 @@ def test_results_md_shows_the_gpu_and_jpeg_engines_busy_by_level_where_sampled()
     assert "| ferry | 0.86 / 0.20 | 0.50 / - |" in lines
     assert "| peer | - | not measured |" in lines
     assert report_e2e.gpu_lines([{"system": "ferry", "clients": 64}], [64]) == []
+
+
+def test_a_ferry_apps_model_precisions_are_read_from_its_model_list():
+    """``e2e_level.precisions``: each model's compute dtype from ``GET /v1/models`` (a row
+    carries it: which dtype an engine ran in changes its GPU time), models without one left
+    out; nothing where no server answers the route."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from benchmarks.e2e_level import precisions
+
+    listing = {
+        "models": [
+            {"name": "resnet50", "precision": {"dtype": "float16", "chosen_by": "probe"}},
+            {"name": "digits", "state": "starting"},
+        ]
+    }
+
+    class Models(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            body = json.dumps(listing).encode() if self.path == "/v1/models" else b""
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Models)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{srv.server_address[1]}"
+        assert precisions(base) == {"resnet50": {"dtype": "float16", "chosen_by": "probe"}}
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert precisions(base, timeout_s=1) == {}  # closed: nothing answers
