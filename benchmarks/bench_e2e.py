@@ -50,7 +50,7 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks import loadgen  # noqa: E402
+from benchmarks import loadgen, ray_probe  # noqa: E402
 from benchmarks.common import (  # noqa: E402
     Budget,
     commit,
@@ -369,7 +369,8 @@ def run_system(
                     breakdown[f"{system}@{c.name}@{n}"] = timings
                 save()  # a run cut off keeps every level it measured
     finally:
-        stop(proc)
+        stop(proc)  # (the session's logs stay: its replicas' warnings are kept below)
+        ray_probe.keep_replica_lines(os.path.join(log_dir, f"replicas_{name}.log"))
         os.unlink(config)
     return "ok"
 

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import urllib.request
+from typing import Any
 
 LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)")
 LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
@@ -118,3 +119,33 @@ def serve_rss() -> dict[str, int]:
                 # (Ray appends the running method to the title: one name per process)
                 out[f"{title.split()[0].split('.')[0]} {p.info['pid']}"] = p.memory_info().rss
     return out
+
+
+def replica_lines(
+    pattern: str = r"\b(WARNING|ERROR|CRITICAL)\b", most: int = 400, base: str | None = None
+) -> list[str]:
+    """The lines of the latest session's Serve replica logs (``logs/serve/replica_*.log``)
+    that match ``pattern``, each with its file's name, the last ``most``: what a replica
+    said (a model served in float32, a graph not captured, an out-of-memory) where only the
+    `serve run` driver's output is kept otherwise."""
+    import glob
+
+    rx = re.compile(pattern)
+    out: list[str] = []
+    root = base or session_dir()
+    for path in sorted(glob.glob(os.path.join(root, "logs", "serve", "replica_*.log"))):
+        with contextlib.suppress(OSError), open(path, errors="replace") as f:
+            name = os.path.basename(path)
+            out += [f"{name}: {ln.rstrip()}" for ln in f if rx.search(ln)]
+    return out[-most:]
+
+
+def keep_replica_lines(path: str, **kw: Any) -> int:
+    """``replica_lines(**kw)`` written to ``path``; how many (0 where it cannot write)."""
+    lines = replica_lines(**kw)
+    try:
+        with open(path, "w") as f:
+            f.write("".join(f"{ln}\n" for ln in lines))
+    except OSError:
+        return 0
+    return len(lines)

@@ -2,7 +2,8 @@
 # On the GPU machine: bench_e2e.py for the systems given ($1, comma-separated), on a copy of
 # benchmarks/results/e2e.json -- $OUT/e2e.json, whose new rows carry this run's label, so it is
 # the file to commit as it comes back (and $OUT/e2e.png its plot) -- with the run's log in
-# $OUT/e2e_log.txt (its tail printed) and the serve logs in $OUT/logs. Everything is bounded
+# $OUT/e2e_log.txt (its tail printed) and the serve logs in $OUT/logs, with each system's
+# replicas' WARNING and ERROR lines beside them (replicas_<system>.log). Everything is bounded
 # by BUDGET_S (default 520 s: the device tool's calls end at 600): a system that no longer fits
 # is not started, and the run is killed 30 s past it whatever runs long.
 #   FERRY_COMMIT=<commit> bash scripts/gpu_e2e.sh ferry_hw,ferry_hw60,ferry

@@ -406,3 +406,28 @@ def test_a_ferry_apps_model_precisions_are_read_from_its_model_list():
         srv.shutdown()
         srv.server_close()
     assert precisions(base, timeout_s=1) == {}  # closed: nothing answers
+
+
+def test_the_replicas_warnings_are_kept_from_the_sessions_serve_logs(tmp_path):
+    """``ray_probe.keep_replica_lines``: the WARNING and ERROR lines of the session's Serve
+    replica logs, each with its file's name (bench_e2e keeps them beside a system's serve
+    log: a model served in float32, a graph not captured)."""
+    from benchmarks import ray_probe
+
+    serve = tmp_path / "logs" / "serve"
+    serve.mkdir(parents=True)
+    (serve / "replica_ferry_Ingress_a.log").write_text(
+        "INFO 1 ready\nWARNING 2 resnet50 served in float32: fp16 not finite\nINFO 3\n"
+    )
+    (serve / "replica_ferry_Ingress_b.log").write_text("ERROR 4 out of memory\n")
+    (serve / "controller_1.log").write_text("WARNING 5 not a replica's\n")
+    got = ray_probe.replica_lines(base=str(tmp_path))
+    assert got == [
+        "replica_ferry_Ingress_a.log: WARNING 2 resnet50 served in float32: fp16 not finite",
+        "replica_ferry_Ingress_b.log: ERROR 4 out of memory",
+    ]
+    out = tmp_path / "replicas_ferry.log"
+    assert ray_probe.keep_replica_lines(str(out), base=str(tmp_path)) == 2
+    assert out.read_text().splitlines() == got
+    assert ray_probe.replica_lines(base=str(tmp_path), most=1) == got[-1:]
+    assert ray_probe.keep_replica_lines(str(tmp_path / "no" / "such.log"), base=str(tmp_path)) == 0
