@@ -8,7 +8,7 @@ import argparse
 import subprocess
 from typing import Any
 
-from benchmarks import loadgen
+from benchmarks import loadgen, ray_probe
 from benchmarks.device_sampler import DeviceSampler
 from benchmarks.e2e_systems import WORKLOADS, Workload
 from loadtest.cores import ServerSpan
@@ -123,6 +123,9 @@ def measure(
     row = _row(system, w, c, n, args, r, replicas, busy, server_cores, threads, device.result())
     if spies:  # py-spy ran on two replicas over this level (native: pausing them)
         row["spy"] = "native" if args.spy_native else "sampled"
+    counts = ray_probe.executor_counts()  # graphs captured past the warm-up: new arenas
+    if counts:
+        row["executor_counts"] = counts
     unit = "frames/s" if w.name == "image" else "img/s"
     print(
         f"   {c.name:>7} {n:>5} clients: {r['img_s']:8.1f} {unit}  p50 {r['p50_ms']} ms  "
@@ -137,6 +140,8 @@ def measure(
         print(f"      {t['cores']:6.2f} cores  {t['process']} / {t['thread']}", flush=True)
     if r.get("mean_timings_ms"):
         print(f"      stages (mean ms): {r['mean_timings_ms']}", flush=True)
+    if counts:
+        print(f"      executor, since start: {counts}", flush=True)
     return row, r.get("mean_timings_ms")
 
 

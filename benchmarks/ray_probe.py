@@ -29,10 +29,13 @@ def metrics_targets() -> list[str]:
     return []
 
 
-def scrape(prefix: str = "ray_ferry_") -> list[tuple[str, dict[str, str], float]]:
-    """(name, labels, value) of every series whose name starts with ``prefix``."""
+def scrape(
+    prefix: str = "ray_ferry_", targets: list[str] | None = None
+) -> list[tuple[str, dict[str, str], float]]:
+    """(name, labels, value) of every series whose name starts with ``prefix``, from
+    ``targets`` (``host:port``; the latest local session's by default)."""
     out = []
-    for t in metrics_targets():
+    for t in metrics_targets() if targets is None else targets:
         try:
             text = urllib.request.urlopen(f"http://{t}/metrics", timeout=10).read().decode()
         except OSError:
@@ -149,3 +152,14 @@ def keep_replica_lines(path: str, **kw: Any) -> int:
     except OSError:
         return 0
     return len(lines)
+
+
+def executor_counts(targets: list[str] | None = None) -> dict[str, float]:
+    """The Ferry replicas' executor counts (``ray_ferry_executor_{graph_replays,eager_runs,
+    captures}``), summed over replicas: since each started, as last exported (a few seconds
+    behind); {} where none is exported (a peer)."""
+    out: dict[str, float] = {}
+    for name, _lab, v in scrape("ray_ferry_executor_", targets):
+        key = name.removeprefix("ray_ferry_executor_")
+        out[key] = out.get(key, 0.0) + v
+    return out

@@ -82,6 +82,13 @@ def _get() -> dict[str, Any] | None:
     return _metrics
 
 
+EXECUTOR_COUNTS = {
+    "graph_replays": "batches replayed from a CUDA graph",
+    "eager_runs": "batches run eagerly (no graph)",
+    "captures": "CUDA graphs captured",
+}
+
+
 def _make(m: Any) -> dict[str, Any]:
     """Every Ferry metric, from the metric classes of module ``m``. Prometheus sees each
     name with Ray's ``ray_`` prefix (``ray_ferry_stage_latency_ms_bucket``, ...)."""
@@ -132,6 +139,10 @@ def _make(m: Any) -> dict[str, Any]:
         ),
         "pool_held": m.Gauge("ferry_pool_bytes_reserved", "Device pool bytes held from the driver"),
         "pool_hwm": m.Gauge("ferry_pool_high_water_bytes", "Highest pool bytes in use"),
+        **{
+            f"executor_{k}": m.Gauge(f"ferry_executor_{k}", f"The executor's {text} so far")
+            for k, text in EXECUTOR_COUNTS.items()
+        },
         "rejected": m.Counter(
             "ferry_rejected_total", "Requests refused, by reason", tag_keys=("reason",)
         ),
@@ -256,6 +267,15 @@ def set_pool(stats: dict[str, Any]) -> None:
     _put("pool_in_use", "set", stats["bytes_in_use"])
     _put("pool_held", "set", stats["bytes_held"])
     _put("pool_hwm", "set", stats["high_water_bytes"])
+
+
+def set_executor(counts: dict[str, Any]) -> None:
+    """The executor's running counts (``Counters.snapshot``): batches replayed from a CUDA
+    graph, run eagerly, and graphs captured -- past the warm-up, a capture means a batch got
+    an arena its bucket had not had before."""
+    for k in EXECUTOR_COUNTS:
+        if k in counts:
+            _put(f"executor_{k}", "set", counts[k])
 
 
 def set_gpu(gpu: str, sample: dict[str, float]) -> None:

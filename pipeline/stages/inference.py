@@ -149,6 +149,7 @@ class InferenceStage:
         for m in self.config.models:
             metrics.set_queue_depth(m.name, 0)
         metrics.set_pool(self.executor.pool.stats().as_dict())
+        metrics.set_executor(self.executor.counters.snapshot())
         if self.executor.backend.is_cuda:
             gpu_metrics.start(self.executor.backend.device_id)
 
@@ -194,6 +195,7 @@ class InferenceStage:
         if t1 - self._pool_reported > 1.0:  # gauges once a second, not per batch
             self._pool_reported = t1
             metrics.set_pool(self.executor.pool.stats().as_dict())
+            metrics.set_executor(self.executor.counters.snapshot())
         out = []
         multi = isinstance(logits, tuple)  # a model of several outputs: a tuple per row
         for i, p in enumerate(batch.items):

@@ -298,6 +298,23 @@ def test_gauges_are_per_replica_from_the_start(scraped):
         if name == "ray_ferry_pool_bytes_reserved" and lab.get("application") == APP
     ]
     assert len(pool) == 1 and pool[0]["deployment"] == "Inference"
+    ex = {
+        name: v
+        for name, lab, v in series
+        if name.startswith("ray_ferry_executor_") and lab.get("application") == APP
+    }
+    assert set(ex) == {
+        f"ray_ferry_executor_{k}" for k in ("graph_replays", "eager_runs", "captures")
+    }
+    # on numpy every batch runs eagerly (the warm-up's included) and no graph is captured
+    assert ex["ray_ferry_executor_eager_runs"] >= 1 and ex["ray_ferry_executor_captures"] == 0
+    import ray
+
+    from benchmarks import ray_probe  # what bench_e2e records of them at each level
+
+    port = ray._private.worker.global_worker.node.metrics_export_port
+    counts = ray_probe.executor_counts([f"127.0.0.1:{port}"])
+    assert counts["eager_runs"] >= ex["ray_ferry_executor_eager_runs"] and counts["captures"] == 0
 
 
 def test_every_grafana_panel_queries_metrics_the_scrape_exports(scraped):
