@@ -96,7 +96,7 @@ def corpus_of(name: str) -> Corpus:
 UP_S = {
     "ferry": 60,
     "ferry_image": 150,  # up in 88-90 s on an H100 (2026-12-05)
-    "ferry_torch": 240,  # not yet measured: ResNet-50 compiles once a bucket (about 18 s each)
+    "ferry_torch": 180,  # 134 s on an H100 (2026-12-06): the first replica compiles each bucket
     "rayserve_batch": 40,
     "rayserve_expert": 120,
     "rayserve_image": 120,  # 50 s on an H100 (2026-12-05), inductor still compiling after
@@ -187,6 +187,20 @@ SYSTEMS: dict[str, dict[str, Any]] = {
         startup_s=600,
         up_s=UP_S["ferry_torch"],
         sets={"models": [{"name": "resnet50", "engine": "torch", "source": "resnet50"}]},
+    ),
+    # ``ferry`` and ``ferry_torch`` with kept arenas (executor.arenas: kept, executor_arenas.py):
+    # each batch on one of the arenas its model keeps, so past the warm-up no batch is
+    # captured as a new graph (the rows' executor_counts say how many were without it);
+    # ferry_torch was 0.24x ferry on an H100 (2026-12-06), a torch capture syncing the device
+    "ferry_kept": _ferry("ferry_e2e.yaml", sets={"executor.arenas": "kept"}),
+    "ferry_torch_kept": _ferry(
+        "ferry_e2e.yaml",
+        startup_s=600,
+        up_s=UP_S["ferry_torch"],
+        sets={
+            "models": [{"name": "resnet50", "engine": "torch", "source": "resnet50"}],
+            "executor.arenas": "kept",
+        },
     ),
     "ferry_naive": _ferry("ferry_e2e.yaml", naive=True),
     # ``ferry`` with every CUDA host wait of the replicas asleep (executor.host_wait: sleep):

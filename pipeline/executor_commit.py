@@ -29,6 +29,7 @@ from .async_result import AsyncResult
 from .config import ExecutorConfig
 from .device import COMPLETE, Backend, Event, Stream, StreamSet, is_device_array
 from .engines.base import BoundModel, EnginePlan
+from .executor_arenas import KeptArenas
 from .executor_batch import PreparedBatch, stage
 from .executor_completion import Completions
 from .executor_graphs import BoundGraphs
@@ -139,6 +140,7 @@ class StagedMode:
         self.models, self.counters, self.faults = parts.models, counters, faults
         self.completions, self.lock = parts.completions, parts.lock
         self.bound_graphs = BoundGraphs(counters.count)
+        self.kept = KeptArenas(parts.pool, self._largest) if config.arenas == "kept" else None
         self.ring: PinnedRing | None = None
         self.one_stream = config.compute_streams >= config.max_in_flight
         self.capture = self.capture and backend.is_cuda
@@ -155,6 +157,10 @@ class StagedMode:
             from cupy.cuda import runtime  # cupy: the GPU backend
 
             self._rt = runtime
+
+    def _largest(self, model: str, feed: str) -> int:
+        """The arena of ``model``'s largest bucket for ``feed`` (a kept arena's size)."""
+        return self.models.plan(model, self.models.buckets_of(model)[-1], feed).arena_bytes
 
     def fit(self, slot_bytes: int) -> None:
         """A ring whose slots hold ``slot_bytes`` (grown only while nothing is in flight)."""
@@ -179,7 +185,10 @@ class StagedMode:
         slot = ring.acquire(self.config.staging_timeout_s if timeout is None else timeout)
         try:
             faults = self.faults.next_batch()  # (an injected oom_reserve raises here)
-            res = self.pool.reserve(plan.arena_bytes)
+            if self.kept is not None:
+                res: Any = self.kept.take(model, plan.feed)
+            else:
+                res = self.pool.reserve(plan.arena_bytes)
         except BaseException:
             slot.release()
             raise
@@ -311,9 +320,13 @@ class StagedMode:
         self.bound_graphs.forget(model)
         for key in [k for k in self._slot_parts if k[1][0] == model]:
             del self._slot_parts[key]
+        if self.kept is not None:
+            self.kept.forget(model)
 
     def close(self) -> None:
         self.bound_graphs.clear()
+        if self.kept is not None:
+            self.kept.close()
         self._slot_parts.clear()
         self._events.clear()
         if self.ring is not None:

@@ -25,6 +25,8 @@ FERRY_SYSTEMS = {  # system -> (its ingress replicas, its inference replicas)
     "ferry_naive": (8, None),
     "ferry_sleep": (8, None),  # ferry with sleeping CUDA waits
     "ferry_torch": (8, None),  # ferry with ResNet-50 on the torch engine
+    "ferry_kept": (8, None),  # ferry with kept arenas
+    "ferry_torch_kept": (8, None),  # ferry_torch with kept arenas
     "ferry_image": (8, None),  # the image workload, in ferry's placement
     "ferry_image_sleep": (8, None),  # the same with sleeping CUDA waits
     "ferry_image_enc16": (8, None),  # ferry_image_sleep with 16 encoder threads a replica
@@ -74,8 +76,10 @@ def test_benchmark_serve_configs_validate(system):
     assert cfg.preprocess.gpu_decode_hw_load == (0.6 if system == "ferry_hw60" else 1.0)
     assert cfg.preprocess.overlap_rounds == (system == "ferry_overlap")
     engines = {m.engine for m in cfg.models}
-    assert engines == ({"torch"} if system in ("ferry_torch", "ferry_image", "ferry_image_sleep",
-                                               "ferry_image_enc16") else {"native"})  # fmt: skip
+    assert engines == ({"torch"} if system in ("ferry_torch", "ferry_torch_kept", "ferry_image",
+                                               "ferry_image_sleep", "ferry_image_enc16")
+                       else {"native"})  # fmt: skip
+    assert cfg.executor.arenas == ("kept" if system.endswith("_kept") else "pooled")
     keep = 256 << 20 if system == "ferry_keep256" else 0
     assert cfg.preprocess.gpu_decode_keep_bytes == keep
     cpus = cfg.ingress_deployment.num_cpus * cfg.ingress_deployment.num_replicas

@@ -58,6 +58,13 @@ class ExecutorConfig(Strict):
     spinning under CUDA's default, as torch's own loop waits: no wake-up, a core busy for
     the whole wait). An experiment for the engine benchmarks (``bench_models --batch-wait``),
     not a serving setting: a replica's cores are worth more than a wake-up."""
+    arenas: Literal["pooled", "kept"] = "pooled"
+    """Where a batch's arena comes from (``real`` and ``eager`` modes): ``pooled`` reserves
+    its bucket's arena from the pool in ``prepare`` and gives it back after; ``kept`` lends
+    it one of the arenas its model keeps, each sized for the largest bucket, so an arena's
+    address -- which its CUDA graph is bound to -- never changes after the warm-up, at the
+    cost of ``max_in_flight`` x the largest arena held per model and feed
+    (``pipeline/executor_arenas.py``). An experiment (bench_e2e's ``*_kept`` systems)."""
     faults: FaultConfig = Field(default_factory=FaultConfig)
     """Injected faults (tests and chaos runs; none by default; ``FERRY_FAULTS`` wins)."""
 
