@@ -298,3 +298,39 @@ def test_awaiters_bounded_waits_and_batches_nobody_waits_for():
     assert s["pool"]["bytes_in_use"] == 0 and ex.ring.available() == ex.ring.slots
     assert s["failed"] == 0
     ex.close()
+
+
+def test_kept_arenas_replay_every_batch_after_the_warm_up_while_other_memory_churns():
+    """``executor.arenas: kept``: with the pool also handing out buffers of other sizes
+    between batches (as the GPU fitter's), every batch after the warm-up replays a graph --
+    none is captured -- on at most max_in_flight arenas, with the pooled executor's answers;
+    the pooled one, under the same churn, says how many captures it paid."""
+    _, _, xte, _ = digits.load_split()
+    chunks = [xte[i : i + 1 + i % 16] for i in range(0, 430, 7)]  # 62 batches, every bucket
+    seen: dict[str, tuple[list[np.ndarray], dict]] = {}
+    for arenas in ("pooled", "kept"):
+        ex = executor(buckets=(1, 2, 4, 8, 16), max_in_flight=3, arenas=arenas)
+        ex.load_model("digits", "digits")
+        ex.warmup()
+        before = ex.stats()
+        got, pending, held = [], deque(), []
+        for k, x in enumerate(chunks):
+            held.append(ex.pool.reserve(4096 * (1 + k % 7)))  # another user's buffers
+            if len(held) > 5:
+                held.pop(0).release()
+            if len(pending) >= 3:
+                got.append(pending.popleft().wait())
+            pending.append(ex.commit(ex.prepare("digits", len(x)), x))
+        got += [r.wait() for r in pending]
+        for r in held:
+            r.release()
+        after = ex.stats()
+        delta = {k: after[k] - before[k] for k in ("captures", "graph_replays", "eager_runs")}
+        seen[arenas] = (got, delta)
+        print(f"arenas {arenas}: after the warm-up {delta} over {len(chunks)} batches")
+        if arenas == "kept":
+            assert delta["captures"] == 0 and delta["graph_replays"] == len(chunks)
+            assert ex.mode.kept.count("digits", "image") <= 3
+        ex.close()
+    for a, b in zip(*(seen[k][0] for k in ("pooled", "kept")), strict=True):
+        np.testing.assert_array_equal(a, b)
