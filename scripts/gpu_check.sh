@@ -24,7 +24,6 @@
 # tree has no .git): source .devwhl/activate.sh && FERRY_COMMIT=$(...) bash scripts/gpu_check.sh 1
 set -u
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
-. "$(dirname "$0")/procs.sh"
 OUT=${OUT:-/tmp/out}
 PART=${1:-1}
 T0=$(date +%s)
@@ -36,6 +35,7 @@ if [ "$PART" = collect ]; then  # the parts' files as one gpu_tests.txt, on stdo
   for d in "$@"; do cat "$d"/gpu_check_*.txt; echo; done
   exit 0
 fi
+. "$(dirname "$0")/procs.sh"  # (after collect, which runs anywhere: it checks the app imports)
 
 mkdir -p "$OUT/logs"
 RESULT="$OUT/gpu_check_$PART.txt"
