@@ -70,9 +70,7 @@ class GpuExecutor:
         kind = self.config.backend
         if kind == "auto":
             kind = Settings.from_env().backend or "auto"  # FERRY_BACKEND=numpy forces the CPU path
-        self.backend = backend or select_backend(
-            kind, self.config.device_id, self.config.host_wait
-        )
+        self.backend = backend or select_backend(kind, self.config.device_id, self.config.host_wait)
         self.backend.activate()
         self.dtype = (
             self.backend.compute_dtype.name if self.config.dtype == "auto" else self.config.dtype
@@ -262,6 +260,7 @@ class GpuExecutor:
                 times.update(
                     warmup(self._models, self.prepare, self.commit, [name], depth, rounds, runs_all)
                 )
+                self.mode.settle(name)
             except Exception as exc:
                 if failed is None:
                     raise

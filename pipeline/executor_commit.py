@@ -151,6 +151,7 @@ class StagedMode:
         self.warm_runs_all = backend.is_cuda
         self._faults_on = faults.enabled  # the injector's config is fixed at start-up
         self._slot_parts: dict[tuple, Any] = {}  # (slot, bound-graph key) -> views, copies
+        self._settled: set[str] = set()  # models past their warm-up (``settle``)
         self._events: dict[int, SlotEvents] = {}
         self._rt: Any = None
         if backend.is_cuda:
@@ -161,6 +162,14 @@ class StagedMode:
     def _largest(self, model: str, feed: str) -> int:
         """The arena of ``model``'s largest bucket for ``feed`` (a kept arena's size)."""
         return self.models.plan(model, self.models.buckets_of(model)[-1], feed).arena_bytes
+
+    def settle(self, model: str) -> None:
+        """``model``'s warm-up is over: from now on a batch on an arena new to its bucket is
+        captured only where its engine allows it (``Engine.late_capture``)."""
+        self._settled.add(model)
+
+    def _may_capture(self, model: str) -> bool:
+        return model not in self._settled or self.models.get(model).engine.late_capture
 
     def fit(self, slot_bytes: int) -> None:
         """A ring whose slots hold ``slot_bytes`` (grown only while nothing is in flight)."""
@@ -276,7 +285,7 @@ class StagedMode:
             r.graph.launch(compute.raw)
         else:
             bound.run(compute)
-            if self.capture:
+            if self.capture and self._may_capture(p.model):
                 self.bound_graphs.capture(p, compute, bound)
         out = compute if self.one_stream else streams.d2h
         if not self.one_stream:
@@ -318,6 +327,7 @@ class StagedMode:
     def forget(self, model: str) -> None:
         """Drop what was kept for ``model`` (unloaded): bound plans, graphs, slot views."""
         self.bound_graphs.forget(model)
+        self._settled.discard(model)
         for key in [k for k in self._slot_parts if k[1][0] == model]:
             del self._slot_parts[key]
         if self.kept is not None:

@@ -102,6 +102,9 @@ class NaiveMode:
         del bound, arena, mem  # cudaFree
         return rows
 
+    def settle(self, model: str) -> None:
+        """(No graphs here: nothing changes after a warm-up.)"""
+
     def forget(self, model: str) -> None:
         """Nothing is kept per model."""
 

@@ -139,6 +139,11 @@ class Engine(ABC):
     """Whether ``trial`` leaves the engine loaded as ``load`` would (the default trial loads
     then runs); an engine whose trial runs something else (torch: eager, not compiled) is
     loaded once more in the dtype the probe keeps."""
+    late_capture: ClassVar[bool] = True
+    """Whether a batch that gets an arena its bucket has not had after the warm-up may be
+    captured as a CUDA graph (else it runs eagerly). Torch's capture syncs the device,
+    collects Python's garbage and empties its cache (``torch.cuda.graph``'s entry), which
+    under load stalls every batch and request of the replica, so the torch engine does not."""
 
     def __init__(self, model: str) -> None:
         self.model = model

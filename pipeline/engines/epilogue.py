@@ -161,6 +161,10 @@ class EpilogueEngine(Engine):
     def trial_loads(self) -> bool:  # type: ignore[override]
         return self.inner.trial_loads
 
+    @property
+    def late_capture(self) -> bool:  # type: ignore[override]
+        return self.inner.late_capture
+
     def dtype_in(self, ctx: EngineContext) -> str:
         return self.inner.dtype_in(ctx)
 

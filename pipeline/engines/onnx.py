@@ -153,6 +153,10 @@ class OnnxEngine(Engine):
         return self.impl.trial_loads
 
     @property
+    def late_capture(self) -> bool:  # type: ignore[override]
+        return self.impl.late_capture
+
+    @property
     def weights_bytes(self) -> int:
         return self.impl.weights_bytes
 

@@ -62,6 +62,7 @@ def build(entry: Any, image: ImageInput) -> Any:
 class TorchEngine(Engine):
     name = "torch"
     trial_loads = False  # its trials run the module eagerly; ``load`` compiles it
+    late_capture = False  # (Engine.late_capture says why)
     gate_key: str | None = None
     """What the module is, for the machine's compile gate (``warm_gate``): its source, weights
     and seed (the builder sets it); None: no gate."""

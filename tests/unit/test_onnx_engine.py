@@ -198,3 +198,4 @@ def test_the_file_is_the_compile_gates_key_and_an_engine_made_without_one_has_no
     built = builder("onnx")(SimpleNamespace(name="p", source=path), image).engine
     assert built.gate_key.startswith(f"onnx:{path}:")
     assert OnnxEngine("p", load_onnx(path), image).gate_key is None  # no gate, no error
+    assert built.late_capture is True  # its native graph's (a lowering to torch: torch's)

@@ -139,3 +139,21 @@ def test_sources_that_cannot_be_served_fail_at_load_with_the_reason(sources, tmp
     assert info.value.fields["labels"] == 3 and info.value.fields["classes"] == 5
     assert "x" not in ex.models
     ex.close()
+
+
+def test_past_its_warm_up_a_torch_model_is_not_captured_on_a_new_arena(sources):
+    """``Engine.late_capture``: after its warm-up a batch of a torch model on an arena new to
+    its bucket runs eagerly (torch's capture syncs the device and collects garbage), while a
+    native model's may still be captured; an unloaded model starts over."""
+    ex = _executor()
+    ex.load_entry(ModelConfig(name="t", engine="torch", source=sources["function"], input=SMALL))
+    ex.load_model("digits", "digits")
+    mode = ex.mode
+    assert mode._may_capture("t") and mode._may_capture("digits")  # the warm-up captures
+    ex.warmup()
+    assert not mode._may_capture("t") and mode._may_capture("digits")
+    assert ex.models["t"].engine.late_capture is False
+    assert ex.models["digits"].engine.late_capture is True
+    ex.unload("t")
+    assert "t" not in mode._settled
+    ex.close()
