@@ -141,9 +141,10 @@ class Engine(ABC):
     loaded once more in the dtype the probe keeps."""
     late_capture: ClassVar[bool] = True
     """Whether a batch that gets an arena its bucket has not had after the warm-up may be
-    captured as a CUDA graph (else it runs eagerly). Torch's capture syncs the device,
-    collects Python's garbage and empties its cache (``torch.cuda.graph``'s entry), which
-    under load stalls every batch and request of the replica, so the torch engine does not."""
+    captured as a CUDA graph (else it runs eagerly). Torch's capture syncs the device and
+    empties torch's device and host caches (``torch.cuda.graph``'s entry; the torch engine's
+    own capture syncs before it), which under load stalls every batch of the replica, so the
+    torch engine does not."""
 
     def __init__(self, model: str) -> None:
         self.model = model
