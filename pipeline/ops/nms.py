@@ -86,15 +86,20 @@ class BatchedNms(XpOp):
         batched_nms(xp, plan.detail, *inputs, *outputs)
 
 
+def _iou(xp: Any, a: Any, c: Any) -> Any:
+    """IoU of boxes ``a`` and ``c`` [..., 4] (x0, y0, x1, y1), broadcast against each other."""
+    area_a = xp.maximum(a[..., 2] - a[..., 0], 0) * xp.maximum(a[..., 3] - a[..., 1], 0)
+    area_c = xp.maximum(c[..., 2] - c[..., 0], 0) * xp.maximum(c[..., 3] - c[..., 1], 0)
+    w = xp.minimum(a[..., 2], c[..., 2]) - xp.maximum(a[..., 0], c[..., 0])
+    h = xp.minimum(a[..., 3], c[..., 3]) - xp.maximum(a[..., 1], c[..., 1])
+    inter = xp.maximum(w, 0) * xp.maximum(h, 0)
+    union = area_a + area_c - inter
+    return xp.where(union > 0, inter / xp.where(union > 0, union, 1), 0)
+
+
 def _overlaps(xp: Any, b: Any) -> Any:
     """IoU of every pair of boxes of each image: [N, K, 4] -> [N, K, K]."""
-    x0, y0, x1, y1 = (b[..., i] for i in range(4))
-    area = xp.maximum(x1 - x0, 0) * xp.maximum(y1 - y0, 0)
-    w = xp.minimum(x1[:, :, None], x1[:, None, :]) - xp.maximum(x0[:, :, None], x0[:, None, :])
-    h = xp.minimum(y1[:, :, None], y1[:, None, :]) - xp.maximum(y0[:, :, None], y0[:, None, :])
-    inter = xp.maximum(w, 0) * xp.maximum(h, 0)
-    union = area[:, :, None] + area[:, None, :] - inter
-    return xp.where(union > 0, inter / xp.where(union > 0, union, 1), 0)
+    return _iou(xp, b[:, :, None, :], b[:, None, :, :])
 
 
 def _over_same_class(b: np.ndarray, cls: np.ndarray, alive: np.ndarray, thr: float) -> np.ndarray:
@@ -106,15 +111,7 @@ def _over_same_class(b: np.ndarray, cls: np.ndarray, alive: np.ndarray, thr: flo
     pairs = (cls[:, :, None] == cls[:, None, :]) & alive[:, :, None] & alive[:, None, :]
     pairs &= np.triu(np.ones((k, k), dtype=bool), 1)[None]
     img, i, j = np.nonzero(pairs)
-    bi, bj = b[img, i], b[img, j]  # [P, 4] each
-    area_i = np.maximum(bi[:, 2] - bi[:, 0], 0) * np.maximum(bi[:, 3] - bi[:, 1], 0)
-    area_j = np.maximum(bj[:, 2] - bj[:, 0], 0) * np.maximum(bj[:, 3] - bj[:, 1], 0)
-    w = np.minimum(bi[:, 2], bj[:, 2]) - np.maximum(bi[:, 0], bj[:, 0])
-    h = np.minimum(bi[:, 3], bj[:, 3]) - np.maximum(bi[:, 1], bj[:, 1])
-    inter = np.maximum(w, 0) * np.maximum(h, 0)
-    union = area_i + area_j - inter
-    iou = np.where(union > 0, inter / np.where(union > 0, union, 1), 0)
-    hit = iou > thr
+    hit = _iou(np, b[img, i], b[img, j]) > thr
     over = np.zeros((n, k, k), dtype=bool)
     over[img[hit], i[hit], j[hit]] = True
     return over
