@@ -36,7 +36,7 @@ PHASES = ("decode", "fill", "model", "answer")
 
 def phases(core, bodies: list[bytes], n: int) -> dict:
     """The median ms of each phase over ``n`` batches of ``bodies``, each phase synced."""
-    from benchmarks.peers.rayserve_expert import TOP_K, Pending, bucket_of
+    from benchmarks.peers.rayserve_expert import Pending, bucket_of
 
     torch = core.torch
     sync = torch.cuda.synchronize
@@ -51,10 +51,7 @@ def phases(core, bodies: list[bytes], n: int) -> dict:
         order = core._fill(images, core.inputs[bucket])
         sync()
         t.append(time.perf_counter())
-        with torch.no_grad():
-            logits = core._run(bucket)[: len(order)]
-            vals, idx = logits.float().softmax(dim=1).topk(TOP_K, dim=1)
-            packed = torch.cat([vals, idx.float()], dim=1)
+        packed = core.top_k(core._run(bucket)[: len(order)])
         sync()
         t.append(time.perf_counter())
         core.finish(Pending(len(bodies), order, packed.cpu()))

@@ -298,6 +298,14 @@ class ExpertCore:
             order += idx
         return order
 
+    def top_k(self, logits: Any) -> Any:
+        """The rows' top k scores then their classes, in one tensor on the device (one copy
+        to the host: classes below 2**24 are exact as floats)."""
+        torch = self.torch
+        with torch.no_grad():
+            vals, idx = logits.float().softmax(dim=1).topk(TOP_K, dim=1)
+            return torch.cat([vals, idx.float()], dim=1)
+
     def submit(self, bodies: list[bytes]) -> Pending:
         """Launch a batch: decode, preprocess, the model and its top k, the copy to the
         host. Waits for nothing on the GPU but nvJPEG's own decode."""
@@ -307,11 +315,7 @@ class ExpertCore:
         order = self._fill(self._decode(bodies), self.inputs[bucket])
         if not order:  # nothing decoded: no model
             return Pending(n, order)
-        logits = self._run(bucket)[: len(order)]
-        with torch.no_grad():
-            probs = logits.float().softmax(dim=1)
-            vals, idx = probs.topk(TOP_K, dim=1)
-            packed = torch.cat([vals, idx.float()], dim=1)  # one copy: classes < 2**24 exact
+        packed = self.top_k(self._run(bucket)[: len(order)])
         if not self.blocking:
             return Pending(n, order, packed.cpu())  # the copy's spin-wait for the batch
         host = packed.to("cpu", non_blocking=True)  # pinned memory, no wait
