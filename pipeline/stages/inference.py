@@ -148,10 +148,14 @@ class InferenceStage:
         GPU, NVML's readings of it."""
         for m in self.config.models:
             metrics.set_queue_depth(m.name, 0)
-        metrics.set_pool(self.executor.pool.stats().as_dict())
-        metrics.set_executor(self.executor.counters.snapshot())
+        self._report_executor()
         if self.executor.backend.is_cuda:
             gpu_metrics.start(self.executor.backend.device_id)
+
+    def _report_executor(self) -> None:
+        """The executor's gauges: its pool and its counts."""
+        metrics.set_pool(self.executor.pool.stats().as_dict())
+        metrics.set_executor(self.executor.counters.snapshot())
 
     async def _images(self, model: str, items: list[Encoded]) -> HostRows | DeviceRows:
         """Encoded images: decoded and resized in this process, or by PreprocessGPU, which
@@ -194,8 +198,7 @@ class InferenceStage:
         metrics.observe_stage("gpu", split_key(batch.key)[0], gpu_ms, len(batch))
         if t1 - self._pool_reported > 1.0:  # gauges once a second, not per batch
             self._pool_reported = t1
-            metrics.set_pool(self.executor.pool.stats().as_dict())
-            metrics.set_executor(self.executor.counters.snapshot())
+            self._report_executor()
         out = []
         multi = isinstance(logits, tuple)  # a model of several outputs: a tuple per row
         for i, p in enumerate(batch.items):
