@@ -5,7 +5,6 @@ waits, and batches nobody waits for), with one event per staging slot."""
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections import deque
 
 import numpy as np
@@ -16,6 +15,7 @@ from pipeline.executor import GpuExecutor
 from pipeline.imaging import encode_jpeg
 from pipeline.models import digits, resnet50
 from pipeline.models.registry import LoadedModel, model_info
+from tests.threads import all_at_once
 
 pytestmark = pytest.mark.gpu
 
@@ -184,24 +184,13 @@ def test_50_threads_committing_concurrently():
     ]
     expected = [ex.infer(m, x) for m, x in inputs]
     got: dict[int, np.ndarray] = {}
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(50)
 
     def worker(k):
-        try:
-            barrier.wait()
-            for i in range(k, len(inputs), 50):
-                m, x = inputs[i]
-                got[i] = ex.commit(ex.prepare(m, len(x)), x).wait(60)
-        except BaseException as exc:  # pragma: no cover - reported below
-            errors.append(exc)
+        for i in range(k, len(inputs), 50):
+            m, x = inputs[i]
+            got[i] = ex.commit(ex.prepare(m, len(x)), x).wait(60)
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(50)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors[:3]
+    all_at_once(50, worker, timeout=120)
     for i, e in enumerate(expected):
         np.testing.assert_array_equal(got[i], e)
     s = ex.stats()

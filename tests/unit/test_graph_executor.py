@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 
@@ -16,6 +14,7 @@ from pipeline.models.registry import LoadedModel, labels, load_model, model_info
 from pipeline.models.weights import load_weights, save_weights
 from pipeline.ops import NORMALIZE
 from tests.reference import batchnorm_ref
+from tests.threads import all_at_once
 
 # ----------------------------------------------------------------------------- arena
 
@@ -206,24 +205,13 @@ def test_commits_from_16_threads_equal_one_at_a_time(digits_executor):
     chunks = [xte[i : i + 1 + i % 13] for i in range(0, 320, 10)]
     expected = [ex.infer("digits", c) for c in chunks]
     got: dict[int, np.ndarray] = {}
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(16)
 
     def worker(k):
-        try:
-            barrier.wait()
-            for i in range(k, len(chunks), 16):
-                p = ex.prepare("digits", len(chunks[i]))
-                got[i] = ex.commit(p, chunks[i]).wait(30)
-        except BaseException as exc:  # pragma: no cover - reported below
-            errors.append(exc)
+        for i in range(k, len(chunks), 16):
+            p = ex.prepare("digits", len(chunks[i]))
+            got[i] = ex.commit(p, chunks[i]).wait(30)
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors
+    all_at_once(16, worker)
     for i, e in enumerate(expected):
         np.testing.assert_array_equal(got[i], e)
     assert ex.pool.stats().bytes_in_use == 0

@@ -14,6 +14,7 @@ from pipeline.config import ExecutorConfig
 from pipeline.errors import InvalidInput
 from pipeline.executor import GpuExecutor
 from pipeline.models import digits
+from tests.threads import all_at_once
 
 BUCKETS = (1, 2, 4, 8, 16)
 
@@ -43,27 +44,17 @@ def test_threads_get_the_pooled_answers_from_at_most_max_in_flight_fixed_arenas(
     largest = kept.models["digits"].engine.plan(BUCKETS[-1], "image").arena_bytes
     seen: set[int] = set()
     got: dict[int, np.ndarray] = {}
-    errors: list[BaseException] = []
-    barrier, lock = threading.Barrier(8), threading.Lock()
+    lock = threading.Lock()
 
     def worker(k: int) -> None:
-        try:
-            barrier.wait()
-            for i in range(k, len(chunks), 8):
-                p = kept.prepare("digits", len(chunks[i]))
-                assert p.reservation.nbytes >= largest  # sized for the largest bucket
-                with lock:
-                    seen.add(p.reservation.ptr)
-                got[i] = kept.commit(p, chunks[i]).wait(30)
-        except BaseException as exc:  # pragma: no cover - reported below
-            errors.append(exc)
+        for i in range(k, len(chunks), 8):
+            p = kept.prepare("digits", len(chunks[i]))
+            assert p.reservation.nbytes >= largest  # sized for the largest bucket
+            with lock:
+                seen.add(p.reservation.ptr)
+            got[i] = kept.commit(p, chunks[i]).wait(30)
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors
+    all_at_once(8, worker)
     for i, w in enumerate(want):
         np.testing.assert_array_equal(got[i], w)
     n = kept.mode.kept.count("digits", "image")

@@ -23,6 +23,7 @@ from pipeline.errors import (
 )
 from pipeline.memory.pinned import PinnedRing
 from pipeline.memory.pool import HostArena, make_pool
+from tests.threads import all_at_once
 
 CPU = Backend("numpy")
 
@@ -108,24 +109,13 @@ def test_stats_high_water_hits_and_driver_allocations():
 
 def test_many_threads_reserving_at_once_leave_nothing_in_use():
     pool = HostArena(CPU, 64 << 20)
-    errors: list[BaseException] = []
-    start = threading.Barrier(50)
 
-    def work():
-        try:
-            start.wait()
-            for _ in range(200):
-                with pool.reserve(12 << 10) as r:
-                    r.buffer[:8] = 1
-        except BaseException as exc:  # pragma: no cover - reported below
-            errors.append(exc)
+    def work(_k):
+        for _ in range(200):
+            with pool.reserve(12 << 10) as r:
+                r.buffer[:8] = 1
 
-    threads = [threading.Thread(target=work) for _ in range(50)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    all_at_once(50, work)
     s = pool.stats()
     assert s.bytes_in_use == 0 and s.reservations == 50 * 200
     assert s.driver_allocs <= 50  # at most one block per concurrent holder
