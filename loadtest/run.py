@@ -185,11 +185,9 @@ def wait_ok(
     return False
 
 
-def serve_failure(dashboard: str = "http://127.0.0.1:8265") -> str | None:
-    """Why a Serve app on this machine failed to deploy (an application in DEPLOY_FAILED: its
-    message, the replicas' constructor error among it), or None -- also where the dashboard
-    does not answer yet. Serve gives a deployment up after its replicas' constructors failed
-    a bounded number of times; until then a broken config looks like a slow start."""
+def serve_apps(dashboard: str = "http://127.0.0.1:8265") -> dict[str, Any] | None:
+    """The Serve applications on this machine as the dashboard's REST API gives them
+    (``{name: {"status", "message", "deployments": ...}}``), or None where it does not answer."""
     import urllib.request
 
     token = os.environ.get("RAY_AUTH_TOKEN")
@@ -201,14 +199,49 @@ def serve_failure(dashboard: str = "http://127.0.0.1:8265") -> str | None:
     req = urllib.request.Request(f"{dashboard}/api/serve/applications/", headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=2) as r:
-            apps = json.loads(r.read()).get("applications") or {}
+            return json.loads(r.read()).get("applications") or {}
     except (OSError, ValueError):
         return None
-    for name, app in apps.items():
+
+
+def serve_failure(dashboard: str = "http://127.0.0.1:8265") -> str | None:
+    """Why a Serve app on this machine failed to deploy (an application in DEPLOY_FAILED: its
+    message, the replicas' constructor error among it), or None -- also where the dashboard
+    does not answer yet. Serve gives a deployment up after its replicas' constructors failed
+    a bounded number of times; until then a broken config looks like a slow start."""
+    for name, app in (serve_apps(dashboard) or {}).items():
         if (app or {}).get("status") == "DEPLOY_FAILED":
             msg = " ".join(str(app.get("message") or "").split())
             return f"app {name!r} DEPLOY_FAILED: {msg[:1500]}"
     return None
+
+
+def serve_starting(dashboard: str = "http://127.0.0.1:8265") -> list[str] | None:
+    """The deployments of this machine's Serve apps whose replicas are not all up yet
+    (``"app/deployment: STATUS"``; [] once every one is HEALTHY), or None where the dashboard
+    does not answer. An app answers requests as soon as one replica of each deployment runs:
+    a benchmark that starts then measures a part of it (a torch model's replicas compile one
+    after another, for minutes)."""
+    apps = serve_apps(dashboard)
+    if apps is None:
+        return None
+    return [
+        f"{a}/{d}: {(dep or {}).get('status')}"
+        for a, app in apps.items()
+        for d, dep in ((app or {}).get("deployments") or {}).items()
+        if (dep or {}).get("status") != "HEALTHY"
+    ]
+
+
+def wait_settled(timeout: float, proc: subprocess.Popen | None = None) -> list[str] | None:
+    """Wait (every 2 s, at most ``timeout``) until every deployment of this machine's Serve
+    apps is HEALTHY; what was still starting at the end ([] when all came up; None where
+    the dashboard never answered)."""
+    end, left = time.time() + timeout, serve_starting()
+    while left and time.time() < end and (proc is None or proc.poll() is None):
+        time.sleep(2)
+        left = serve_starting()
+    return left
 
 
 def venv_bin(name: str) -> str:
