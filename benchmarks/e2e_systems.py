@@ -90,15 +90,16 @@ def corpus_of(name: str) -> Corpus:
     return iw.frames() if name == iw.CORPUS else corpus(name)
 
 
-# A system's usual start-up on the H200, what ``bench_e2e.py --budget-s`` plans with (seen in
-# the runs' logs: ferry 44-53 s; the expert peer 94 s, torch.compile's first replica; the image
-# systems compile the U-Net per batch size); ``startup_s`` is how long it may take at most.
+# A system's usual start-up, every replica up (bench_e2e waits for all), what ``bench_e2e.py
+# --budget-s`` plans with (seen in the runs' logs: ferry 39-53 s; the image systems compile the
+# U-Net per batch size); ``startup_s`` is how long it may take at most. A torch.compile system's
+# first replica compiles alone, the other seven then from its caches.
 UP_S = {
     "ferry": 60,
     "ferry_image": 150,  # up in 88-90 s on an H100 (2026-12-05)
-    "ferry_torch": 180,  # 134 s on an H100 (2026-12-06): the first replica compiles each bucket
+    "ferry_torch": 240,  # three buckets, as the peer's (its first answer at 134 s with nine)
     "rayserve_batch": 40,
-    "rayserve_expert": 120,
+    "rayserve_expert": 220,  # all 8 replicas in 209 s on an H100 (2026-12-06), three buckets
     "rayserve_image": 120,  # 50 s on an H100 (2026-12-05), inductor still compiling after
 }
 
@@ -162,6 +163,10 @@ HOP2 = {
 }
 """``ferry_e2e_split.yaml`` as 8 HTTP replicas and 2 GPU owners of half the GPU each."""
 
+TORCH_R50 = {"name": "resnet50", "engine": "torch", "source": "resnet50", "buckets": [8, 32, 128]}
+"""ResNet-50 on the torch engine at the expert peer's three buckets (one compile each, in each
+of 8 replicas: nine made its start-up minutes longer than the peer's)."""
+
 SYSTEMS: dict[str, dict[str, Any]] = {
     "ferry": _ferry("ferry_e2e.yaml"),
     "ferry_split": _ferry("ferry_e2e_split.yaml"),
@@ -179,28 +184,21 @@ SYSTEMS: dict[str, dict[str, Any]] = {
     ),
     "ferry_4stage": _ferry("ferry_e2e_4stage.yaml"),
     # ``ferry`` with ResNet-50 on the torch engine (torch.compile in Ferry's CUDA graphs, as the
-    # peer compiles it) instead of the native cupy engine: 17k img/s on the H200 against
-    # torch.compile's 29-30k (bench_engine / bench_models), while 8 CUDA contexts time-slice
-    # the GPU at 0.82-0.86 busy (H100, 2026-12-05): less GPU time an image
+    # peer compiles it) instead of the native cupy engine: in 8 processes on one H100 the two
+    # engines alone ran 21.1k and 12.7k img/s at batch 64 (probe_contexts.py, 2026-12-06)
     "ferry_torch": _ferry(
-        "ferry_e2e.yaml",
-        startup_s=600,
-        up_s=UP_S["ferry_torch"],
-        sets={"models": [{"name": "resnet50", "engine": "torch", "source": "resnet50"}]},
+        "ferry_e2e.yaml", startup_s=600, up_s=UP_S["ferry_torch"], sets={"models": [TORCH_R50]}
     ),
     # ``ferry`` and ``ferry_torch`` with kept arenas (executor.arenas: kept, executor_arenas.py):
     # each batch on one of the arenas its model keeps, so past the warm-up no batch is
     # captured as a new graph (the rows' executor_counts say how many were without it);
-    # ferry_torch was 0.24x ferry on an H100 (2026-12-06), a torch capture syncing the device
+    # (ferry_torch's 0.2x ferry of 2026-12-06 measured one replica of 8: the rest compiling)
     "ferry_kept": _ferry("ferry_e2e.yaml", sets={"executor.arenas": "kept"}),
     "ferry_torch_kept": _ferry(
         "ferry_e2e.yaml",
         startup_s=600,
         up_s=UP_S["ferry_torch"],
-        sets={
-            "models": [{"name": "resnet50", "engine": "torch", "source": "resnet50"}],
-            "executor.arenas": "kept",
-        },
+        sets={"models": [TORCH_R50], "executor.arenas": "kept"},
     ),
     "ferry_naive": _ferry("ferry_e2e.yaml", naive=True),
     # ``ferry`` with every CUDA host wait of the replicas asleep (executor.host_wait: sleep):

@@ -233,14 +233,18 @@ def serve_starting(dashboard: str = "http://127.0.0.1:8265") -> list[str] | None
     ]
 
 
-def wait_settled(timeout: float, proc: subprocess.Popen | None = None) -> list[str] | None:
+def wait_settled(
+    timeout: float,
+    proc: subprocess.Popen | None = None,
+    dashboard: str = "http://127.0.0.1:8265",
+) -> list[str] | None:
     """Wait (every 2 s, at most ``timeout``) until every deployment of this machine's Serve
     apps is HEALTHY; what was still starting at the end ([] when all came up; None where
     the dashboard never answered)."""
-    end, left = time.time() + timeout, serve_starting()
+    end, left = time.time() + timeout, serve_starting(dashboard)
     while left and time.time() < end and (proc is None or proc.poll() is None):
         time.sleep(2)
-        left = serve_starting()
+        left = serve_starting(dashboard)
     return left
 
 

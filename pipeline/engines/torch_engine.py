@@ -197,7 +197,7 @@ class TorchEngine(Engine):
                 ",".join(map(str, buckets)),
             )
         )
-        return compile_gate(key)
+        return _gated(key)
 
     # -- the precision probe (``executor_precision``): eager, before the module is compiled
     def dtype_in(self, ctx: EngineContext) -> str:
@@ -380,3 +380,21 @@ def _state(m: Any) -> list[tuple[str, Any]]:
 def _nbytes(m: Any) -> int:
     n = sum(p.numel() * p.element_size() for p in m.parameters())
     return n + sum(b.numel() * b.element_size() for b in m.buffers())
+
+
+@contextlib.contextmanager
+def _gated(key: str, directory: str | None = None) -> Any:
+    """``compile_gate(key)``; a process that compiles after another (from its caches) does
+    so without inductor's worker pool: cache hits compile nothing, and seven followers of an
+    8-replica start each forked a pool of one worker a core (py-spy on an H100, 2026-12-06),
+    every worker importing torch, while they traced their graphs on the same cores."""
+    import torch._inductor.config as ic  # optional: torch
+
+    with compile_gate(key, directory) as first:
+        threads = ic.compile_threads
+        if not first:
+            ic.compile_threads = 1
+        try:
+            yield first
+        finally:
+            ic.compile_threads = threads

@@ -21,7 +21,7 @@ import pytest
 
 from deployments import portcheck
 from loadtest import procs
-from loadtest.run import subprocess_env, wait_ready
+from loadtest.run import subprocess_env, wait_ready, wait_settled
 from pipeline.imaging import encode_png
 from pipeline.models import digits
 from tests.integration.helpers import ROOT, run_ok
@@ -73,7 +73,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_serve_deploy_to_a_running_ray_start_head():
+def test_serve_deploy_to_a_running_ray_start_head(monkeypatch):
     """The same file with `serve deploy` against `ray start --head`, as on a cluster, in
     Serve's throughput mode (RAY_SERVE_THROUGHPUT_OPTIMIZED=1, the GPU configs' mode; README's
     `serve run serve_config.yaml` itself, in the plain mode, is run as written by
@@ -114,6 +114,10 @@ def test_serve_deploy_to_a_running_ray_start_head():
             [serve_bin, "deploy", "-a", f"http://127.0.0.1:{dash}", "serve_config.yaml"], env, 180
         )
         assert wait_ready(URL, 240), "serve deploy serve_config.yaml did not become ready"
+        # what bench_e2e waits for before it measures: every deployment HEALTHY, read from
+        # the dashboard's REST API with the cluster's token
+        monkeypatch.setenv("RAY_AUTH_TOKEN", env["RAY_AUTH_TOKEN"])
+        assert wait_settled(120, dashboard=f"http://127.0.0.1:{dash}") == []
         _assert_classifies_the_first_held_out_digit()
         _assert_lists_its_models_and_takes_a_5_mb_image()
     finally:

@@ -47,3 +47,20 @@ def test_a_finished_key_is_not_waited_on_and_a_failed_one_is_tried_again(tmp_pat
         assert not first
     with compile_gate("other", str(tmp_path)) as first:
         assert first
+
+
+def test_a_process_that_compiles_from_the_caches_does_so_without_inductors_worker_pool(
+    tmp_path, monkeypatch
+):
+    pytest.importorskip("torch")
+    import torch._inductor.config as ic
+
+    from pipeline.engines.torch_engine import _gated
+
+    monkeypatch.setattr(ic, "compile_threads", 16)  # a 16-core node's default
+    before = 16
+    with _gated("k", str(tmp_path)) as first:  # the first: its pool as configured
+        assert first and ic.compile_threads == before
+    with _gated("k", str(tmp_path)) as first:  # after it: cache hits, compiled in-process
+        assert not first and ic.compile_threads == 1
+    assert ic.compile_threads == before
