@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 
-from benchmarks.common import run_no
 from benchmarks.report_base import load
 from benchmarks.report_e2e import peaks, ratio_text, same_run_ratio
 
@@ -23,8 +22,17 @@ MEASURED_AT = {
 }
 
 
-def _e2e(doc: dict) -> list[tuple[str, str]]:
-    out = []
+def _run_of(doc: dict, row: dict) -> tuple[str, str]:
+    """(commit and date, GPU) of the run a row of e2e.json comes from: its runs differ."""
+    note = doc.get("runs", {}).get(row.get("run"), "")
+    at = re.search(r"commit ([0-9a-f]{7})", note)
+    day = re.match(r"(\d{4}-\d\d-\d\d)", note)
+    when = f"{at.group(1) if at else MEASURED_AT['e2e.json']}, {day.group(1) if day else '?'}"
+    return when, row.get("gpu") or str(doc.get("machine", "?")).split(",")[0]
+
+
+def _e2e(doc: dict) -> list[tuple[str, ...]]:
+    out: list[tuple[str, ...]] = []
     for corpus in ("chelsea", "photos"):
         rows = [r for r in doc["rows"] if r["corpus"] == corpus]
         if not rows:
@@ -33,20 +41,20 @@ def _e2e(doc: dict) -> list[tuple[str, str]]:
         f = {r["clients"]: r for r in rows if r["system"] == "ferry"}
         top = max(f.values(), key=lambda r: r["img_s"])
         cpu = top.get("server_cpu_ms_per_img")
-        runs = doc.get("runs", {})
-        older = top.get("run") and top["run"] != max(runs, key=run_no, default=None)
-        at = re.search(r"commit ([0-9a-f]{7})", runs.get(top.get("run"), "")) if older else None
+        where = _run_of(doc, top)
         out.append(
             (
                 f"Ferry end to end, peak img/s ({corpus} JPEG, HTTP; server CPU ms per image)",
                 f"{peak['ferry']:,.0f} at {top['clients']} clients"
                 + (f" ({cpu:.1f} ms)" if cpu else "")
-                + (f", from {top['run']} at {at.group(1)}" if at else ""),
+                + (f", {top['run']}" if top.get("run") else ""),
+                *where,
             )
         )
         peers = {s: v for s, v in peak.items() if s.startswith("rayserve")}
         if peers:
             best = max(peers, key=peers.get)
+            top_peer = max((r for r in rows if r["system"] == best), key=lambda r: r["img_s"])
             out.append(
                 (
                     f"the same, over the best Ray Serve peer measured ({corpus})",
@@ -57,12 +65,17 @@ def _e2e(doc: dict) -> list[tuple[str, str]]:
                     )
                     + (f" ({note})" if (note := doc.get("peer_notes", {}).get(best)) else "")
                     + same_run_ratio(rows, peers, best, peak),
+                    *_run_of(doc, top_peer),
                 )
+            )
+        elif note := doc.get("peer_notes", {}).get("rayserve_expert_8"):
+            out.append(
+                (f"the same, over the expert Ray Serve peer ({corpus})", f"no ratio: {note}")
             )
         lat = [f"p99 {f[256]['p99_ms']:.0f} ms at 256 clients"] if 256 in f else []
         lat += [f"p50 {f[1]['p50_ms']:.1f} ms at one client"] if 1 in f else []
         if lat:
-            out.append((f"latency ({corpus})", ", ".join(lat)))
+            out.append((f"latency ({corpus})", ", ".join(lat), *where))
     return out
 
 
@@ -221,6 +234,7 @@ def headline_section() -> list[str]:
         commit = part.get("commit") or MEASURED_AT.get(f"{name}:{key}", MEASURED_AT.get(name, "?"))
         date = part.get("date") or doc.get("date", "?")
         machine = str(part.get("machine", doc.get("machine", "?"))).split("|")[0].split(",")[0]
-        for figure, value in rows_of(part):
-            lines.append(f"| {figure} | {value} | {commit}, {date} | {machine.strip()} | {since} |")
+        for figure, value, *where in rows_of(part):  # where: a figure's own (measured, machine)
+            at, on = where or (f"{commit}, {date}", machine.strip())
+            lines.append(f"| {figure} | {value} | {at} | {on} | {since} |")
     return lines + [""]
