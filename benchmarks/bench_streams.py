@@ -42,7 +42,7 @@ from benchmarks.common import commit, machine, table, today, write_json  # noqa:
 from benchmarks.e2e_systems import FERRY_ENV, peer_app  # noqa: E402
 from loadtest import streams  # noqa: E402
 from loadtest.cores import ServerSpan  # noqa: E402
-from loadtest.run import end_local_ray, start_app, wait_ready  # noqa: E402
+from loadtest.run import end_local_ray, start_app, wait_ready, wait_settled  # noqa: E402
 
 
 def config_on_port(path: str, port: int, out_dir: str) -> str:
@@ -128,6 +128,8 @@ def run_system(a: argparse.Namespace, name: str, frames: list[bytes]) -> dict[st
             if not wait_ready(f"http://127.0.0.1:{a.port}", 600, proc):
                 with open(os.path.join(tmp, "serve.log"), errors="replace") as f:
                     raise SystemExit(f"{name} did not become ready:\n" + f.read()[-3000:])
+            # every replica up, not only the first (a U-Net compiles in each, one by one)
+            about["replicas_starting"] = wait_settled(600, proc)
             zip_ = streams.COMPRESSIONS[a.compression]
             streams.run_level(url, 1, a.fps, 2.0, frames, a.token, 1, zip_)  # warm: first frames
             levels = []
