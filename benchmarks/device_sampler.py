@@ -58,6 +58,9 @@ class DeviceSampler:
         self._total: dict[Any, int] = {}  # device handle -> its bytes
         self._procs: dict[int, int] = {}  # pid -> its largest reading on any one device
         self.failed = False  # a reading failed: the means cover only the span before it
+        # why a memory reading failed (the first failure): every H100 row of 2026-12-06 had no
+        # memory figure, with no word of the cause
+        self.mem_error: str | None = None
         self.devices = 0
 
     def _handles(self) -> list[Any]:
@@ -70,13 +73,18 @@ class DeviceSampler:
             self._sm.append(nvml.nvmlDeviceGetUtilizationRates(h).gpu / 100.0)
             with contextlib.suppress(Exception):  # a GPU without JPEG engines: no reading
                 self._jpeg.append(nvml.nvmlDeviceGetJpgUtilization(h)[0] / 100.0)
-            with contextlib.suppress(Exception):  # memory figures are extras: never fatal
+            try:  # memory figures are extras: never fatal, but a failure is said (mem_error)
                 m = nvml.nvmlDeviceGetMemoryInfo(h)
                 self._total[h] = int(m.total)
                 self._mem[h] = max(self._mem.get(h, 0), int(m.used))
+            except Exception as exc:
+                self.mem_error = self.mem_error or f"nvmlDeviceGetMemoryInfo: {exc!r}"[:300]
+            try:
                 for p in nvml.nvmlDeviceGetComputeRunningProcesses(h):
                     used = int(p.usedGpuMemory or 0)  # None where the driver withholds it
                     self._procs[p.pid] = max(self._procs.get(p.pid, 0), used)
+            except Exception as exc:
+                self.mem_error = self.mem_error or f"{exc!r} listing processes"[:300]
 
     def _run(self, handles: list[Any]) -> None:
         while not self._stop.wait(self.every_s):
@@ -132,4 +140,5 @@ class DeviceSampler:
             "gpu_samples": len(self._sm),
             "gpu_devices": self.devices,
             "gpu_sampling_failed": self.failed,
+            **({"gpu_mem_error": self.mem_error} if self.mem_error else {}),
         }

@@ -133,7 +133,8 @@ def measure(
         f"{r['loadgen_cpu_per_proc']}  busy cores {busy}  server cpu "
         f"{row['server_cpu_ms_per_img']} ms/img  GPU {row['gpu_util']}  JPEG engines "
         f"{row['gpu_jpeg_util']}  GPU memory peak {row.get('gpu_mem_peak_mib')} of "
-        f"{row.get('gpu_mem_total_mib')} MiB",
+        f"{row.get('gpu_mem_total_mib')} MiB"
+        + (f" ({row['gpu_mem_error']})" if row.get("gpu_mem_error") else ""),
         flush=True,
     )
     for t in threads[:6]:

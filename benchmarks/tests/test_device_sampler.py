@@ -95,7 +95,24 @@ def test_two_rounds_give_their_exact_means():
         "gpu_samples": 4,
         "gpu_devices": 0,  # (set on entering the span; this test samples by hand)
         "gpu_sampling_failed": False,
+        "gpu_mem_error": "nvmlDeviceGetMemoryInfo: RuntimeError('NVML_ERROR_NOT_SUPPORTED')",
     }
+
+
+def test_a_process_listing_that_fails_keeps_the_memory_figures_and_says_why():
+    """(An NVML binding older than the driver fails ``nvmlDeviceGetComputeRunningProcesses``:
+    the device's memory is still read, and the row says what failed.)"""
+
+    class OldBinding(StandInNvml):
+        def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[SimpleNamespace]:
+            raise RuntimeError("NVML_ERROR_FUNCTION_NOT_FOUND")
+
+    s = DeviceSampler(nvml=OldBinding(sm=[[50], [10]], jpg=[20]))
+    s._sample([0])
+    got = s.result()
+    assert got["gpu_mem_peak_mib"] == 10 << 10 and got["gpu_mem_total_mib"] == 80 << 10
+    assert got["gpu_proc_mem_mib"] == []
+    assert "NVML_ERROR_FUNCTION_NOT_FOUND" in got["gpu_mem_error"]
 
 
 def test_a_device_of_size_zero_gives_no_memory_figure_and_no_error():
