@@ -75,14 +75,8 @@ from benchmarks.e2e_systems import (  # noqa: E402
 from benchmarks.image_workload import export_unet  # noqa: E402
 from benchmarks.mps import mps_server  # noqa: E402
 from loadtest.corpus import Corpus  # noqa: E402
-from loadtest.run import (  # noqa: E402
-    end_local_ray,
-    plot,
-    serve_failure,
-    start_app,
-    wait_ok,
-    wait_settled,
-)
+from loadtest.run import end_local_ray, plot, serve_failure, start_app  # noqa: E402
+from loadtest.run import wait_ok, wait_settled  # noqa: E402
 
 __all__ = ["SYSTEMS", "WORKLOADS", "apply_sets", "parse_sets", "row_name", "serve_config"]
 JPEG = {"content-type": "image/jpeg"}
@@ -356,8 +350,10 @@ def run_system(
         if not up:
             print(f"{name} did not come up; see serve_{name}.log", flush=True)
             return "did not come up"
-        starting = wait_settled(spec["startup_s"] - (time.time() - t0), proc)
-        print(f"   up in {time.time() - t0:.0f} s; still starting: {starting}", flush=True)
+        first_s = round(time.time() - t0, 1)
+        starting = wait_settled(spec["startup_s"] - first_s, proc)
+        up_s = {"first_answer": first_s, "all_replicas": round(time.time() - t0, 1)}
+        print(f"   up in {up_s} s; still starting: {starting}", flush=True)
         dtypes = precisions() if spec["kind"] == "ferry" else {}
         if dtypes:
             print(f"   precision: {dtypes}", flush=True)
@@ -372,6 +368,7 @@ def run_system(
                 )
                 if dtypes:
                     row["precision"] = dtypes
+                row["startup_s"] = up_s
                 if starting:  # the level measured part of the app: say which was not up
                     row["replicas_starting"] = starting
                 rows.append(row)
