@@ -75,8 +75,14 @@ from benchmarks.e2e_systems import (  # noqa: E402
 from benchmarks.image_workload import export_unet  # noqa: E402
 from benchmarks.mps import mps_server  # noqa: E402
 from loadtest.corpus import Corpus  # noqa: E402
-from loadtest.run import end_local_ray, plot, serve_failure, start_app  # noqa: E402
-from loadtest.run import wait_ok, wait_settled  # noqa: E402
+from loadtest.run import (  # noqa: E402
+    end_local_ray,
+    plot,
+    serve_failure,
+    start_app,
+    wait_ok,
+    wait_settled,
+)
 
 __all__ = ["SYSTEMS", "WORKLOADS", "apply_sets", "parse_sets", "row_name", "serve_config"]
 JPEG = {"content-type": "image/jpeg"}
