@@ -175,3 +175,53 @@ def test_plot_ticks_are_the_levels_throughput_from_zero_and_both_legends(tmp_pat
     assert seen["ticks"] == [["1", "8", "64"], ["1", "8", "64"]]
     assert seen["ylim"][0] == 0
     assert seen["legends"] == [["s"], ["s p99", "s p50"]]
+
+
+def _dashboard(answers: list[dict]) -> tuple[str, list[int], object]:
+    """An HTTP server answering ``GET /api/serve/applications/`` with ``answers`` in turn (the
+    last one again after): the shape of Ray's Serve REST API (``ServeInstanceDetails``)."""
+    import http.server
+    import threading
+
+    served = [0]
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            body = json.dumps(answers[min(served[0], len(answers) - 1)]).encode()
+            served[0] += 1
+            self.send_response(200 if self.path == "/api/serve/applications/" else 404)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{srv.server_address[1]}", served, srv
+
+
+def _apps(**status: str) -> dict:
+    deps = {name: {"status": s, "replicas": []} for name, s in status.items()}
+    return {"applications": {"ferry": {"status": "DEPLOYING", "deployments": deps}}}
+
+
+def test_wait_settled_waits_for_every_deployment_and_stops_at_a_failed_one(monkeypatch):
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "t")
+    url, served, srv = _dashboard(
+        [_apps(Ingress="UPDATING"), _apps(Ingress="UPDATING"), _apps(Ingress="HEALTHY")]
+    )
+    try:
+        assert runner.serve_starting(url) == ["ferry/Ingress: UPDATING"]
+        assert runner.wait_settled(30, dashboard=url) == []  # the third answer: all up
+        assert served[0] == 3
+    finally:
+        srv.shutdown()
+    url, served, srv = _dashboard([_apps(Ingress="HEALTHY", Inference="DEPLOY_FAILED")])
+    try:  # will not come up by waiting: the wait ends at its first reading
+        assert runner.wait_settled(30, dashboard=url) == ["ferry/Inference: DEPLOY_FAILED"]
+        assert served[0] == 1
+    finally:
+        srv.shutdown()
+    assert runner.wait_settled(1, dashboard="http://127.0.0.1:9") is None  # nobody answers
