@@ -24,8 +24,9 @@ placement, ``configs/ferry_e2e_image.yaml``) and ``rayserve_image_{2,4,8,12}``
 is YAML) changes the pipeline config of every Ferry system in the run, for experiments; such
 rows are named ``system[key=value,...]`` so they never replace the plain system's.
 
-Every system is started with ``serve run`` as its own Ray cluster on this machine, warmed,
-then driven by the same closed-loop load generator (``benchmarks/loadgen.py``: aiohttp over
+Every system is started with ``serve run`` as its own Ray cluster on this machine, waited
+for until every deployment is HEALTHY (an app answers once one replica is up; a torch.compile
+system's replicas come up one by one), warmed, then driven by the same closed-loop load generator (``benchmarks/loadgen.py``: aiohttp over
 several processes; its own CPU use is recorded beside every row) with each corpus in turn
 at each concurrency, one system after the other. Rows carry their ``workload`` and are
 merged into the output file by (system, corpus), so systems can be measured in several
