@@ -9,7 +9,7 @@ import re
 import pytest
 import yaml
 
-from benchmarks import report, report_base, report_e2e
+from benchmarks import e2e_merge, report, report_base, report_e2e
 from benchmarks.bench_e2e import SYSTEMS, apply_sets, parse_sets, row_name, serve_config
 from benchmarks.common import run_no
 from benchmarks.tests.torchless import assert_builds_without_torch
@@ -290,7 +290,7 @@ def test_bench_e2e_keeps_the_output_files_other_keys(tmp_path):
     assert extra2["peer_notes"] == {"rayserve_batch_1rep": "usual"}
     bench_e2e._write(args, described, runs2, r2, b2, extra2)
     doc = json.loads(out.read_text())
-    assert list(doc)[: len(bench_e2e.WRITTEN)] == list(bench_e2e.WRITTEN)
+    assert list(doc)[: len(e2e_merge.WRITTEN)] == list(e2e_merge.WRITTEN)
     assert doc["profiles"] == {"p": [1, 2]} and doc["rows"] == [other, new]
     assert doc["peer_notes"] == {"rayserve_batch_1rep": "usual"}
     # not measured after all (not started, cut): its row, note and run come back
