@@ -8,7 +8,7 @@ clean() { python3 -m loadtest.procs stop "$FERRY_RUN_ID" > /dev/null; sleep 1; }
 # (tritonclient, for the gRPC service) otherwise shows only as every Ferry system's
 # DEPLOY_FAILED after its start-up wait. The bundle that fits the device's 64 MiB beside the
 # tree (55 MB, 2026-12-06): NO_LOCUST=1 GPU_DECODE=1 EXTRA="tritonclient python-rapidjson"
-# bash ../shared/device/make-bundle.sh (locust's wheels and py-spy's would put it over).
+# bash ../shared/device/make-bundle.sh (with locust's wheels it would not fit).
 if ! _err=$(python3 -c "import deployments.app" 2>&1); then
   echo "deployments.app does not import on this machine: $(echo "$_err" | tail -1)" >&2
   exit 2
