@@ -2,7 +2,8 @@
 # On the GPU machine: bench_e2e.py for the systems given ($1, comma-separated), on a copy of
 # benchmarks/results/e2e.json -- $OUT/e2e.json, whose new rows carry this run's label, so it is
 # the file to commit as it comes back (and $OUT/e2e.png its plot) -- with the run's log in
-# $OUT/e2e_log.txt (its tail printed) and the serve logs in $OUT/logs, with each system's
+# $OUT/e2e_log.txt (its tail printed), each process's GPU memory every 15 s in
+# $OUT/gpu_procs.txt, and the serve logs in $OUT/logs, with each system's
 # replicas' WARNING and ERROR lines beside them (replicas_<system>.log). Everything is bounded
 # by BUDGET_S (default 520 s: the device tool's calls end at 600): a system that no longer fits
 # is not started, and the run is killed 30 s past it whatever runs long.
@@ -21,11 +22,18 @@ BUDGET=${BUDGET_S:-520}
 nproc; nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 python3 -m loadtest.corpus >/dev/null
 cp benchmarks/results/e2e.json "$OUT/e2e.json"
+# each process's device memory every 15 s ($OUT/gpu_procs.txt): which replicas hold their
+# graphs (a torch replica still compiling holds about 1 GB; 2026-12-06), whatever NVML's
+# Python binding reads for the rows
+( while sleep 15; do date +%T; nvidia-smi --query-compute-apps=pid,used_memory \
+    --format=csv,noheader; done ) > "$OUT/gpu_procs.txt" 2>&1 &
+SMI=$!
 timeout $((BUDGET + 30)) python3 benchmarks/bench_e2e.py --workload "${WORKLOAD:-classify}" \
   --systems "$1" --budget-s "$BUDGET" --clients "${CLIENTS:-64,256,1024}" \
   --seconds "${SECONDS_PER_LEVEL:-6}" --warmup 2 ${CORPUS:+--corpus "$CORPUS"} \
   ${SPY:+--spy "$OUT/spy" --spy-clients "$SPY"} $([ "${SPY_NATIVE:-0}" = 1 ] && echo --spy-native) \
   --out "$OUT/e2e.json" --log-dir "$OUT/logs" > "$OUT/e2e_log.txt" 2>&1
+kill "$SMI" 2>/dev/null
 grep -v "^\s*$" "$OUT/e2e_log.txt" | tail -40
 if [ -d "$OUT/spy" ]; then  # the stacks as one file, and their summary
   python3 scripts/spy_top.py "$OUT/spy" --top 30 --match ServeReplica > "$OUT/spy_top.txt" 2>&1
