@@ -26,8 +26,9 @@ rows are named ``system[key=value,...]`` so they never replace the plain system'
 
 Every system is started with ``serve run`` as its own Ray cluster on this machine, waited
 for until every deployment is HEALTHY (an app answers once one replica is up; a torch.compile
-system's replicas come up one by one), warmed, then driven by the same closed-loop load generator (``benchmarks/loadgen.py``: aiohttp over
-several processes; its own CPU use is recorded beside every row) with each corpus in turn
+system's replicas come up one by one), warmed, then driven by the same closed-loop load
+generator (``benchmarks/loadgen.py``: aiohttp over several processes; its own CPU use is
+recorded beside every row) with each corpus in turn
 at each concurrency, one system after the other. Rows carry their ``workload`` and are
 merged into the output file by (system, corpus), so systems can be measured in several
 commands on one machine. Ferry's answers' per-stage timings are averaged too (JSON
@@ -288,8 +289,8 @@ def run_system(
             return "did not come up"
         first_s = round(time.time() - t0, 1)
         starting = wait_settled(spec["startup_s"] - first_s, proc)
-        up_s = {"first_answer": first_s, "all_replicas": round(time.time() - t0, 1)}
-        print(f"   up in {up_s} s; still starting: {starting}", flush=True)
+        startup = {"first_answer": first_s, "all_replicas": round(time.time() - t0, 1)}
+        print(f"   up in {startup} s; still starting: {starting}", flush=True)
         dtypes = precisions() if spec["kind"] == "ferry" else {}
         if dtypes:
             print(f"   precision: {dtypes}", flush=True)
@@ -304,7 +305,7 @@ def run_system(
                 )
                 if dtypes:
                     row["precision"] = dtypes
-                row["startup_s"] = up_s
+                row["startup_s"] = startup
                 if starting:  # the level measured part of the app: say which was not up
                     row["replicas_starting"] = starting
                 rows.append(row)

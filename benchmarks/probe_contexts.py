@@ -85,10 +85,13 @@ def level(engine: str, procs: int, batch: int, seconds: float, mps: bool) -> dic
                 k.stdin.write(f"{seconds}\n")
                 k.stdin.flush()
             got = [json.loads(k.stdout.readline()) for k in kids]
+    except BaseException:  # the others wait on stdin for a window that will not come
+        for k in kids:
+            k.kill()
+        raise
     finally:
         for k in kids:
-            if k.poll() is None:
-                k.wait(timeout=120)
+            k.wait(timeout=120)
     util = dev.result() or {}
     return {
         "engine": engine,

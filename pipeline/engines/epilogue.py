@@ -16,9 +16,9 @@ never holds the model's float output. The tensors feed (v2's raw outputs) is unt
 For a ``detect`` model with a YOLO-style head the epilogue is ``DetectHead``: each box's
 corners, best class and score, the image's ``max_candidates`` best boxes ranked on the
 device [N, K, 6] (24 bytes a candidate box, where the head has 4 a class score of every
-box); NMS's greedy pass stays with the answers (it depends on each request's thresholds). SSD pairs, anchors,
-a background class and softmax scores keep the raw head, decoded on the host. On numpy
-this runs inside the executor as on the GPU, so the CPU tests run it.
+box); NMS's greedy pass stays with the answers (it depends on each request's thresholds).
+SSD pairs, anchors, a background class and softmax scores keep the raw head, decoded on the
+host. On numpy this runs inside the executor as on the GPU, so the CPU tests run it.
 """
 
 from __future__ import annotations
