@@ -119,7 +119,7 @@ async def _send(ws: Any, st: StreamStats, frames: list[bytes], fps: float, secon
 
 async def _read(ws: Any, st: StreamStats) -> None:
     """Every message, each frame's latency, a receipt every ``RECEIPT_EVERY`` frames."""
-    last_receipt = -1
+    last_receipt, receipts_closed = -1, False
     async for raw in ws:
         if isinstance(raw, bytes):  # an image's or a mask's bytes, right after its header
             continue
@@ -139,8 +139,13 @@ async def _read(ws: Any, st: StreamStats) -> None:
             else:
                 st.answered += 1
                 st.latency_ms.append((now - st.sent_at[last]) * 1e3)
-        if last - last_receipt >= RECEIPT_EVERY:
-            await ws.send(json.dumps({"read": last}))
+        if last - last_receipt >= RECEIPT_EVERY and not receipts_closed:
+            try:
+                await ws.send(json.dumps({"read": last}))
+            except websockets.ConnectionClosed:
+                # the service closed the stream: the answers it sent before its close are
+                # still buffered here, so count them too
+                receipts_closed = True
             last_receipt = last
 
 

@@ -227,3 +227,31 @@ def test_the_load_generator_counts_an_image_answer_once_and_skips_its_bytes():
     ws = FakeSocket([header, b"PNG", json.dumps({"dropped": [1, 2], "reason": "late"})])
     asyncio.run(load._read(ws, st))
     assert (st.answered, st.errors, st.dropped, len(st.latency_ms)) == (1, 0, {"late": 2}, 1)
+
+
+def test_the_load_generator_counts_the_answers_buffered_before_the_services_close():
+    """A real WebSocket: the service sends 12 answers and closes before the client reads one.
+    The client's receipts then fail; the answers already received still count (CI on b36e3b2
+    lost a stream's last frame that way)."""
+    import websockets
+    from websockets.protocol import State
+
+    n = 12
+
+    async def serve(ws) -> None:
+        for i in range(n):
+            await ws.send(json.dumps({"frame": i, "label": "x"}))
+        await ws.close(1000, "end of stream")
+
+    async def main() -> load.StreamStats:
+        st = load.StreamStats(sent_at=[time.perf_counter()] * n)
+        async with websockets.serve(serve, "127.0.0.1", 0) as server:
+            port = server.sockets[0].getsockname()[1]
+            async with websockets.connect(f"ws://127.0.0.1:{port}") as ws:
+                while ws.state is not State.CLOSED:  # everything is here before a read
+                    await asyncio.sleep(0.01)
+                await load._read(ws, st)
+        return st
+
+    st = asyncio.run(main())
+    assert (st.answered, st.errors, len(st.latency_ms)) == (n, 0, n)
