@@ -29,9 +29,11 @@ def pytest_xdist_make_scheduler(config, log):
     start a Ray of their own (``OWN_RAY``: one after the other, in collection order; two on
     README's port 8000, then the simulated cluster on 8125), then the unit and benchmark
     tests. (On 2026-12-05 the integration worker ran 590 s of tests while the other idled
-    after 124; the two own-Ray tests are 117 s of the 590. On 2026-12-06 CI took 729 s, of
-    which the simulated cluster was about 110 s on the integration worker. Two local Rays on
-    one machine each take free ports: checked.) (A scheduler of our own: xdist's
+    after 124; the two own-Ray tests are 117 s of the 590. On 2026-12-06 the simulated
+    cluster moved here too: CI took 737 s after against 729 before, on a day this machine
+    ran the same suite at 1.8x its time of the day before -- the two cores are the limit,
+    not the split -- but no more than two Rays now run at once. Two local Rays on one
+    machine each take free ports: checked.) (A scheduler of our own: xdist's
     ``loadgroup`` renames node ids, which pytest 9 no longer reads.)"""
     from xdist.scheduler import LoadScopeScheduling  # only ever called under xdist
 
