@@ -87,6 +87,7 @@ from loadtest.run import (  # noqa: E402
 
 __all__ = ["SYSTEMS", "WORKLOADS", "apply_sets", "parse_sets", "row_name", "serve_config"]
 JPEG = {"content-type": "image/jpeg"}
+NOT_READ = ["unknown: the dashboard's REST API did not answer"]  # a row's replicas_starting
 
 
 def stop(proc: subprocess.Popen | None) -> None:
@@ -306,8 +307,8 @@ def run_system(
                 if dtypes:
                     row["precision"] = dtypes
                 row["startup_s"] = startup
-                if starting:  # the level measured part of the app: say which was not up
-                    row["replicas_starting"] = starting
+                if starting != []:  # the level may have measured part of the app: say so
+                    row["replicas_starting"] = starting or NOT_READ
                 rows.append(row)
                 if timings:
                     breakdown[f"{system}@{c.name}@{n}"] = timings

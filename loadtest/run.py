@@ -240,11 +240,12 @@ def wait_settled(
 ) -> list[str] | None:
     """Wait (every 2 s, at most ``timeout``) until every deployment of this machine's Serve
     apps is HEALTHY; what was still starting at the end ([] when all came up; None where
-    the dashboard never answered). A deployment that failed or turned unhealthy ends the
-    wait at once: it will not come up by waiting, and a device call's minutes are few."""
+    the dashboard never answered: a reading that fails is waited past, as one that says
+    "starting" is). A deployment that failed or turned unhealthy ends the wait at once: it
+    will not come up by waiting, and a device call's minutes are few."""
     end, left = time.time() + timeout, serve_starting(dashboard)
-    while left and time.time() < end and (proc is None or proc.poll() is None):
-        if any(s.endswith((": DEPLOY_FAILED", ": UNHEALTHY")) for s in left):
+    while left != [] and time.time() < end and (proc is None or proc.poll() is None):
+        if left and any(s.endswith((": DEPLOY_FAILED", ": UNHEALTHY")) for s in left):
             break
         time.sleep(2)
         left = serve_starting(dashboard)

@@ -177,9 +177,10 @@ def test_plot_ticks_are_the_levels_throughput_from_zero_and_both_legends(tmp_pat
     assert seen["legends"] == [["s"], ["s p99", "s p50"]]
 
 
-def _dashboard(answers: list[dict]) -> tuple[str, list[int], object]:
+def _dashboard(answers: list[dict | None]) -> tuple[str, list[int], object]:
     """An HTTP server answering ``GET /api/serve/applications/`` with ``answers`` in turn (the
-    last one again after): the shape of Ray's Serve REST API (``ServeInstanceDetails``)."""
+    last one again after): the shape of Ray's Serve REST API (``ServeInstanceDetails``); a
+    None, a 503 (a dashboard still starting, or too busy to answer)."""
     import http.server
     import threading
 
@@ -187,9 +188,11 @@ def _dashboard(answers: list[dict]) -> tuple[str, list[int], object]:
 
     class H(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-            body = json.dumps(answers[min(served[0], len(answers) - 1)]).encode()
+            answer = answers[min(served[0], len(answers) - 1)]
+            body = json.dumps(answer).encode()
             served[0] += 1
-            self.send_response(200 if self.path == "/api/serve/applications/" else 404)
+            ok = self.path == "/api/serve/applications/" and answer is not None
+            self.send_response(200 if ok else 404 if answer is not None else 503)
             self.send_header("content-length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -225,3 +228,9 @@ def test_wait_settled_waits_for_every_deployment_and_stops_at_a_failed_one(monke
     finally:
         srv.shutdown()
     assert runner.wait_settled(1, dashboard="http://127.0.0.1:9") is None  # nobody answers
+    url, served, srv = _dashboard([None, _apps(Ingress="UPDATING"), None, _apps(Ingress="HEALTHY")])
+    try:  # a reading that fails is no "all up" (2026-12-06: the first one ended the wait)
+        assert runner.wait_settled(30, dashboard=url) == []
+        assert served[0] == 4
+    finally:
+        srv.shutdown()
