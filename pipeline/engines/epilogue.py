@@ -23,6 +23,7 @@ host. On numpy this runs inside the executor as on the GPU, so the CPU tests run
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,6 +165,9 @@ class EpilogueEngine(Engine):
     @property
     def late_capture(self) -> bool:  # type: ignore[override]
         return self.inner.late_capture
+
+    def warm_gate(self, buckets: tuple[int, ...]) -> contextlib.AbstractContextManager:
+        return self.inner.warm_gate(buckets)  # (a torch U-Net compiles behind the gate too)
 
     def dtype_in(self, ctx: EngineContext) -> str:
         return self.inner.dtype_in(ctx)

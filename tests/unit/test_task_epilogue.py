@@ -105,3 +105,16 @@ def test_a_captured_batch_replays_the_model_then_enqueues_the_epilogue():
     stream = Stream("compute0", Backend("numpy"))
     EpilogueGraph(Graph(), Bound(), stream).launch("raw")
     assert calls == [("graph", "raw"), ("epilogue", "compute0")]
+
+
+def test_an_image_models_warm_up_takes_its_inner_engines_compile_gate(files):
+    """The epilogue wraps the model's engine; the warm-up's compile gate is the inner one's
+    (2026-12-06: the wrapper's was the base class's no-op, so a torch U-Net's replicas all
+    compiled at once, each with inductor's full worker pool)."""
+    import contextlib
+
+    eng = load_entry(config(files).models[1]).engine  # the torch image model
+    assert has_epilogue(eng) and eng.inner.name == "torch"
+    seen, gate = [], contextlib.nullcontext("the inner engine's gate")
+    eng.inner.warm_gate = lambda buckets: seen.append(buckets) or gate
+    assert eng.warm_gate((1, 2)) is gate and seen == [(1, 2)]
