@@ -88,6 +88,7 @@ from loadtest.run import (  # noqa: E402
 __all__ = ["SYSTEMS", "WORKLOADS", "apply_sets", "parse_sets", "row_name", "serve_config"]
 JPEG = {"content-type": "image/jpeg"}
 NOT_READ = ["unknown: the dashboard's REST API did not answer"]  # a row's replicas_starting
+STOP_S = 20  # what a system's stop is given in the budget (it takes 5-15 s; stop() allows 48)
 
 
 def stop(proc: subprocess.Popen | None) -> None:
@@ -220,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             status = run_system(name, corpora, levels, args, log_dir, rows, breakdown, save, budget)
             if status != "ok":
                 failed.append(f"{name}: {status}")
-            if status.startswith("not started") or status.startswith("cut"):
+            if status.startswith(("not started", "not run", "cut")):
                 cuts.append(f"{name} {status}")
             failed += [
                 f"{r['system']} at {r['clients']} clients on {r['corpus']}: "
@@ -264,7 +265,7 @@ def run_system(
     budget = budget or Budget(None)
     level_s = args.warmup + args.seconds + 3  # a level: its warm-up, its window, the reads
     print(f"== {system}", flush=True)
-    if not budget.fits(spec["up_s"] + 10 + level_s):  # its start-up, a level, its stop
+    if not budget.fits(spec["up_s"] + STOP_S + level_s):  # its start-up, a level, its stop
         print(f"   not started: {budget.left():.0f} s left of --budget-s", flush=True)
         return f"not started ({budget.left():.0f} s of the budget left)"
     if port_taken():  # something left from an earlier run would answer for this system
@@ -274,7 +275,7 @@ def run_system(
             time.sleep(2)
         if port_taken():
             print(f"{name} not run: port 8000 is still taken after 60 s", flush=True)
-            return False
+            return "not run: port 8000 still taken after 60 s"
     t0 = time.time()
     config = serve_config(name, spec, args.sets)
     proc = start_app(config, os.path.join(log_dir, f"serve_{name}.log"), spec["env"])
@@ -282,15 +283,24 @@ def run_system(
     try:
         url, first = url_of(spec), corpora[0].bodies[0]
         headers = {**JPEG, **w.headers()}
+
+        # the start-up waits: the system's own allowance, within what the budget has left
+        # past one level and the stop
+        def allowance() -> float:
+            return max(
+                0.0, min(spec["startup_s"] - (time.time() - t0), budget.left() - level_s - STOP_S)
+            )
+
         up = wait_ok(
-            url, spec["startup_s"], proc, first, headers, request_timeout=10, failed=serve_failure
+            url, allowance(), proc, first, headers, request_timeout=10, failed=serve_failure
         )
         if not up:
             print(f"{name} did not come up; see serve_{name}.log", flush=True)
             return "did not come up"
         first_s = round(time.time() - t0, 1)
-        starting = wait_settled(spec["startup_s"] - first_s, proc)
-        startup = {"first_answer": first_s, "all_replicas": round(time.time() - t0, 1)}
+        starting = wait_settled(allowance(), proc)
+        settled = round(time.time() - t0, 1) if starting == [] else None  # (None: not seen)
+        startup = {"first_answer": first_s, "all_replicas": settled}
         print(f"   up in {startup} s; still starting: {starting}", flush=True)
         dtypes = precisions() if spec["kind"] == "ferry" else {}
         if dtypes:
@@ -298,7 +308,7 @@ def run_system(
         for c in corpora:
             loadgen.run(url, c.bodies, "image/jpeg", 32, 4, warmup=1, extra_headers=w.headers())
             for n in levels:
-                if not budget.fits(level_s + 10):  # the level and the system's stop
+                if not budget.fits(level_s + STOP_S):  # the level and the system's stop
                     print(f"   cut by --budget-s before {c.name} at {n} clients", flush=True)
                     return f"cut before {c.name} at {n} clients (--budget-s)"
                 row, timings = measure(

@@ -33,6 +33,14 @@ def same_run_ratio(rows: list[dict], peers: dict[str, float], best: str, peak: d
     return f"; in ferry's own run: {ratio_text(rows, b, peak)} `{b}` ({peers[b]:,.0f} img/s)"
 
 
+def settled(rows: list[dict]) -> list[dict]:
+    """The rows measured with every replica of their system up: a row with
+    ``replicas_starting`` (bench_e2e: the level began before the dashboard said every
+    deployment was HEALTHY, or it could not tell) measured part of a system, so it is shown,
+    marked, but is no peak, ratio or goal."""
+    return [r for r in rows if not r.get("replicas_starting")]
+
+
 def peaks(rows: list[dict]) -> dict[str, float]:
     """Each system's best img/s over its rows, in the order the systems first appear."""
     peak: dict[str, float] = {}
@@ -97,10 +105,13 @@ def gpu_lines(rows: list[dict], clients: list[int]) -> list[str]:
 
 
 def run_cell(r: dict) -> str:
+    part = ", part of the system (replicas starting)" if r.get("replicas_starting") else ""
     if not r["img_s"]:
-        return "0 answered within the window"
-    return f"{r['img_s']:,.0f} ({r['p50_ms']:.0f} / {r['p99_ms']:.0f})" + (
-        f", {r['errors']} err" if r["errors"] else ""
+        return "0 answered within the window" + part
+    return (
+        f"{r['img_s']:,.0f} ({r['p50_ms']:.0f} / {r['p99_ms']:.0f})"
+        + (f", {r['errors']} err" if r["errors"] else "")
+        + part
     )
 
 
@@ -154,7 +165,7 @@ def e2e_section(e2e: dict) -> list[str]:
         if not part:
             continue
         clients = sorted({r["clients"] for r in part})
-        peak = peaks(part)
+        peak = peaks(settled(part))
         lines += [
             "",
             f"### Corpus `{corpus}`",
@@ -168,7 +179,7 @@ def e2e_section(e2e: dict) -> list[str]:
         if "ferry" in peak:
             lines += ["", "| system | peak img/s | Ferry / system |", "|---|---|---|"]
             lines += [f"| {s} | {v:,.0f} | {ratio_text(part, s, peak)} |" for s, v in peak.items()]
-            lines += ["", "Against the goals:", "", *goals_of(part, corpus)]
+            lines += ["", "Against the goals:", "", *goals_of(settled(part), corpus)]
         cpu = max(max(r.get("loadgen_cpu_per_proc") or [0]) for r in part)
         lines += [
             "",

@@ -248,7 +248,8 @@ def wait_settled(
         if left and any(s.endswith((": DEPLOY_FAILED", ": UNHEALTHY")) for s in left):
             break
         time.sleep(2)
-        left = serve_starting(dashboard)
+        reading = serve_starting(dashboard)
+        left = left if reading is None else reading  # (a failed reading keeps the last one)
     return left
 
 

@@ -5,8 +5,10 @@
 # $OUT/e2e_log.txt (its tail printed), each process's GPU memory every 15 s in
 # $OUT/gpu_procs.txt, and the serve logs in $OUT/logs, with each system's
 # replicas' WARNING and ERROR lines beside them (replicas_<system>.log). Everything is bounded
-# by BUDGET_S (default 520 s: the device tool's calls end at 600): a system that no longer fits
-# is not started, and the run is killed 30 s past it whatever runs long.
+# by BUDGET_S (default 500 s: the device tool's calls end at 600): a system that no longer fits
+# is not started, a start-up waits no longer than the budget has left, and past it by 40 s the
+# run is sent SIGTERM (it stops the system under test, as a level's end does) and 20 s later
+# killed, whatever runs long: at most BUDGET_S + 60 s, with the set-up and clean-up inside 600.
 #   FERRY_COMMIT=<commit> bash scripts/gpu_e2e.sh ferry_hw,ferry_hw60,ferry
 #   CLIENTS=256,1024 CORPUS=photos SECONDS_PER_LEVEL=6 BUDGET_S=300 bash scripts/gpu_e2e.sh ferry
 # SPY=256: py-spy on two replicas of each system over the 256-client levels ($OUT/spy.tgz, its
@@ -15,10 +17,11 @@
 # CORPUS: the workload's own by default; WORKLOAD=image measures the image workload (its systems:
 # ferry_image, rayserve_image_N; the U-Net compiles in each replica: minutes of start-up).
 set -u
+SYSTEMS=${1:?"usage: bash scripts/gpu_e2e.sh SYSTEM[,SYSTEM...]"}
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
 . "$(dirname "$0")/procs.sh"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/logs"
-BUDGET=${BUDGET_S:-520}
+BUDGET=${BUDGET_S:-500}
 nproc; nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 python3 -m loadtest.corpus >/dev/null
 cp benchmarks/results/e2e.json "$OUT/e2e.json"
@@ -28,8 +31,8 @@ cp benchmarks/results/e2e.json "$OUT/e2e.json"
 ( while sleep 15; do date +%T; nvidia-smi --query-compute-apps=pid,used_memory \
     --format=csv,noheader; done ) > "$OUT/gpu_procs.txt" 2>&1 &
 SMI=$!
-timeout $((BUDGET + 30)) python3 benchmarks/bench_e2e.py --workload "${WORKLOAD:-classify}" \
-  --systems "$1" --budget-s "$BUDGET" --clients "${CLIENTS:-64,256,1024}" \
+timeout -k 20 $((BUDGET + 40)) python3 benchmarks/bench_e2e.py --workload "${WORKLOAD:-classify}" \
+  --systems "$SYSTEMS" --budget-s "$BUDGET" --clients "${CLIENTS:-64,256,1024}" \
   --seconds "${SECONDS_PER_LEVEL:-6}" --warmup 2 ${CORPUS:+--corpus "$CORPUS"} \
   ${SPY:+--spy "$OUT/spy" --spy-clients "$SPY"} $([ "${SPY_NATIVE:-0}" = 1 ] && echo --spy-native) \
   --out "$OUT/e2e.json" --log-dir "$OUT/logs" > "$OUT/e2e_log.txt" 2>&1

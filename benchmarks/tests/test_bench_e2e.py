@@ -435,3 +435,22 @@ def test_the_replicas_warnings_are_kept_from_the_sessions_serve_logs(tmp_path):
     assert out.read_text().splitlines() == got
     assert ray_probe.replica_lines(base=str(tmp_path), most=1) == got[-1:]
     assert ray_probe.keep_replica_lines(str(tmp_path / "no" / "such.log"), base=str(tmp_path)) == 0
+
+
+def test_a_row_that_measured_part_of_a_system_is_shown_marked_and_is_no_peak_or_ratio():
+    import copy
+    import json
+
+    path = os.path.join(os.path.dirname(report.__file__), "results", "e2e.json")
+    doc = json.load(open(path))
+    part = copy.deepcopy(doc)
+    corpus = part["rows"][0]["corpus"]
+    ferry = [r for r in part["rows"] if r["system"] == "ferry" and r["corpus"] == corpus]
+    top = max(ferry, key=lambda r: r["img_s"])
+    top["img_s"] *= 10  # a level of part of the system: none of it may count
+    top["replicas_starting"] = ["ferry/Inference: UPDATING"]
+    text = "\n".join(report.e2e_section(part))
+    assert f"{top['img_s']:,.0f}" in text and "part of the system (replicas starting)" in text
+    peak = max(r["img_s"] for r in ferry if r is not top)
+    assert f"Ferry's peak: {peak:,.0f} img/s" in text
+    assert f"{top['img_s']:,.0f} img/s" not in text

@@ -234,3 +234,8 @@ def test_wait_settled_waits_for_every_deployment_and_stops_at_a_failed_one(monke
         assert served[0] == 4
     finally:
         srv.shutdown()
+    url, served, srv = _dashboard([_apps(Ingress="UPDATING"), None])
+    try:  # the wait ends with readings failing: what was last read is what it says
+        assert runner.wait_settled(3, dashboard=url) == ["ferry/Ingress: UPDATING"]
+    finally:
+        srv.shutdown()
