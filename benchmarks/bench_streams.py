@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -38,7 +39,7 @@ import yaml
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.common import commit, machine, table, today, write_json  # noqa: E402
+from benchmarks.common import Budget, commit, machine, table, today, write_json  # noqa: E402
 from benchmarks.e2e_systems import FERRY_ENV, peer_app  # noqa: E402
 from loadtest import streams  # noqa: E402
 from loadtest.cores import ServerSpan  # noqa: E402
@@ -108,8 +109,22 @@ def server_cost(run_id: str, play: Any) -> dict[str, Any]:
     }
 
 
-def run_system(a: argparse.Namespace, name: str, frames: list[bytes]) -> dict[str, Any]:
-    """One system started on ``--port``, warmed, played at each level, stopped by PID."""
+STOP_S = 30  # a system's stop, in the budget
+UP_S = 600  # the longest a system's start-up is waited for (a U-Net compiles in each replica)
+
+
+def run_system(
+    a: argparse.Namespace,
+    name: str,
+    frames: list[bytes],
+    budget: Budget,
+    result: dict[str, Any],
+    save: Any,
+) -> None:
+    """One system started on ``--port``, warmed, played at each level, stopped by PID, into
+    ``result`` (``save()`` after each level: a run cut off keeps what it measured). Its
+    start-up waits no longer than ``budget`` has left past a level and the stop; a level
+    that no longer fits is not played, and the result says so (``cut``)."""
     query = f"fps={a.fps:g}" + (f"&deadline_ms={a.deadline_ms:g}" if a.deadline_ms else "")
     query += f"&{a.query}" if a.query else ""
     url = f"ws://127.0.0.1:{a.port}/v1/streams/{a.model}?{query}"
@@ -123,17 +138,32 @@ def run_system(a: argparse.Namespace, name: str, frames: list[bytes]) -> dict[st
             about = {"config": "benchmarks/peers/rayserve_streams.py", "model": model}
         # a Ray of its own: without an address ``serve run`` joins the newest Ray started
         # on this machine (``ray start``), someone else's service included
+        levels: list[dict[str, Any]] = []
+        result.update({**about, "query": a.query or None, "levels": levels})
+        level_s = a.rest_s + a.seconds + 15  # a level: its rest, its window, its last answers
+        t0 = time.time()
+
+        def allowance() -> float:
+            return max(0.0, min(UP_S - (time.time() - t0), budget.left() - level_s - STOP_S))
+
         proc = start_app(config, os.path.join(tmp, "serve.log"), {"RAY_ADDRESS": "local", **ENV})
         try:
-            if not wait_ready(f"http://127.0.0.1:{a.port}", 600, proc):
+            if not wait_ready(f"http://127.0.0.1:{a.port}", allowance(), proc):
                 with open(os.path.join(tmp, "serve.log"), errors="replace") as f:
-                    raise SystemExit(f"{name} did not become ready:\n" + f.read()[-3000:])
+                    tail = f.read()[-3000:]
+                print(f"{name} did not become ready:\n{tail}", flush=True)
+                result["cut"] = f"did not become ready in {time.time() - t0:.0f} s"
+                return
             # every replica up, not only the first (a U-Net compiles in each, one by one)
-            about["replicas_starting"] = wait_settled(600, proc)
+            result["replicas_starting"] = wait_settled(allowance(), proc)
+            result["startup_s"] = round(time.time() - t0, 1)
             zip_ = streams.COMPRESSIONS[a.compression]
             streams.run_level(url, 1, a.fps, 2.0, frames, a.token, 1, zip_)  # warm: first frames
-            levels = []
             for n in (int(x) for x in a.streams.split(",")):
+                if not budget.fits(level_s + STOP_S):
+                    result["cut"] = f"by --budget-s before {n} streams"
+                    print(f"   cut by --budget-s before {n} streams", flush=True)
+                    break
                 time.sleep(a.rest_s)  # the last level's late frames leave admission's window
                 levels.append(
                     server_cost(
@@ -144,9 +174,9 @@ def run_system(a: argparse.Namespace, name: str, frames: list[bytes]) -> dict[st
                     )
                 )
                 print(json.dumps({"system": name, **levels[-1]}), flush=True)
+                save()
         finally:
             end_local_ray(proc)
-    return {**about, "query": a.query or None, "levels": levels}
 
 
 def vs_peer(systems: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -158,7 +188,7 @@ def vs_peer(systems: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     for name, peer in systems.items():
         if name == "ferry":
             continue
-        for f, p in zip(systems["ferry"]["levels"], peer["levels"], strict=True):
+        for f, p in zip(systems["ferry"].get("levels", []), peer.get("levels", []), strict=False):
             rate = p["answers_per_s"]
             out.append(
                 {
@@ -173,12 +203,29 @@ def vs_peer(systems: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def run(a: argparse.Namespace) -> dict[str, Any]:
+def run(a: argparse.Namespace, save: Any = lambda doc: None) -> dict[str, Any]:
+    """Every system of ``--systems`` in turn; ``save(doc)`` after each level, with what has
+    been measured so far (a system cut or not started says so: its ``cut``)."""
     w, h = (int(x) for x in a.size.lower().split("x"))
     frames = streams.frames_corpus(w, h)
     if any(name.startswith(PEER) for name in a.systems.split(",")):
         peer_model(a)  # before Ferry starts on it too
-    systems = {name: run_system(a, name, frames) for name in a.systems.split(",")}
+    budget = Budget(a.budget_s)
+    systems: dict[str, dict[str, Any]] = {}
+    doc = _doc(a, w, h, systems)
+    for name in a.systems.split(","):
+        if not budget.fits(STOP_S + a.rest_s + a.seconds + 60):  # a start-up, a level, a stop
+            print(f"{name} not started: {budget.left():.0f} s left of --budget-s", flush=True)
+            systems[name] = {"cut": f"not started: {budget.left():.0f} s left of --budget-s"}
+            continue
+        systems[name] = {}
+        run_system(a, name, frames, budget, systems[name], lambda: save(_doc(a, w, h, systems)))
+        doc = _doc(a, w, h, systems)
+        save(doc)
+    return doc
+
+
+def _doc(a: argparse.Namespace, w: int, h: int, systems: dict[str, Any]) -> dict[str, Any]:
     return {
         "label": a.label,
         "machine": machine(),
@@ -227,18 +274,25 @@ def main() -> None:
     ap.add_argument(
         "--peer-model", default=None, help="the peer's U-Net file (default: the image workload's)"
     )
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="the run's wall-clock allowance: start-ups wait no longer than it leaves, and a "
+        "level or system that no longer fits is not begun (what ran is saved after each level)",
+    )
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    doc = run(a)
+    # `timeout` sends SIGTERM: leave through the `finally` that stops the system under test
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    doc = run(a, (lambda d: write_json(a.out, d)) if a.out else (lambda d: None))
     cols = ["streams", "opened", "refused", "answered", "dropped_pct", "answers_per_s"]
     rows = [
         {"system": name, **{k: lv[k] for k in cols}, "p99_ms": lv["latency_ms"]["p99"]}
         for name, sysdoc in doc["systems"].items()
-        for lv in sysdoc["levels"]
+        for lv in sysdoc.get("levels", [])
     ]
     print(table(rows, ["system", *cols, "p99_ms"]))
-    if a.out:
-        write_json(a.out, doc)
 
 
 if __name__ == "__main__":
