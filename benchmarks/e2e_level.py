@@ -123,7 +123,10 @@ def measure(
     row = _row(system, w, c, n, args, r, replicas, busy, server_cores, threads, device.result())
     if spies:  # py-spy ran on two replicas over this level (native: pausing them)
         row["spy"] = "native" if args.spy_native else "sampled"
-    counts = ray_probe.executor_counts()  # graphs captured past the warm-up: new arenas
+    # the executors' counts since each replica started (the warm-up's captures included), as
+    # Ray last exported them (every 10 s: a level of 8 s may read the one before): a capture
+    # under load shows as a count that grows from one level's row to a later one's
+    counts = ray_probe.executor_counts()
     if counts:
         row["executor_counts"] = counts
     unit = "frames/s" if w.name == "image" else "img/s"
