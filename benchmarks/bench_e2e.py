@@ -76,9 +76,9 @@ from benchmarks.e2e_systems import (  # noqa: E402
 from benchmarks.image_workload import export_unet  # noqa: E402
 from benchmarks.mps import mps_server  # noqa: E402
 from loadtest.corpus import Corpus  # noqa: E402
+from loadtest.plots import plot  # noqa: E402
 from loadtest.run import (  # noqa: E402
     end_local_ray,
-    plot,
     serve_failure,
     start_app,
     wait_ok,

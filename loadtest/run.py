@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from loadtest import procs
+from loadtest.plots import plot
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -60,83 +61,6 @@ def write_summary(
     with open(path, "w") as f:
         json.dump({**(meta or {}), "rows": rows}, f, indent=2)
         f.write("\n")
-    return path
-
-
-def draw(a: Any, b: Any, rows: list[dict[str, Any]], title: str = "") -> None:
-    """Throughput on axes ``a`` and p50 (dashed) / p99 (solid) on ``b``, against concurrency
-    (log x), one line per system."""
-    systems = sorted(
-        {r["system"] for r in rows}, key=lambda s: [r["system"] for r in rows].index(s)
-    )
-    for s in systems:
-        rs = sorted((r for r in rows if r["system"] == s), key=lambda r: r["clients"])
-        x = [r["clients"] for r in rs]
-        (line,) = a.plot(x, [r["img_s"] for r in rs], marker="o", label=s)
-        # a level where nothing was answered within the window has no latency to draw
-        rs = [r for r in rs if r.get("p50_ms") is not None and r.get("p99_ms") is not None]
-        x = [r["clients"] for r in rs]
-        b.plot(x, [r["p99_ms"] for r in rs], marker="o", color=line.get_color(), label=f"{s} p99")
-        b.plot(
-            x,
-            [r["p50_ms"] for r in rs],
-            marker=".",
-            linestyle="--",
-            color=line.get_color(),
-            label=f"{s} p50",
-        )
-    from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
-
-    levels = sorted({r["clients"] for r in rows})
-    prefix = f"{title}: " if title else ""
-    a.set(
-        xscale="log", xlabel="concurrent clients", ylabel="images / s", title=prefix + "throughput"
-    )
-    b.set(
-        xscale="log",
-        yscale="log",
-        xlabel="concurrent clients",
-        ylabel="latency (ms)",
-        title=prefix + "p50 (dashed), p99 (solid)",
-    )
-    for ax in (a, b):  # the measured levels are the ticks, written out (8, not 10^0.9)
-        ax.xaxis.set_major_locator(FixedLocator(levels))
-        ax.xaxis.set_minor_locator(NullLocator())
-        ax.xaxis.set_major_formatter(ScalarFormatter())
-    a.set_ylim(bottom=0)  # throughput from 0: a small difference looks small
-    a.grid(True, alpha=0.3)
-    b.grid(True, alpha=0.3, which="both")
-    a.legend(fontsize=8)
-    b.legend(fontsize=8)
-
-
-def plot(
-    rows: list[dict[str, Any]], path: str, title: str = "", split_by: str | None = None
-) -> str:
-    """Two panels against concurrency: throughput, and p50 / p99; with ``split_by`` (a row
-    field, e.g. ``corpus``) one pair of panels per value of it, in one figure."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    groups = (
-        {"": rows}
-        if split_by is None
-        else {
-            v: [r for r in rows if r.get(split_by) == v]
-            for v in dict.fromkeys(r.get(split_by) for r in rows)
-        }
-    )
-    fig, axes = plt.subplots(len(groups), 2, figsize=(12, 4.5 * len(groups)), squeeze=False)
-    for (label, part), (a, b) in zip(groups.items(), axes, strict=True):
-        draw(a, b, part, str(label) if split_by else "")
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 

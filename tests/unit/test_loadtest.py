@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from loadtest import plots
 from loadtest import run as runner
 from loadtest.shapes import Pulse, SlowClients, StepRamp
 
@@ -64,7 +65,7 @@ def test_summary_and_plot_from_a_synthetic_csv(tmp_path):
     ]
     path = runner.write_summary(rows, str(tmp_path / "out"), {"seconds": 10})
     assert json.load(open(path))["rows"][2]["system"] == "b"
-    png = runner.plot(rows, str(tmp_path / "out" / "summary.png"), "t")
+    png = plots.plot(rows, str(tmp_path / "out" / "summary.png"), "t")
     assert os.path.getsize(png) > 5000
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
@@ -91,7 +92,7 @@ def test_plot_draws_a_level_that_answered_nothing(tmp_path):
 
     plt.Figure.savefig = keep
     try:
-        png = runner.plot(rows, str(tmp_path / "p.png"))
+        png = plots.plot(rows, str(tmp_path / "p.png"))
     finally:
         plt.Figure.savefig = real
     assert os.path.getsize(png) > 5000
@@ -169,7 +170,7 @@ def test_plot_ticks_are_the_levels_throughput_from_zero_and_both_legends(tmp_pat
 
     plt.Figure.savefig = keep
     try:
-        runner.plot(rows, str(tmp_path / "p.png"))
+        plots.plot(rows, str(tmp_path / "p.png"))
     finally:
         plt.Figure.savefig = real
     assert seen["ticks"] == [["1", "8", "64"], ["1", "8", "64"]]
