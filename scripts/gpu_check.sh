@@ -135,7 +135,8 @@ lane() {  # lane NAME FUNCTION
 KERNEL_TESTS="tests/gpu/test_onnx_ops_gpu.py tests/gpu/test_ops_gpu.py tests/gpu/test_task_ops_gpu.py
   tests/gpu/test_executor_gpu.py tests/gpu/test_preprocess_gpu.py tests/gpu/test_gpu_decode.py
   tests/gpu/test_onnx_gpu.py tests/gpu/test_faults_gpu.py tests/gpu/test_lease_gc_gpu.py
-  tests/gpu/test_host_wait_gpu.py tests/gpu/test_nccl_gpu.py tests/gpu/test_encode_device_gpu.py"
+  tests/gpu/test_host_wait_gpu.py tests/gpu/test_nccl_gpu.py tests/gpu/test_encode_device_gpu.py
+  tests/gpu/test_tasks_gpu.py"
 TORCH_TESTS="tests/gpu/test_torch_engine_gpu.py tests/gpu/test_onnx_torch_gpu.py
   tests/gpu/test_onnx_transformers_gpu.py tests/gpu/test_precision_gpu.py"
 SHIPPED=tests/gpu/test_shipped_gpu_config.py  # serve_config.gpu.yaml on ports 8000/9000
