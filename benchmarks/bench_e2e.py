@@ -75,6 +75,7 @@ from benchmarks.e2e_systems import (  # noqa: E402
 )
 from benchmarks.image_workload import export_unet  # noqa: E402
 from benchmarks.mps import mps_server  # noqa: E402
+from benchmarks.mps import servers as mps_servers  # noqa: E402
 from loadtest.corpus import Corpus  # noqa: E402
 from loadtest.plots import plot  # noqa: E402
 from loadtest.run import (  # noqa: E402
@@ -302,6 +303,9 @@ def run_system(
         settled = round(time.time() - t0, 1) if starting == [] else None  # (None: not seen)
         startup = {"first_answer": first_s, "all_replicas": settled}
         print(f"   up in {startup} s; still starting: {starting}", flush=True)
+        mps = mps_servers() if args.mps else None  # [] under --mps: no client connected
+        if mps is not None:
+            print(f"   MPS servers: {mps or 'none: the replicas are not its clients'}", flush=True)
         dtypes = precisions() if spec["kind"] == "ferry" else {}
         if dtypes:
             print(f"   precision: {dtypes}", flush=True)
@@ -317,6 +321,8 @@ def run_system(
                 if dtypes:
                     row["precision"] = dtypes
                 row["startup_s"] = startup
+                if mps is not None:
+                    row["mps_servers"] = mps
                 if starting != []:  # the level may have measured part of the app: say so
                     row["replicas_starting"] = starting or NOT_READ
                 rows.append(row)

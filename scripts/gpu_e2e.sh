@@ -14,6 +14,8 @@
 # SPY=256: py-spy on two replicas of each system over the 256-client levels ($OUT/spy.tgz, its
 # summary $OUT/spy_top.txt); SPY_NATIVE=1 adds the C/C++ frames (that level's figures then
 # include py-spy's pauses). A spied level's row says so ("spy": "sampled" or "native").
+# MPS=1: every system as a client of one CUDA MPS server (rows named system+mps, each with the
+# servers MPS listed once the system was up; its logs in $OUT/mps_log).
 # CORPUS: the workload's own by default; WORKLOAD=image measures the image workload (its systems:
 # ferry_image, rayserve_image_N; the U-Net compiles in each replica: minutes of start-up).
 set -u
@@ -21,6 +23,7 @@ SYSTEMS=${1:?"usage: bash scripts/gpu_e2e.sh SYSTEM[,SYSTEM...]"}
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
 . "$(dirname "$0")/procs.sh"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/logs"
+export MPS_LOG_DIR="$OUT/mps_log"  # (used only under MPS=1)
 BUDGET=${BUDGET_S:-500}
 nproc; nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 python3 -m loadtest.corpus >/dev/null
@@ -34,7 +37,7 @@ SMI=$!
 timeout -k 20 $((BUDGET + 40)) python3 benchmarks/bench_e2e.py --workload "${WORKLOAD:-classify}" \
   --systems "$SYSTEMS" --budget-s "$BUDGET" --clients "${CLIENTS:-64,256,1024}" \
   --seconds "${SECONDS_PER_LEVEL:-6}" --warmup 2 ${CORPUS:+--corpus "$CORPUS"} \
-  ${SPY:+--spy "$OUT/spy" --spy-clients "$SPY"} $([ "${SPY_NATIVE:-0}" = 1 ] && echo --spy-native) \
+  $([ "${MPS:-0}" = 1 ] && echo --mps) ${SPY:+--spy "$OUT/spy" --spy-clients "$SPY"} $([ "${SPY_NATIVE:-0}" = 1 ] && echo --spy-native) \
   --out "$OUT/e2e.json" --log-dir "$OUT/logs" > "$OUT/e2e_log.txt" 2>&1
 kill "$SMI" 2>/dev/null
 grep -v "^\s*$" "$OUT/e2e_log.txt" | tail -40
