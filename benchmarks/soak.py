@@ -307,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write-to", default=RESULTS)
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args(argv)
+    args.ingress_replicas = 1 if args.url else ingress_replicas(args.config)
     import psutil
 
     from loadtest.run import start_app, stop_app, wait_ok, wait_ready
@@ -365,6 +366,18 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     return 0 if all(doc["pass"].values()) else 1
+
+
+def ingress_replicas(path: str) -> int:
+    """How many replicas answer ``GET /v1/streams`` in the Serve config ``path`` (its Ferry
+    app's ingress deployment): the stream book must be idle in each of them."""
+    from deployments import config_file as cf
+
+    for app in cf.read(path).get("applications") or []:
+        if app.get("import_path") == cf.FERRY_APP:
+            args = cf.app_args(app.get("args"), cf.base_dir_of(path))
+            return cf.load_config(args).ingress_deployment.num_replicas
+    return 1
 
 
 def _warm_png() -> bytes:

@@ -92,7 +92,7 @@ async def judge_into(
 ) -> None:
     """The streams' part of the soak's judgement, added to ``out`` (soak_judge.judge's):
     their figures, their unexpected outcomes, and whether the stream book came back idle."""
-    left = await left_behind(url)
+    left = await left_behind(url, replicas=getattr(args, "ingress_replicas", 1))
     out["streams"] = {
         **summary(book, args.stream_fps, t0, t1, args.streams),
         "model": args.stream_model,
@@ -126,18 +126,26 @@ def summary(book: StreamBook, fps: float, t0: float, t1: float, players: int) ->
     }
 
 
-async def left_behind(url: str, limit_s: float = 30.0, token: str | None = None) -> dict | None:
-    """None once ``GET /v1/streams`` is idle (``loadtest.streams.book_idle``, within
-    ``limit_s``); else its last answer."""
+async def left_behind(
+    url: str, limit_s: float = 30.0, token: str | None = None, replicas: int = 1
+) -> dict | None:
+    """None once ``GET /v1/streams`` -- answered by one replica of the ingress at a time,
+    which it names (``replica``) -- has been idle (``loadtest.streams.book_idle``) at the
+    latest reading of each of ``replicas`` replicas, within ``limit_s``; else the latest
+    reading of each replica seen, by replica (``{"replicas_seen": n, ...}`` where fewer than
+    ``replicas`` answered). One idle reading is not enough where 8 replicas answer in turn."""
     import httpx
 
     headers = {"authorization": f"Bearer {token}"} if token else {}
     t_end = time.time() + limit_s
+    last: dict[str, dict] = {}
     async with httpx.AsyncClient(base_url=url, timeout=30) as c:
         while True:
             b = (await c.get("/v1/streams", headers=headers)).json()
-            if ls.book_idle(b):
+            last[str(b.get("replica", "?"))] = b
+            if len(last) >= replicas and all(ls.book_idle(x) for x in last.values()):
                 return None
             if time.time() > t_end:
-                return b
-            await asyncio.sleep(0.2)
+                busy = {k: v for k, v in last.items() if not ls.book_idle(v)}
+                return busy or {"replicas_seen": len(last), "wanted": replicas}
+            await asyncio.sleep(0.05 if len(last) < replicas else 0.2)

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
+import socket
 import time
 from functools import partial
 from typing import Any
@@ -43,6 +45,10 @@ LOOK_S = 0.5  # how often an idle stream looks whether the application is being 
 TRY_AGAIN_LATER, POLICY, GOING_AWAY, NORMAL = 1013, 1008, 1001, 1000
 
 
+REPLICA = f"{socket.gethostname()}/{os.getpid()}"
+"""Which replica a book is (``GET /v1/streams`` answers from one replica of the ingress)."""
+
+
 class StreamHub:
     """One ingress replica's streams: the admission book and the open connections."""
 
@@ -62,6 +68,7 @@ class StreamHub:
         except Exception as exc:  # (a stage being replaced: the books say so)
             downstream = {"error": type(unwrap(exc)).__name__}
         return {
+            "replica": REPLICA,
             "streams": [c.describe() for c in self.open.values()],
             "admitted_fps": {m: self.book.fps_of(m) for m in ing.models},
             "coalescers": {

@@ -74,3 +74,59 @@ def test_the_results_line_says_what_the_streams_did():
     assert "ran 2 streams: 1 opened and played, 1 refused at the handshake (x 1)" in line
     assert "12 frames sent, 10 answered" in line and "dropped: late 2" in line
     assert line.endswith("the replica's stream book idle at the end.")
+
+
+def _books_server(answers: list[dict]):
+    """An HTTP server answering ``GET /v1/streams`` with ``answers`` in turn, round and round
+    (as replicas answer in turn behind Serve's proxy)."""
+    import http.server
+    import json
+    import threading
+
+    served = [0]
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            body = json.dumps(answers[served[0] % len(answers)]).encode()
+            served[0] += 1
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{srv.server_address[1]}", srv
+
+
+def test_the_book_counts_as_idle_only_once_every_replica_has_said_so():
+    import asyncio
+
+    quiet = {
+        "streams": [],
+        "admitted_fps": {"digits": 0},
+        "coalescers": {},
+        "downstream": {"queue_depth": 0},
+    }
+    a, b = {**quiet, "replica": "a"}, {**quiet, "replica": "b", "streams": [{"id": 7}]}
+    url, srv = _books_server([a, b])
+    try:  # replica b still holds a stream: an idle answer from a is not enough
+        left = asyncio.run(S.left_behind(url, limit_s=1.0, replicas=2))
+        assert left == {"b": b}
+    finally:
+        srv.shutdown()
+    url, srv = _books_server([a])
+    try:  # only one of the two replicas ever answered: not judged idle
+        left = asyncio.run(S.left_behind(url, limit_s=1.0, replicas=2))
+        assert left == {"replicas_seen": 1, "wanted": 2}
+        assert asyncio.run(S.left_behind(url, limit_s=1.0, replicas=1)) is None
+    finally:
+        srv.shutdown()
+    url, srv = _books_server([a, {**quiet, "replica": "b"}])
+    try:
+        assert asyncio.run(S.left_behind(url, limit_s=5.0, replicas=2)) is None
+    finally:
+        srv.shutdown()
