@@ -186,6 +186,8 @@ class ModelBench:
             for system, timing in timings.items():
                 agree = H.agree(top1[system](), self.ref)
                 rows.append(_row(name, b, system, timing, agree))
+                if system.startswith("ferry"):  # (a row says how its executor waited)
+                    rows[-1]["batch_wait"] = self.args.batch_wait
             for system, f in facts.items():
                 diags.append({"model": name, "batch": b, "system": system, **f()})
             for d in drivers.values():
