@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from benchmarks import soak_streams as S
 from loadtest.streams import StreamStats, book_idle
+from tests.json_server import json_server
 
 
 def _played(answered: int, code: int = 1000, errors: int = 0, late: int = 0) -> StreamStats:
@@ -79,27 +80,8 @@ def test_the_results_line_says_what_the_streams_did():
 def _books_server(answers: list[dict]):
     """An HTTP server answering ``GET /v1/streams`` with ``answers`` in turn, round and round
     (as replicas answer in turn behind Serve's proxy)."""
-    import http.server
-    import json
-    import threading
-
-    served = [0]
-
-    class H(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-            body = json.dumps(answers[served[0] % len(answers)]).encode()
-            served[0] += 1
-            self.send_response(200)
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a: object) -> None:
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    return f"http://127.0.0.1:{srv.server_address[1]}", srv
+    url, _served, srv = json_server(lambda i, path: (200, answers[i % len(answers)]))
+    return url, srv
 
 
 def test_the_book_counts_as_idle_only_once_every_replica_has_said_so():

@@ -10,6 +10,7 @@ import pytest
 from loadtest import plots
 from loadtest import run as runner
 from loadtest.shapes import Pulse, SlowClients, StepRamp
+from tests.json_server import json_server
 
 
 def test_step_ramp_doubles_until_max():
@@ -182,28 +183,14 @@ def _dashboard(answers: list[dict | None]) -> tuple[str, list[int], object]:
     """An HTTP server answering ``GET /api/serve/applications/`` with ``answers`` in turn (the
     last one again after): the shape of Ray's Serve REST API (``ServeInstanceDetails``); a
     None, a 503 (a dashboard still starting, or too busy to answer)."""
-    import http.server
-    import threading
 
-    served = [0]
+    def answer(i: int, path: str) -> tuple[int, dict | None]:
+        doc = answers[min(i, len(answers) - 1)]
+        if doc is None:
+            return 503, None
+        return (200 if path == "/api/serve/applications/" else 404), doc
 
-    class H(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-            answer = answers[min(served[0], len(answers) - 1)]
-            body = json.dumps(answer).encode()
-            served[0] += 1
-            ok = self.path == "/api/serve/applications/" and answer is not None
-            self.send_response(200 if ok else 404 if answer is not None else 503)
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a: object) -> None:
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    return f"http://127.0.0.1:{srv.server_address[1]}", served, srv
+    return json_server(answer)
 
 
 def _apps(**status: str) -> dict:
