@@ -225,6 +225,26 @@ def run(a: argparse.Namespace, save: Any = lambda doc: None) -> dict[str, Any]:
     return doc
 
 
+def plot_levels(doc: dict[str, Any], path: str) -> str:
+    """``doc``'s levels drawn against the streams played: frames answered a second, and each
+    frame's p50 / p99 latency, one line per system (``path``: the PNG)."""
+    from loadtest.plots import plot
+
+    rows = [
+        {
+            "system": name,
+            "clients": lv["streams"],
+            "img_s": lv["answers_per_s"],
+            "p50_ms": lv["latency_ms"].get("p50"),
+            "p99_ms": lv["latency_ms"].get("p99"),
+        }
+        for name, sysdoc in doc["systems"].items()
+        for lv in sysdoc.get("levels", [])
+    ]
+    title = "live streams, " + str(doc.get("label", "")).split(":")[0]  # (the label's head)
+    return plot(rows, path, title, x_label="streams", rate_label="frames / s")
+
+
 def _doc(a: argparse.Namespace, w: int, h: int, systems: dict[str, Any]) -> dict[str, Any]:
     return {
         "label": a.label,
@@ -263,7 +283,7 @@ def main() -> None:
         default="none",
         help="permessage-deflate offered by the streams (loadtest.streams.COMPRESSIONS)",
     )
-    ap.add_argument("--label", required=True, help="what ran: 'CPU only', 'one H200', ...")
+    ap.add_argument("--label", default=None, help="what ran: 'CPU only', 'one H200', ...")
     ap.add_argument(
         "--systems",
         default="ferry",
@@ -281,8 +301,17 @@ def main() -> None:
         help="the run's wall-clock allowance: start-ups wait no longer than it leaves, and a "
         "level or system that no longer fits is not begun (what ran is saved after each level)",
     )
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, help="the results file; its plot goes beside it (.png)")
+    ap.add_argument(
+        "--plot-only", default=None, metavar="JSON", help="draw a results file's plot, run nothing"
+    )
     a = ap.parse_args()
+    if a.plot_only:
+        with open(a.plot_only) as f:
+            print(plot_levels(json.load(f), os.path.splitext(a.plot_only)[0] + ".png"))
+        return
+    if not a.label:
+        ap.error("--label is required: say what ran ('CPU only', 'one H200', ...)")
     # `timeout` sends SIGTERM: leave through the `finally` that stops the system under test
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     doc = run(a, (lambda d: write_json(a.out, d)) if a.out else (lambda d: None))
@@ -293,6 +322,8 @@ def main() -> None:
         for lv in sysdoc.get("levels", [])
     ]
     print(table(rows, ["system", *cols, "p99_ms"]))
+    if a.out:
+        print(plot_levels(doc, os.path.splitext(a.out)[0] + ".png"))
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from benchmarks.report_sections import (  # noqa: E402
     serve_hop_section,
     transport_section,
 )
+from benchmarks.report_streams import streams_section  # noqa: E402
 
 
 def render() -> str:
@@ -45,6 +46,9 @@ def render() -> str:
         out += ["## End to end over HTTP (`bench_e2e.py`)", "", *e2e_section(e2e), ""]
         out += ["![e2e](results/e2e.png)", ""]
         out += [*notes_of("e2e")[1:], ""]
+    live = load("streams.json")
+    if live:
+        out += ["## Live streams over WebSocket (`bench_streams.py`)", "", *streams_section(live)]
     dec = load("decode.json")
     if dec:
         out += ["## Decode and resize, one process (`bench_decode.py`)", "", *decode_section(dec)]

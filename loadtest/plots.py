@@ -7,9 +7,16 @@ import os
 from typing import Any
 
 
-def draw(a: Any, b: Any, rows: list[dict[str, Any]], title: str = "") -> None:
+def draw(
+    a: Any,
+    b: Any,
+    rows: list[dict[str, Any]],
+    title: str = "",
+    x_label: str = "concurrent clients",
+    rate_label: str = "images / s",
+) -> None:
     """Throughput on axes ``a`` and p50 (dashed) / p99 (solid) on ``b``, against concurrency
-    (log x), one line per system."""
+    (log x, named ``x_label``; the rate named ``rate_label``), one line per system."""
     systems = sorted(
         {r["system"] for r in rows}, key=lambda s: [r["system"] for r in rows].index(s)
     )
@@ -33,13 +40,11 @@ def draw(a: Any, b: Any, rows: list[dict[str, Any]], title: str = "") -> None:
 
     levels = sorted({r["clients"] for r in rows})
     prefix = f"{title}: " if title else ""
-    a.set(
-        xscale="log", xlabel="concurrent clients", ylabel="images / s", title=prefix + "throughput"
-    )
+    a.set(xscale="log", xlabel=x_label, ylabel=rate_label, title=prefix + "throughput")
     b.set(
         xscale="log",
         yscale="log",
-        xlabel="concurrent clients",
+        xlabel=x_label,
         ylabel="latency (ms)",
         title=prefix + "p50 (dashed), p99 (solid)",
     )
@@ -55,10 +60,16 @@ def draw(a: Any, b: Any, rows: list[dict[str, Any]], title: str = "") -> None:
 
 
 def plot(
-    rows: list[dict[str, Any]], path: str, title: str = "", split_by: str | None = None
+    rows: list[dict[str, Any]],
+    path: str,
+    title: str = "",
+    split_by: str | None = None,
+    x_label: str = "concurrent clients",
+    rate_label: str = "images / s",
 ) -> str:
     """Two panels against concurrency: throughput, and p50 / p99; with ``split_by`` (a row
-    field, e.g. ``corpus``) one pair of panels per value of it, in one figure."""
+    field, e.g. ``corpus``) one pair of panels per value of it, in one figure. ``x_label``
+    and ``rate_label`` name the axes (a stream benchmark: streams, frames answered a second)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -74,7 +85,7 @@ def plot(
     )
     fig, axes = plt.subplots(len(groups), 2, figsize=(12, 4.5 * len(groups)), squeeze=False)
     for (label, part), (a, b) in zip(groups.items(), axes, strict=True):
-        draw(a, b, part, str(label) if split_by else "")
+        draw(a, b, part, str(label) if split_by else "", x_label, rate_label)
     if title:
         fig.suptitle(title)
     fig.tight_layout()

@@ -168,7 +168,7 @@ def test_report_has_one_section_per_benchmark_and_rows_carry_their_corpus():
     assert len(heads) == len(set(heads))
     e2e = report.load("e2e.json")
     assert all(r["corpus"] in e2e["corpora"] for r in e2e["rows"])
-    assert len(os.listdir(report_base.RES)) <= 21  # (21: streams.json, issue 34)
+    assert len(os.listdir(report_base.RES)) <= 22  # (22: streams.png, issue 34's plot)
 
 
 def test_expert_peer_loads_without_torch_and_sizes_its_batches():

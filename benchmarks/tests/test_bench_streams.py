@@ -115,3 +115,27 @@ def test_a_levels_server_cost_is_the_cpu_of_the_runs_processes_over_its_answers(
     assert level["server_threads"] and level["machine_busy_cores"] > 0
     empty = bs.server_cost(procs.new_run_id("none"), lambda: {"answers_per_s": 0.0})
     assert empty["server_cpu_s"] == 0.0 and empty["server_cpu_ms_per_frame"] is None
+
+
+def test_results_md_shows_each_systems_levels_a_cut_system_and_the_plot(tmp_path):
+    import copy
+    import json
+    import os
+
+    from benchmarks import report_base
+    from benchmarks.report_streams import streams_section
+
+    doc = json.load(open(os.path.join(report_base.RES, "streams.json")))
+    text = "\n".join(streams_section(doc))
+    for name, s in doc["systems"].items():
+        assert f"`{name}` (" in text
+        for lv in s["levels"]:  # each level's row: streams, opened, refused, offered, answered
+            assert f"| {lv['streams']} | {lv['opened']} | {lv['refused']} |" in text
+    assert "![streams](results/streams.png)" in text  # the committed plot
+    cut = copy.deepcopy(doc)
+    cut["systems"] = {"ferry": {"cut": "not started: 12 s left of --budget-s"}}
+    cut["vs_peer"] = []
+    text = "\n".join(streams_section(cut))
+    assert "cut: not started: 12 s left of --budget-s" in text and "no level measured" in text
+    png = bs.plot_levels(doc, str(tmp_path / "s.png"))
+    assert os.path.getsize(png) > 10_000
