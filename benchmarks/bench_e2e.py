@@ -288,9 +288,7 @@ def run_system(
         # the start-up waits: the system's own allowance, within what the budget has left
         # past one level and the stop
         def allowance() -> float:
-            return max(
-                0.0, min(spec["startup_s"] - (time.time() - t0), budget.left() - level_s - STOP_S)
-            )
+            return budget.within(spec["startup_s"] - (time.time() - t0), level_s + STOP_S)
 
         up = wait_ok(
             url, allowance(), proc, first, headers, request_timeout=10, failed=serve_failure

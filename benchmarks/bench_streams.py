@@ -144,7 +144,7 @@ def run_system(
         t0 = time.time()
 
         def allowance() -> float:
-            return max(0.0, min(UP_S - (time.time() - t0), budget.left() - level_s - STOP_S))
+            return budget.within(UP_S - (time.time() - t0), level_s + STOP_S)
 
         proc = start_app(config, os.path.join(tmp, "serve.log"), {"RAY_ADDRESS": "local", **ENV})
         try:
@@ -212,17 +212,20 @@ def run(a: argparse.Namespace, save: Any = lambda doc: None) -> dict[str, Any]:
         peer_model(a)  # before Ferry starts on it too
     budget = Budget(a.budget_s)
     systems: dict[str, dict[str, Any]] = {}
-    doc = _doc(a, w, h, systems)
+    head = _head(a, w, h)  # (once: the commit and machine do not change during the run)
+
+    def doc() -> dict[str, Any]:
+        return {**head, "systems": systems, "vs_peer": vs_peer(systems)}
+
     for name in a.systems.split(","):
         if not budget.fits(STOP_S + a.rest_s + a.seconds + 60):  # a start-up, a level, a stop
             print(f"{name} not started: {budget.left():.0f} s left of --budget-s", flush=True)
             systems[name] = {"cut": f"not started: {budget.left():.0f} s left of --budget-s"}
             continue
         systems[name] = {}
-        run_system(a, name, frames, budget, systems[name], lambda: save(_doc(a, w, h, systems)))
-        doc = _doc(a, w, h, systems)
-        save(doc)
-    return doc
+        run_system(a, name, frames, budget, systems[name], lambda: save(doc()))
+        save(doc())
+    return doc()
 
 
 def plot_levels(doc: dict[str, Any], path: str) -> str:
@@ -245,7 +248,8 @@ def plot_levels(doc: dict[str, Any], path: str) -> str:
     return plot(rows, path, title, x_label="streams", rate_label="frames / s")
 
 
-def _doc(a: argparse.Namespace, w: int, h: int, systems: dict[str, Any]) -> dict[str, Any]:
+def _head(a: argparse.Namespace, w: int, h: int) -> dict[str, Any]:
+    """What the results file says of the run as a whole."""
     return {
         "label": a.label,
         "machine": machine(),
@@ -256,8 +260,6 @@ def _doc(a: argparse.Namespace, w: int, h: int, systems: dict[str, Any]) -> dict
         "deadline_ms": a.deadline_ms or "the service's default (streams.deadline_frames)",
         "rest_s_between_levels": a.rest_s,
         "env": ENV,
-        "systems": systems,
-        "vs_peer": vs_peer(systems),
     }
 
 

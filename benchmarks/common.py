@@ -111,3 +111,8 @@ class Budget:
 
     def fits(self, need_s: float) -> bool:
         return self.left() >= need_s
+
+    def within(self, cap_s: float, reserve_s: float = 0.0) -> float:
+        """How long a wait may take: ``cap_s`` at most, and no more than is left past
+        ``reserve_s`` (what must still fit after it: a level, a stop); never below 0."""
+        return max(0.0, min(cap_s, self.left() - reserve_s))

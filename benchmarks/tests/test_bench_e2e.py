@@ -307,7 +307,10 @@ def test_budget_says_what_still_fits():
     assert b.left() == 30 and b.fits(30) and not b.fits(30.5)
     now[0] = 125.0
     assert b.left() == 5 and b.fits(5) and not b.fits(6)
+    assert b.within(60) == 5 and b.within(3) == 3 and b.within(60, reserve_s=2) == 3
+    assert b.within(60, reserve_s=9) == 0  # nothing left past the reserve: no wait
     assert Budget(None).fits(1e12) and Budget(None).left() == float("inf")
+    assert Budget(None).within(600, reserve_s=50) == 600
 
 
 def test_a_system_that_does_not_fit_the_budget_is_not_started_and_the_run_says_so(tmp_path):
