@@ -42,6 +42,29 @@ def pytest_xdist_make_scheduler(config, log):
     return IntegrationTogether(config, log)
 
 
+TIMELINE = os.environ.get("FERRY_TEST_TIMELINE")  # a file: when each test ran, on which worker
+
+
+def pytest_runtest_setup(item):
+    """With ``FERRY_TEST_TIMELINE`` set, a line per test as it starts and as its call ends
+    (wall clock, xdist worker), where it runs: what ran beside a test that failed its
+    timing."""
+    _timeline("start", item.nodeid)
+
+
+def pytest_runtest_teardown(item):
+    _timeline("end", item.nodeid)
+
+
+def _timeline(event: str, nodeid: str) -> None:
+    if TIMELINE:
+        import time
+
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(TIMELINE, "a") as f:
+            f.write(f"{time.time():.2f} {worker} {event} {nodeid}\n")
+
+
 def pytest_collection_modifyitems(config, items):
     from pipeline.device import cuda_available
 
