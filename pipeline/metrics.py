@@ -15,7 +15,9 @@ up while another Python thread runs waits up to the switch interval (5 ms) to ge
 measured in a replica with one busy Python thread beside it, one ``Histogram.observe``
 took 4.4 ms of the caller's time against 3.2 us alone. On the event loop that wait was a
 stall of every request in the replica; on the flushing thread it delays only the metrics.
-Gauges keep their last value per flush and counters their sum (one record each).
+Gauges keep their last value per flush and counters their sum (one record each); every
+gauge is set again every ``refresh_s()`` (5 s), changed or not, since Ray drops a gauge that
+is not (``metrics_buffer.Buffer``).
 
 Histograms are kept in the process (``metrics_buffer.Histograms``: per label set, a running
 count per bucket and the exact sum) and exported as Prometheus reads a histogram -- ``<name>_bucket{le=...}``
@@ -39,6 +41,7 @@ import threading
 from typing import Any
 
 import ray
+from ray.util import metrics as ray_metrics
 
 from .metrics_buffer import (  # noqa: F401  (Histograms and the bounds: this module's API too)
     BATCH_BOUNDARIES,
@@ -74,8 +77,7 @@ def _get() -> dict[str, Any] | None:
             return None
     except Exception:  # pragma: no cover - ray missing
         return None
-    if _classes is not None:
-        m = _classes
+    m = _classes if _classes is not None else ray_metrics
     with _lock:
         if _metrics is None:
             _metrics = _make(m)
@@ -210,9 +212,16 @@ def _buffered() -> Buffer | None:
             return None
         with _lock:
             if _buffer is None:
-                _buffer = Buffer(m)
+                _buffer = Buffer(m, refresh_s=refresh_s())
                 _buffer.start()
     return _buffer
+
+
+def refresh_s() -> float:
+    """How often the buffer sets every gauge again: half the interval at which Ray's metrics
+    agent drops a gauge not set again (twice the report interval, which Ray floors at 1 s):
+    5 s at Ray's default."""
+    return max(ray._config.metrics_report_interval_ms(), 1000) / 2000
 
 
 def _put(name: str, op: str, value: float, tags: tuple = ()) -> None:

@@ -11,6 +11,7 @@ import collections
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .threads import name_os_thread
@@ -24,6 +25,9 @@ HISTOGRAMS = {"stage": LATENCY_BOUNDARIES_MS, "batch": BATCH_BOUNDARIES}
 """The histograms kept in the replica (``Histograms``), by record name, and their bounds."""
 FLUSH_S = 0.5
 MAX_PENDING = 100_000
+REFRESH_S = 5.0
+"""How often every gauge is set again, changed or not (``Buffer``): at Ray's default report
+interval (10 s) its metrics agent drops a gauge not set within 20 s."""
 
 
 class Histograms:
@@ -52,11 +56,12 @@ class Histograms:
             cell[-1] += value * n
             self._dirty.add(key)
 
-    def drain(self, sinks: dict[str, Any]) -> int:
-        """Export the label sets observed since the last drain; the number of Ray calls."""
+    def drain(self, sinks: dict[str, Any], every: bool = False) -> int:
+        """Export the label sets observed since the last drain (``every``: all of them); the
+        number of Ray calls."""
         with self._lock:
             dirty, self._dirty = self._dirty, set()
-            cells = {k: list(self._cells[k]) for k in dirty}
+            cells = {k: list(self._cells[k]) for k in (self._cells if every else dirty)}
         calls = 0
         for (name, tags), cell in cells.items():
             base = dict(tags)
@@ -73,11 +78,30 @@ class Histograms:
 
 class Buffer:
     """Records waiting for Ray: appended from any thread (a deque append holds the GIL
-    throughout), handed to ``sinks`` (name -> Ray metric object) by ``flush``."""
+    throughout), handed to ``sinks`` (name -> Ray metric object) by ``flush``.
 
-    def __init__(self, sinks: dict[str, Any], max_pending: int = MAX_PENDING):
+    Every ``refresh_s`` a flush sets every gauge again -- each one's last value and every
+    histogram's cells -- whether or not it changed: a Ray worker exports a gauge at the
+    report interval after it is set, once, and Ray's metrics agent drops one not exported
+    again within two intervals (``open_telemetry_metric_recorder``'s TTL; measured on Ray
+    2.60: a gauge set once was gone from the node's endpoint 20-30 s later). Without it an
+    idle replica's queue depth, pool bytes, executor counts and histograms left Prometheus
+    while the replica still served (a gap, then counter resets for ``rate``). ``clock``: the
+    seconds ``refresh_s`` is counted in (tests pass their own)."""
+
+    def __init__(
+        self,
+        sinks: dict[str, Any],
+        max_pending: int = MAX_PENDING,
+        refresh_s: float = REFRESH_S,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.sinks = sinks
         self.max_pending = max_pending
+        self.refresh_s = refresh_s
+        self.clock = clock
+        self._gauges: dict[tuple, float] = {}  # every gauge's last value, by (name, tags)
+        self._refreshed = clock()
         self.pending: collections.deque = collections.deque()
         self.histograms = Histograms()
         self.dropped = 0
@@ -113,7 +137,12 @@ class Buffer:
             if dropped:
                 sums[("dropped", ())] = sums.get(("dropped", ()), 0.0) + dropped
                 logger.warning("%d metric records dropped: the exporter fell behind", dropped)
-            calls = self.histograms.drain(self.sinks)
+            self._gauges.update(last)
+            every = self.clock() - self._refreshed >= self.refresh_s
+            if every:
+                self._refreshed = self.clock()
+                last = dict(self._gauges)
+            calls = self.histograms.drain(self.sinks, every)
             for (name, tags), value in last.items():
                 self.sinks[name].set(value, tags=dict(tags) if tags else None)
                 calls += 1

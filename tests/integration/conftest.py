@@ -25,6 +25,9 @@ def ray_cluster():
         include_dashboard=False,
         log_to_driver=False,
         ignore_reinit_error=True,
+        # metrics exported every 2 s, not Ray's 10: the tests that read the scrape wait for
+        # an export, and the idle-gauge test (test_observability) for two after one
+        _system_config={"metrics_report_interval_ms": 2000},
     )
     serve.start(
         http_options={"host": "127.0.0.1", "port": PORT},

@@ -24,6 +24,21 @@ class Recorder:
         self.calls.append(("inc", value, tags))
 
 
+class Kinds:
+    """Stands where a module of metric classes stands: each kind makes a ``Recorder`` and
+    notes (kind, name) in ``made``."""
+
+    def __init__(self, made: list[tuple[str, str]]):
+        self.made = made
+
+    def __getattr__(self, kind):
+        def make(name, *a, **kw):
+            self.made.append((kind, name))
+            return Recorder()
+
+        return make
+
+
 HIST = [f"{h}_{part}" for h in ("stage", "batch") for part in ("bucket", "count", "sum")]
 
 
@@ -212,18 +227,9 @@ def test_ingress_groups_are_counted_with_their_items(monkeypatch):
 def test_metrics_are_made_from_the_installed_classes(monkeypatch):
     import ray.util.metrics as rum
 
-    made = []
-
-    class Kinds:
-        def __getattr__(self, kind):
-            def make(name, *a, **kw):
-                made.append((kind, name))
-                return Recorder()
-
-            return make
-
+    made: list[tuple[str, str]] = []
     monkeypatch.setattr(metrics, "_classes", None)
-    metrics.use_metric_classes(Kinds())
+    metrics.use_metric_classes(Kinds(made))
     try:
         sinks = metrics._make(metrics._classes)
     finally:
@@ -233,3 +239,48 @@ def test_metrics_are_made_from_the_installed_classes(monkeypatch):
     for name in ("ferry_stage_latency_ms", "ferry_batch_size"):  # as Prometheus reads one
         assert {("Gauge", f"{name}_{p}") for p in ("bucket", "count", "sum")} <= set(made)
     assert all(hasattr(rum, kind) for kind, _ in made)  # the kinds Ray has
+
+
+def test_every_gauge_is_set_again_each_refresh_changed_or_not():
+    # Ray's agent drops a gauge not set again within two report intervals: an idle
+    # replica's gauges and histograms are set again every refresh_s all the same
+    now = [0.0]
+    s = sinks()
+    buf = metrics.Buffer(s, refresh_s=5.0, clock=lambda: now[0])
+    buf.put("queue", "set", 3, (("model", "m"),))
+    buf.put("queue", "set", 0, (("model", "n"),))
+    buf.put("stage", "observe", 4.0, (("stage", "queue"), ("model", "m")))
+    buf.put("requests", "inc", 1, (("code", "200"),))
+    buf.flush()
+    assert len(s["queue"].calls) == 2 and len(s["stage_count"].calls) == 1
+    now[0] = 4.9
+    buf.put("queue", "set", 5, (("model", "m"),))
+    buf.flush()  # before the refresh: only what changed
+    assert s["queue"].calls[2:] == [("set", 5, {"model": "m"})]
+    assert len(s["stage_count"].calls) == 1
+    now[0] = 5.0
+    buf.flush()  # the refresh: every gauge at its last value, every histogram cell
+    assert sorted(s["queue"].calls[3:], key=str) == [
+        ("set", 0, {"model": "n"}),
+        ("set", 5, {"model": "m"}),
+    ]
+    assert s["stage_count"].calls[1:] == [("set", 1, {"stage": "queue", "model": "m"})]
+    assert len(s["stage_bucket"].calls) == 2 * (len(metrics.LATENCY_BOUNDARIES_MS) + 1)
+    assert s["requests"].calls == [("inc", 1, {"code": "200"})]  # a counter is not re-added
+    now[0] = 6.0
+    buf.flush()  # and the next refresh is refresh_s after this one
+    assert len(s["queue"].calls) == 5
+    assert metrics.refresh_s() == 5.0  # half the agent's TTL at Ray's default interval
+
+
+def test_outside_serve_the_metrics_are_rays_own(monkeypatch):
+    # a plain Ray process (a benchmark's actor) installs no classes: ray.util.metrics serves
+    import ray
+
+    made: list[tuple[str, str]] = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(metrics, "_classes", None)
+    monkeypatch.setattr(metrics, "_metrics", None)
+    monkeypatch.setattr(metrics, "ray_metrics", Kinds(made))
+    got = metrics._get()
+    assert got is not None and ("Counter", "ferry_requests_total") in made
