@@ -46,12 +46,19 @@ def test_split_form_puts_the_ingress_on_cpu_nodes_and_replicas_per_gpu_on_the_gp
 
 def test_a_lost_node_sheds_with_503_not_a_hang_and_a_new_node_takes_over(run):
     f = run["failover"]
-    rows = [dict(zip(("phase", "t", "s", "status", "retry", "why"), r, strict=True)) for r in f["rows"]]
-    summary = {k: f[k] for k in ("removed_at", "not_ready_at", "added_at", "ready_again_at")}
+    rows = [
+        dict(zip(("phase", "t", "s", "status", "retry", "why"), r, strict=True)) for r in f["rows"]
+    ]
+    summary = {
+        k: f[k]
+        for k in ("removed_at", "not_ready_at", "added_at", "ready_again_at", "running_again_at")
+    }
     print("failover:", summary, "requests:", len(rows))
     # every request was answered -- none hung until the client's 60 s, none cut off -- and
     # every answer that was not a 200 is Ferry's JSON 503 with a Retry-After
-    assert {r["status"] for r in rows} <= {200, 503}, [r for r in rows if r["status"] not in (200, 503)]
+    assert {r["status"] for r in rows} <= {200, 503}, [
+        r for r in rows if r["status"] not in (200, 503)
+    ]
     shed = [r for r in rows if r["status"] == 503]
     assert shed and all(r["retry"] for r in shed), shed
     # the requests in flight on the lost node, and those sent to it before Serve knew, are
@@ -66,10 +73,14 @@ def test_a_lost_node_sheds_with_503_not_a_hang_and_a_new_node_takes_over(run):
     # readiness says so while no inference replica is alive, and comes back by itself
     assert f["not_ready_at"] is not None and f["removed_at"] < f["not_ready_at"] <= f["added_at"]
     assert f["ready_again_at"] is not None and f["ready_again_at"] > f["added_at"]
-    # recovered: the last half of the load after readiness came back is all answered
-    late = [r for r in rows if r["t"] > f["ready_again_at"] + AFTER_S / 2]
+    # recovered: Serve has every replica up again, and the last half of the load after
+    # that is all answered
+    back = f["running_again_at"]
+    assert f["replicas"]["Inference"] == 4, f["replicas"]  # two on each of the worker's GPUs
+    assert back is not None and back >= f["ready_again_at"]
+    late = [r for r in rows if r["t"] > back + AFTER_S / 2]
     assert len(late) >= 10 and all(r["status"] == 200 for r in late), [
-        (round(r["t"] - f["ready_again_at"], 2), round(r["s"], 2), r["status"], r["why"])
+        (round(r["t"] - back, 2), round(r["s"], 2), r["status"], r["why"])
         for r in late
         if r["status"] != 200
     ]
