@@ -14,16 +14,20 @@ if ROOT not in sys.path:
 
 # integration tests that bring up a Ray of their own on README's port 8000 (`ray start`,
 # `serve run`), not the session's
-OWN_RAY = ("tests/integration/test_00_serve_config.py", "tests/integration/test_01_readme.py")
+OWN_RAY = (
+    "tests/integration/test_00_serve_config.py",
+    "tests/integration/test_01_readme.py",
+    "tests/integration/test_02_idle_gauges.py",
+)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """Under pytest-xdist (pyproject's addopts: ``-n 2``) one worker runs the integration
     tests of the session's local Ray (``tests/integration/conftest.py``), in collection
-    order -- they share it and its ports -- while the other runs, beside them, the two that
-    start a Ray of their own on README's port 8000 (``OWN_RAY``: one after the other, in
-    collection order), then the unit and benchmark tests. (On 2026-12-05 the integration
+    order -- they share it and its ports -- while the other runs, beside them, those that
+    start a Ray of their own (``OWN_RAY``: one after the other, in collection order; two of
+    them on README's port 8000), then the unit and benchmark tests. (On 2026-12-05 the integration
     worker ran 590 s of tests while the other idled after 124; the two own-Ray tests are
     117 s of the 590. Two local Rays on one machine each take free ports: checked.) The
     simulated two-node cluster (test_placement_cluster) stays on the integration worker: on
@@ -48,8 +52,17 @@ TIMELINE = os.environ.get("FERRY_TEST_TIMELINE")  # a file: when each test ran, 
 def pytest_runtest_setup(item):
     """With ``FERRY_TEST_TIMELINE`` set, a line per test as it starts and as its call ends
     (wall clock, xdist worker), where it runs: what ran beside a test that failed its
-    timing."""
+    timing.
+
+    And a worker that runs a test other than the session cluster's integration tests runs
+    from then on at the niceness of Ray's workers (``procs.as_nice_as_ray``): at 0 the
+    kernel weighs it 28x each Serve process, and the unit tests beside the integration
+    tests (numpy, ONNX Runtime: every core they can get) would take the cores from the
+    Serve apps those time. The integration worker's own process -- the tests' clients --
+    keeps 0."""
     _timeline("start", item.nodeid)
+    if not item.nodeid.startswith("tests/integration/") or item.nodeid.startswith(OWN_RAY):
+        procs.as_nice_as_ray()
 
 
 def pytest_runtest_teardown(item):

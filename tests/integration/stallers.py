@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 import time
+
+from loadtest import procs
 
 WAVE, WAVE_EVERY_S = 50, 0.5  # 100 new connections a second
 HEAD = (
@@ -63,6 +64,5 @@ async def main(port: int, stalled: int, wait_s: float) -> None:
 
 
 if __name__ == "__main__":
-    ray_nice = int(os.environ.get("RAY_worker_niceness", "15"))  # noqa: SIM112 (Ray's name)
-    os.nice(max(0, ray_nice - os.nice(0)))
+    procs.as_nice_as_ray()
     asyncio.run(main(int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])))
