@@ -49,20 +49,15 @@ def pytest_xdist_make_scheduler(config, log):
 TIMELINE = os.environ.get("FERRY_TEST_TIMELINE")  # a file: when each test ran, on which worker
 
 
+@pytest.hookimpl(tryfirst=True)  # before the test's fixtures deploy anything
 def pytest_runtest_setup(item):
     """With ``FERRY_TEST_TIMELINE`` set, a line per test as it starts and as its call ends
     (wall clock, xdist worker), where it runs: what ran beside a test that failed its
-    timing.
-
-    And a worker that runs a test other than the session cluster's integration tests runs
-    from then on at the niceness of Ray's workers (``procs.as_nice_as_ray``): at 0 the
-    kernel weighs it 28x each Serve process, and the unit tests beside the integration
-    tests (numpy, ONNX Runtime: every core they can get) would take the cores from the
-    Serve apps those time. The integration worker's own process -- the tests' clients --
-    keeps 0."""
+    timing. Before the first of the quiet modules' tests, the wait for a quiet box."""
+    if item.nodeid.startswith(quiet.QUIET) and not quiet.WAITED:
+        quiet.WAITED.append(quiet.wait())
+        _timeline(f"quiet-after-{quiet.WAITED[0]:.0f}s", item.nodeid)
     _timeline("start", item.nodeid)
-    if not item.nodeid.startswith("tests/integration/") or item.nodeid.startswith(OWN_RAY):
-        procs.as_nice_as_ray()
 
 
 def pytest_runtest_teardown(item):
@@ -81,6 +76,8 @@ def _timeline(event: str, nodeid: str) -> None:
 def pytest_collection_modifyitems(config, items):
     from pipeline.device import cuda_available
 
+    quiet.last(items)  # the tests that time a service: last, on a quiet box (tests/quiet.py)
+
     if cuda_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
@@ -94,6 +91,7 @@ def pytest_collection_modifyitems(config, items):
 # whatever still carries it and is not a child that ends with this process (torch's compile
 # workers) -- an orphan -- is named, stopped by PID, and fails the run.
 from loadtest import procs  # noqa: E402
+from tests import quiet  # noqa: E402
 
 RUN_ID = procs.new_run_id("pytest")
 os.environ[procs.MARK] = RUN_ID
@@ -101,6 +99,7 @@ ORPHAN_WAIT_S = 30.0  # Ray's daemons end a few seconds after ray.shutdown() ret
 
 
 def pytest_sessionfinish(session, exitstatus):
+    quiet.note_done()
     left = procs.wait_gone(RUN_ID, ORPHAN_WAIT_S)
     if not left:
         return
