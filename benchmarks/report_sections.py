@@ -160,7 +160,8 @@ def reliability_section(rel: dict) -> list[str]:
     sc, slow = rel["strip_cost"], rel["slow_clients"]
     cols = [
         ("image", "image"),
-        ("decode ms", "decode_ms"),
+        ("decoded Mpx", "decoded_mpx"),
+        ("decoded MB", "decoded_mb"),
         ("peak RSS growth MB", "peak_rss_growth_mb"),
     ]
     st = ", ".join(f"{v} x {k}" for k, v in slow["statuses"].items())

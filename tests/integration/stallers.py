@@ -1,6 +1,6 @@
 """A load generator of stalled uploads, run as its own process by test_slow_clients.py (so
 the probe that measures the service does not share an event loop with 1,000 sockets):
-opens ``STALLED`` connections to 127.0.0.1:``PORT``, 50 every half-second, each declaring a
+opens ``STALLED`` connections to 127.0.0.1:``PORT``, 20 every half-second, each declaring a
 1,000-byte body and sending 10 bytes, then waits for every answer and prints one JSON line:
 ``{"opened_s": s, "outcomes": [[status, seconds to the answer, closed], ...]}``.
 
@@ -18,7 +18,7 @@ import time
 
 from loadtest import procs
 
-WAVE, WAVE_EVERY_S = 50, 0.5  # 100 new connections a second
+WAVE, WAVE_EVERY_S = 20, 0.5  # 40 new connections a second
 HEAD = (
     b"POST /v1/models/digits/classify HTTP/1.1\r\nHost: t\r\nContent-Type: image/png\r\n"
     b"Content-Length: 1000\r\n\r\n\x89PNG\r\n\x1a\n\x00\x00"
