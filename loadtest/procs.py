@@ -146,13 +146,3 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
-
-
-def as_nice_as_ray() -> None:
-    """Run this process from now on at the niceness Ray gives its workers -- every Serve
-    proxy and replica -- (``RAY_worker_niceness``, 15 unless set), where at the default 0
-    the kernel weighs it 28x each of them on the cores they share: a load generator, or a
-    test process beside a local Serve, would measure a service it starves. Niceness only
-    rises without privilege: once is for good."""
-    ray_nice = int(os.environ.get("RAY_worker_niceness", "15"))  # noqa: SIM112 (Ray's name)
-    os.nice(max(0, ray_nice - os.nice(0)))

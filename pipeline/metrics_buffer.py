@@ -138,9 +138,10 @@ class Buffer:
                 sums[("dropped", ())] = sums.get(("dropped", ()), 0.0) + dropped
                 logger.warning("%d metric records dropped: the exporter fell behind", dropped)
             self._gauges.update(last)
-            every = self.clock() - self._refreshed >= self.refresh_s
+            now = self.clock()
+            every = now - self._refreshed >= self.refresh_s
             if every:
-                self._refreshed = self.clock()
+                self._refreshed = now
                 last = dict(self._gauges)
             calls = self.histograms.drain(self.sinks, every)
             for (name, tags), value in last.items():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import pytest
 
@@ -12,8 +13,8 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 
-# integration tests that bring up a Ray of their own on README's port 8000 (`ray start`,
-# `serve run`), not the session's
+# integration tests that bring up a Ray of their own, not the session's: `ray start` and
+# `serve run` on README's port 8000, and the idle-gauge test's
 OWN_RAY = (
     "tests/integration/test_00_serve_config.py",
     "tests/integration/test_01_readme.py",
@@ -66,8 +67,6 @@ def pytest_runtest_teardown(item):
 
 def _timeline(event: str, nodeid: str) -> None:
     if TIMELINE:
-        import time
-
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         with open(TIMELINE, "a") as f:
             f.write(f"{time.time():.2f} {worker} {event} {nodeid}\n")

@@ -5,9 +5,10 @@ its tests.
 Why: the clean-clone CI's timing tests failed where another worker's tests ran beside them --
 a lost node's recovery (test_placement_cluster: requests of 2 s, one shed by the queue
 budget) and 1,000 stalled uploads (test_slow_clients: the probe's classify 2-5 s) -- and
-passed where they ran alone (CI at 693acdc: the other worker done 3 minutes before; the
-probe's worst 0.3 s alone on the same box). Renicing the other worker instead (62e6d32)
-slowed it so that its ONNX tests ran beside the stall test, which then failed worse.
+passed where they ran alone (CI at 693acdc: the other worker done 3 minutes before). (The
+stall test failed alone too, later, on a slower box: its own rate was the cause there, and
+is lowered.) Renicing the other worker instead (62e6d32) slowed it so that its ONNX tests
+ran beside the stall test, which then failed worse.
 
 Each worker notes in a file when it has no test left (``note_done``, from
 ``pytest_sessionfinish``); ``wait`` polls for the other workers' notes, at most ``WAIT_S``

@@ -25,8 +25,8 @@ def ray_cluster():
         include_dashboard=False,
         log_to_driver=False,
         ignore_reinit_error=True,
-        # metrics exported every 2 s, not Ray's 10: the tests that read the scrape wait for
-        # an export, and the idle-gauge test (test_observability) for two after one
+        # metrics exported every 2 s, not Ray's 10: the tests that read the scrape
+        # (test_observability, test_triton_stats) wait for an export
         _system_config={"metrics_report_interval_ms": 2000},
     )
     serve.start(

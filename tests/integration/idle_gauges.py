@@ -68,7 +68,13 @@ def main() -> None:
                     "shown": {k: shown.get(name) for k, (name, _) in SERIES.items()},
                 }
             )
-        out = {"interval_ms": INTERVAL_MS, "idle_s": IDLE_S, "want": SERIES, "reads": reads}
+        out = {
+            "interval_ms": INTERVAL_MS,
+            "idle_s": IDLE_S,
+            "every_s": EVERY_S,
+            "want": SERIES,
+            "reads": reads,
+        }
         print(json.dumps(out))
     finally:
         ray.shutdown()

@@ -4,8 +4,8 @@ removed (its raylet and processes end) and, ``OUTAGE_S`` later, a new worker joi
 
 The record: every request's (phase, start, seconds, status, Retry-After, error type), when
 readiness first said not ready and ready again, when Serve had every replica up again, and
-the books of the inference replica that
-took over, when it was ready and after its share of the load.
+the books of the inference replica that took over, when it was ready and after its share of
+the load.
 ``tests/integration/test_placement_cluster.py`` checks it.
 """
 
