@@ -54,8 +54,10 @@ class DeviceSampler:
         self._thread: threading.Thread | None = None
         self._sm: list[float] = []
         self._jpeg: list[float] = []
-        self._mem: dict[Any, int] = {}  # device handle -> peak bytes in use
-        self._total: dict[Any, int] = {}  # device handle -> its bytes
+        # keyed by the device's index: NVML's handles are ctypes pointers, which are not
+        # hashable (every row of 2026-12-06 lost its memory figure to "unhashable type")
+        self._mem: dict[int, int] = {}  # device index -> peak bytes in use
+        self._total: dict[int, int] = {}  # device index -> its bytes
         self._procs: dict[int, int] = {}  # pid -> its largest reading on any one device
         self.failed = False  # a reading failed: the means cover only the span before it
         # why a memory reading failed (the first failure): every H100 row of 2026-12-06 had no
@@ -69,14 +71,14 @@ class DeviceSampler:
 
     def _sample(self, handles: list[Any]) -> None:
         nvml = self._nvml
-        for h in handles:
+        for i, h in enumerate(handles):
             self._sm.append(nvml.nvmlDeviceGetUtilizationRates(h).gpu / 100.0)
             with contextlib.suppress(Exception):  # a GPU without JPEG engines: no reading
                 self._jpeg.append(nvml.nvmlDeviceGetJpgUtilization(h)[0] / 100.0)
             try:  # memory figures are extras: never fatal, but a failure is said (mem_error)
                 m = nvml.nvmlDeviceGetMemoryInfo(h)
-                self._total[h] = int(m.total)
-                self._mem[h] = max(self._mem.get(h, 0), int(m.used))
+                self._total[i] = int(m.total)
+                self._mem[i] = max(self._mem.get(i, 0), int(m.used))
             except Exception as exc:
                 self.mem_error = self.mem_error or f"nvmlDeviceGetMemoryInfo: {exc!r}"[:300]
             try:

@@ -23,6 +23,19 @@ def test_without_a_driver_there_is_nothing_to_sample_and_the_level_goes_on():
     assert s.result() is None
 
 
+class Handle:
+    """A device handle as NVML's binding gives it: a ctypes pointer, which is not hashable."""
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, i: int) -> None:
+        self.i = i
+
+
+def _i(h: int | Handle) -> int:
+    return h.i if isinstance(h, Handle) else h
+
+
 class StandInNvml:
     """Device 0 has JPEG engines, device 1 has none; each reading is the next of a list.
     Memory: device 0 of 80 GiB, its in-use and its two processes' growing each reading (the
@@ -36,29 +49,33 @@ class StandInNvml:
     def nvmlDeviceGetCount(self) -> int:
         return 2
 
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
-        return i
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> Handle:
+        return Handle(i)
 
-    def nvmlDeviceGetUtilizationRates(self, h: int) -> SimpleNamespace:
+    def nvmlDeviceGetUtilizationRates(self, h: int | Handle) -> SimpleNamespace:
+        h = _i(h)
         k = self.reads[h]
         self.reads[h] += 1
         if h == 1 and self.reads[1] >= len(self.sm[1]):
             self.enough.set()
         return SimpleNamespace(gpu=self.sm[h][min(k, len(self.sm[h]) - 1)])
 
-    def nvmlDeviceGetMemoryInfo(self, h: int) -> SimpleNamespace:
+    def nvmlDeviceGetMemoryInfo(self, h: int | Handle) -> SimpleNamespace:
+        h = _i(h)
         if h == 1:
             raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
         return SimpleNamespace(total=80 << 30, used=(10 << 30) * self.reads[0])
 
-    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[SimpleNamespace]:
+    def nvmlDeviceGetComputeRunningProcesses(self, h: int | Handle) -> list[SimpleNamespace]:
+        h = _i(h)
         k = self.reads[0]
         return [
             SimpleNamespace(pid=7, usedGpuMemory=(k << 30)),
             SimpleNamespace(pid=8, usedGpuMemory=None if k < 2 else (3 << 30)),
         ]
 
-    def nvmlDeviceGetJpgUtilization(self, h: int) -> tuple[int, int]:
+    def nvmlDeviceGetJpgUtilization(self, h: int | Handle) -> tuple[int, int]:
+        h = _i(h)
         if h == 1:
             raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
         return self.jpg[min(self.reads[0] - 1, len(self.jpg) - 1)], 1000
@@ -104,7 +121,7 @@ def test_a_process_listing_that_fails_keeps_the_memory_figures_and_says_why():
     the device's memory is still read, and the row says what failed.)"""
 
     class OldBinding(StandInNvml):
-        def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[SimpleNamespace]:
+        def nvmlDeviceGetComputeRunningProcesses(self, h: int | Handle) -> list[SimpleNamespace]:
             raise RuntimeError("NVML_ERROR_FUNCTION_NOT_FOUND")
 
     s = DeviceSampler(nvml=OldBinding(sm=[[50], [10]], jpg=[20]))
