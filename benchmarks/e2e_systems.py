@@ -225,6 +225,15 @@ SYSTEMS: dict[str, dict[str, Any]] = {
     "ferry_keep256": _ferry("ferry_e2e.yaml", sets={"preprocess.gpu_decode_keep_bytes": 256 << 20}),
     # a replica's next decode round starts while the GPU still works on the last one
     "ferry_overlap": _ferry("ferry_e2e.yaml", sets={"preprocess.overlap_rounds": True}),
+    # the decode-and-fit streams at CUDA's greatest priority, ahead of the model's kernels in
+    # the replica: on an H100 (2026-12-06) a request's wait for its round was half its time
+    "ferry_prio": _ferry("ferry_e2e.yaml", sets={"preprocess.stream_priority": "high"}),
+    "ferry_torch_prio": _ferry(
+        "ferry_e2e.yaml",
+        startup_s=600,
+        up_s=UP_S["ferry_torch"],
+        sets={"models": [TORCH_R50], "preprocess.stream_priority": "high"},
+    ),
     "ferry_4rep": _ferry(
         "ferry_e2e.yaml",
         sets={

@@ -35,6 +35,8 @@ FERRY_SYSTEMS = {  # system -> (its ingress replicas, its inference replicas)
     "ferry_hw": (8, None),  # ferry on the hardware JPEG engines alone
     "ferry_hw60": (8, None),  # ferry, 60% of each decode call on the engines, the rest CUDA
     "ferry_overlap": (8, None),  # ferry with preprocess.overlap_rounds
+    "ferry_prio": (8, None),  # ferry with the decode-and-fit streams at high priority
+    "ferry_torch_prio": (8, None),  # the same with ResNet-50 on the torch engine
     "ferry_noprime": (8, None),  # ferry with the decoder's first call of one JPEG
     "ferry_keep256": (8, None),  # ferry with the decoder's pool keeping 256 MiB mapped
     "ferry_4rep": (4, None),  # ferry in 4 replicas of a quarter of the GPU
@@ -75,8 +77,11 @@ def test_benchmark_serve_configs_validate(system):
     assert cfg.preprocess.gpu_decode_backend == ("hardware" if hw else "auto")
     assert cfg.preprocess.gpu_decode_hw_load == (0.6 if system == "ferry_hw60" else 1.0)
     assert cfg.preprocess.overlap_rounds == (system == "ferry_overlap")
+    high = system in ("ferry_prio", "ferry_torch_prio")
+    assert cfg.preprocess.stream_priority == ("high" if high else "normal")
     engines = {m.engine for m in cfg.models}
     assert engines == ({"torch"} if system in ("ferry_torch", "ferry_torch_kept", "ferry_image",
+                                               "ferry_torch_prio",
                                                "ferry_image_sleep", "ferry_image_enc16")
                        else {"native"})  # fmt: skip
     assert cfg.executor.arenas == ("kept" if system.endswith("_kept") else "pooled")

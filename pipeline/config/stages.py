@@ -124,6 +124,14 @@ class PreprocessConfig(Strict):
     it, so the device's time for a round overlaps the next round's host work (parsing,
     nvImageCodec's host side, the fit's plan). The rows still reach the model complete on
     the device. Off until measured on a GPU node (``bench_e2e`` system ``ferry_overlap``)."""
+    stream_priority: Literal["normal", "high"] = "normal"
+    """The CUDA priority of the GPU decode-and-fit streams (where the GPU decodes or fits):
+    ``high`` lets a round's kernels start ahead of the model's queued kernels in the same
+    process, so the round -- whose end every image in it waits for -- does not wait behind
+    a batch of the model. On an H100 (8 replicas, 2026-12-06, ``e2e_notes.md``) the wait for
+    a round was half of a request's time at every level, with the GPU 0.6 busy under MPS.
+    Copies and other processes' work are not reordered. ``normal`` until measured on a GPU
+    node (``bench_e2e`` systems ``ferry_prio``, ``ferry_torch_prio``)."""
 
 
 class TransportConfig(Strict):

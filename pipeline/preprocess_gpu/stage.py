@@ -76,14 +76,15 @@ class PreprocessGpuCore:
         t, ex = config.transport, config.executor
         self.pool = pool or make_pool(self.backend, ex.pool_limit_bytes, ex.pool_limit_fraction)
         self.ring = PinnedRing(self.backend, t.staging_slot_bytes, t.staging_slots)
-        self.stream = Stream("preprocess", self.backend)
+        prio = config.preprocess.stream_priority
+        self.stream = Stream("preprocess", self.backend, prio)
         self.watcher = CompletionWatcher("ferry-pre-done")  # device events -> results
         self.fitter = GpuFitter(
             self.backend,
             self.pool,
             self.ring,
             self.stream,
-            Stream("preprocess-h2d", self.backend),
+            Stream("preprocess-h2d", self.backend, prio),
             self.watcher,
             t.timeout_s,
         )

@@ -15,7 +15,7 @@ from pipeline.models.registry import model_info
 pytestmark = pytest.mark.gpu
 
 
-def _stage(local=True, overlap_rounds=False, **transport):
+def _stage(local=True, overlap_rounds=False, stream_priority="normal", **transport):
     from pipeline.stages.preprocess_gpu import PreprocessGpuStage
 
     cfg = PipelineConfig.model_validate(
@@ -26,7 +26,11 @@ def _stage(local=True, overlap_rounds=False, **transport):
             ],
             "executor": {"pool_limit_fraction": 0.05},
             "placement": "gpu_preprocess",
-            "preprocess": {"decoder": "cpu", "overlap_rounds": overlap_rounds},
+            "preprocess": {
+                "decoder": "cpu",
+                "overlap_rounds": overlap_rounds,
+                "stream_priority": stream_priority,
+            },
             "preprocess_deployment": {"num_gpus": 1},
             "transport": transport or {"staging_slots": 2, "staging_slot_bytes": 1 << 20},
         }
@@ -123,18 +127,20 @@ def test_gpu_batch_matches_cpu_decode_for_photos_jpeg_and_png():
     core.close()
 
 
-@pytest.mark.parametrize("overlap_rounds", [False, True])
-def test_local_form_batches_digits_through_the_scheduler(overlap_rounds):
+@pytest.mark.parametrize(
+    "overlap_rounds,priority", [(False, "normal"), (True, "normal"), (False, "high")]
+)
+def test_local_form_batches_digits_through_the_scheduler(overlap_rounds, priority):
     """Ten calls of 20 share rounds, and every row is the CPU reference's -- also where a
     round's rows are handed on before its GPU work is done (``overlap_rounds``: they are
-    complete by the time the call returns them)."""
+    complete by the time the call returns them), and on high-priority streams."""
     import asyncio
 
     import cupy
 
     from pipeline.models import digits
 
-    core = _stage(overlap_rounds=overlap_rounds)
+    core = _stage(overlap_rounds=overlap_rounds, stream_priority=priority)
     _, _, xte, _ = digits.load_split()
     big = np.repeat(np.repeat(xte[:200], 2, axis=1), 2, axis=2)
     from pipeline.stages.messages import Encoded
@@ -208,3 +214,40 @@ def test_gpu_fit_of_extreme_strips_is_bounded_and_matches_cpu():
         with pytest.raises(InvalidInput, match="aspect ratio"):
             core.cpu.decode_one("resnet50", b, ct)
     core.close()
+
+
+def _cuda_priority(stream) -> int:
+    """The stream's priority as the driver reports it (cuStreamGetPriority)."""
+    import ctypes
+
+    got = ctypes.c_int(99)
+    rc = ctypes.CDLL("libcuda.so.1").cuStreamGetPriority(
+        ctypes.c_void_p(stream.ptr), ctypes.byref(got)
+    )
+    assert rc == 0, rc
+    return got.value
+
+
+def test_stream_priority_high_gives_the_decode_and_fit_streams_the_greatest_priority():
+    """``preprocess.stream_priority: high``: both of the stage's streams at the device's
+    greatest priority (CUDA clamps the asked -1000 to it); ``normal``: CUDA's default, 0;
+    the executor's streams stay at 0 either way."""
+    import ctypes
+
+    import cupy
+
+    from pipeline.device import Backend, StreamSet
+
+    cupy.cuda.Device(0).use()
+    least, greatest = ctypes.c_int(), ctypes.c_int()
+    rc = ctypes.CDLL("libcuda.so.1").cuCtxGetStreamPriorityRange(
+        ctypes.byref(least), ctypes.byref(greatest)
+    )
+    assert rc == 0 and greatest.value < least.value == 0, (rc, least.value, greatest.value)
+    high, normal = _stage(stream_priority="high"), _stage()
+    assert _cuda_priority(high.stream) == _cuda_priority(high.fitter.copy) == greatest.value
+    assert _cuda_priority(normal.stream) == _cuda_priority(normal.fitter.copy) == 0
+    streams = StreamSet(Backend("cupy"))
+    assert {_cuda_priority(s) for s in (streams.h2d, *streams.compute, streams.d2h)} == {0}
+    high.close()
+    normal.close()

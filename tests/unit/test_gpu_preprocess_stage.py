@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from pipeline.config import PipelineConfig
-from pipeline.device import Backend
+from pipeline.device import Backend, Stream
 from pipeline.imaging import decode, encode_jpeg, encode_png
 from pipeline.preprocess_gpu.rounds import Landing
 from pipeline.preprocess_gpu.stage import PreprocessGpuCore
@@ -19,12 +19,12 @@ from pipeline.stages.decode import PreprocessStage
 from pipeline.stages.messages import DeviceRows, Encoded
 
 
-def _core(overlap_rounds=False, **transport):
+def _core(overlap_rounds=False, stream_priority="normal", **transport):
     cfg = PipelineConfig.model_validate(
         {
             "models": [{"name": "digits", "source": "digits", "max_batch": 64}],
             "transport": transport or {"staging_slots": 2, "staging_slot_bytes": 1 << 20},
-            "preprocess": {"overlap_rounds": overlap_rounds},
+            "preprocess": {"overlap_rounds": overlap_rounds, "stream_priority": stream_priority},
         }
     )
     cpu = PreprocessStage(cfg, fitted=False)
@@ -217,3 +217,22 @@ def test_a_round_past_its_decoded_bytes_is_decoded_in_runs_with_the_same_rows():
     assert got[16_000][0] == [2000, 60000, 13100, 4096]
     for a, b in zip(got[1 << 20][1], got[16_000][1], strict=True):
         assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("priority", ["normal", "high"])
+def test_stream_priority_reaches_the_fit_and_its_copies_and_a_round_still_runs(priority):
+    """(On numpy a stream runs inline and the priority is only carried; the CUDA streams'
+    own priorities are checked in tests/gpu/test_preprocess_gpu.py.)"""
+    core = _core(stream_priority=priority)
+    assert core.stream.priority == core.fitter.compute.priority == priority
+    assert core.fitter.copy.priority == priority
+    blob, ct = _blobs(1)[0]
+    rows = asyncio.run(core.process("digits", [_checked(core, blob, ct)]))
+    assert rows.owner == [0] and not rows.errors
+
+
+def test_an_unknown_stream_priority_is_refused_by_the_config_and_the_stream():
+    with pytest.raises(ValueError, match="stream_priority"):
+        _core(stream_priority="urgent")
+    with pytest.raises(ValueError, match="'normal' or 'high'"):
+        Stream("x", Backend("numpy"), "urgent")  # type: ignore[arg-type]
