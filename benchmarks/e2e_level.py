@@ -129,6 +129,9 @@ def measure(
     counts = ray_probe.executor_counts()
     if counts:
         row["executor_counts"] = counts
+    stages = ray_probe.stage_totals()  # (the same export's lag: see stage_totals)
+    if stages:
+        row["stage_totals"] = stages
     unit = "frames/s" if w.name == "image" else "img/s"
     print(
         f"   {c.name:>7} {n:>5} clients: {r['img_s']:8.1f} {unit}  p50 {r['p50_ms']} ms  "
@@ -146,6 +149,10 @@ def measure(
         print(f"      stages (mean ms): {r['mean_timings_ms']}", flush=True)
     if counts:
         print(f"      executor, since start: {counts}", flush=True)
+    decode = {k: v for k, v in stages.items() if k.startswith("decode_")}
+    if decode:  # [ms summed, observations]; the means since start, as last exported
+        means = {k: round(ms / n, 3) for k, (ms, n) in decode.items() if n}
+        print(f"      decode rounds, mean ms since start: {means}", flush=True)
     return row, r.get("mean_timings_ms")
 
 

@@ -154,6 +154,20 @@ def keep_replica_lines(path: str, **kw: Any) -> int:
     return len(lines)
 
 
+def stage_totals(targets: list[str] | None = None) -> dict[str, list[float]]:
+    """The Ferry replicas' stage histograms (``ray_ferry_stage_latency_ms_{sum,count}``),
+    summed over replicas and models, by stage: ``[ms summed, observations]`` since each
+    replica started, as last exported; {} where none is (a peer). Two readings' difference
+    is the mean between them: of the decode rounds' parts (``decode_wait`` an image,
+    ``decode_host`` / ``decode_device`` a round) no answer's ``timings_ms`` says."""
+    out: dict[str, list[float]] = {}
+    for name, lab, v in scrape("ray_ferry_stage_latency_ms_", targets):
+        part = {"ray_ferry_stage_latency_ms_sum": 0, "ray_ferry_stage_latency_ms_count": 1}
+        if name in part and "stage" in lab:
+            out.setdefault(lab["stage"], [0.0, 0.0])[part[name]] += v
+    return out
+
+
 def executor_counts(targets: list[str] | None = None) -> dict[str, float]:
     """The Ferry replicas' executor counts (``ray_ferry_executor_{graph_replays,eager_runs,
     captures}``), summed over replicas: since each started, as last exported (a few seconds

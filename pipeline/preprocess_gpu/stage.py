@@ -223,11 +223,21 @@ class PreprocessGpuCore:
         at most on the device): its rows then come as ``Landing``s."""
         loop = asyncio.get_running_loop()
         datas = [p.item for p in batch.items]
+        # the round's three parts as stage metrics (decode_wait an image, decode_host and
+        # decode_device a round): where a request's preprocess time goes (e2e_notes.md)
+        assert self.scheduler is not None
+        now = self.scheduler.clock()
+        metrics.observe_items(
+            "decode_wait", batch.key, [(now - p.enqueued) * 1e3 for p in batch.items]
+        )
+        t0 = time.perf_counter()
         answers, ready = await loop.run_in_executor(self.gpu_pool, self._round, batch.key, datas)
+        t1 = time.perf_counter()
+        metrics.observe_stage("decode_host", batch.key, (t1 - t0) * 1e3)
         if not self.config.preprocess.overlap_rounds:
-            await self._when_done(ready)
+            await self._when_done(ready, batch.key, t1)
             return answers
-        done = asyncio.ensure_future(self._when_done(ready))
+        done = asyncio.ensure_future(self._when_done(ready, batch.key, t1))
         done.add_done_callback(lambda f: f.cancelled() or f.exception())  # (seen: no warning)
         # at most two rounds on the device: the next starts once the one before this is done
         last, self._last_round = self._last_round, done
@@ -277,11 +287,13 @@ class PreprocessGpuCore:
         for k, exc in refused.items():
             answers[order[k]] = exc
 
-    async def _when_done(self, event: Event) -> None:
-        """Wait for a device event without polling: the watcher thread sleeps on it."""
+    async def _when_done(self, event: Event, model: str, since: float) -> None:
+        """Wait for a device event without polling: the watcher thread sleeps on it; the
+        wait from ``since`` (perf_counter) is the round's ``decode_device``."""
         r: AsyncResult = AsyncResult("preprocess")
         self.watcher.watch(event, lambda: None, r)
         await r
+        metrics.observe_stage("decode_device", model, (time.perf_counter() - since) * 1e3)
 
     # ------------------------------------------------------------------ decoding
     async def _decode(self, model: str, items: Items) -> tuple[list[Any], list[int], dict]:

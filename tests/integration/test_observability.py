@@ -316,15 +316,21 @@ def test_gauges_are_per_replica_from_the_start(scraped):
     # the replica idles (every one set again every refresh_s; test_02_idle_gauges.py shows
     # Ray dropping one that is not -- CI at 028607f found these gone here for a minute)
     target = f"127.0.0.1:{ray._private.worker.global_worker.node.metrics_export_port}"
-    counts, models, t_end = {}, set(), time.time() + 30  # (a busy box may miss a scrape)
-    while not (counts and models) and time.time() < t_end:
+    counts, models, stages = {}, set(), {}
+    t_end = time.time() + 30  # (a busy box may miss a scrape)
+    while not (counts and models and stages) and time.time() < t_end:
         counts = ray_probe.executor_counts([target])
         queue = ray_probe.scrape("ray_ferry_queue_depth", [target])
         models = {lab["model"] for _, lab, _ in queue if lab.get("application") == APP}
-        time.sleep(0 if counts and models else 1)
+        stages = ray_probe.stage_totals([target])
+        time.sleep(0 if counts and models and stages else 1)
     assert counts, "the executor's gauges are not on the node's endpoint"
     assert counts["eager_runs"] >= ex["ray_ferry_executor_eager_runs"] and counts["captures"] == 0
     assert models == {"digits", "resnet50"}
+    # the stage histograms' totals, by stage ([ms summed, observations]): every answered
+    # request observed once in "total"
+    assert stages["total"][1] >= 1 and stages["total"][0] > 0, stages
+    assert stages["gpu"][1] >= 1, stages  # (the inference stage's, on numpy too)
 
 
 def test_every_grafana_panel_queries_metrics_the_scrape_exports(scraped):

@@ -130,7 +130,7 @@ def test_overlapped_rounds_hand_rows_on_only_when_done_and_two_at_most_are_out()
         loop = asyncio.get_running_loop()
         new_gate = asyncio.Event()
 
-        async def held(event):  # the round's device work completes when the test says
+        async def held(event, model, since):  # the round's device work: when the test says
             gates.append(loop.create_future())
             new_gate.set()
             await gates[-1]
@@ -236,3 +236,34 @@ def test_an_unknown_stream_priority_is_refused_by_the_config_and_the_stream():
         _core(stream_priority="urgent")
     with pytest.raises(ValueError, match="'normal' or 'high'"):
         Stream("x", Backend("numpy"), "urgent")  # type: ignore[arg-type]
+
+
+def test_a_round_reports_its_wait_an_image_and_its_host_and_device_time_a_round(monkeypatch):
+    """(The split of a request's preprocess time, as stage metrics: ``decode_wait`` for each
+    image queued, ``decode_host`` and ``decode_device`` once a round each.)"""
+    from pipeline import metrics
+
+    seen: dict[str, list[tuple[float, int]]] = {}
+    monkeypatch.setattr(
+        metrics, "observe_stage", lambda st, m, ms, n=1: seen.setdefault(st, []).append((ms, n))
+    )
+    monkeypatch.setattr(
+        metrics,
+        "observe_items",
+        lambda st, m, ms: seen.setdefault(st, []).extend((v, 1) for v in ms),
+    )
+    core = _core()
+    calls = [[_checked(core, *it) for it in _blobs(4, seed=s)] for s in range(3)]
+
+    async def go():
+        return await asyncio.gather(*(core.process("digits", c) for c in calls))
+
+    rows = asyncio.run(go())
+    assert all(r.owner == [0, 1, 2, 3] and not r.errors for r in rows)
+    assert len(seen["decode_wait"]) == 12  # each image once
+    rounds = len(seen["decode_host"])
+    assert 1 <= rounds <= 12 and len(seen["decode_device"]) == rounds
+    parts = ("decode_wait", "decode_host", "decode_device")
+    assert all(ms >= 0 and n == 1 for st in parts for ms, n in seen[st])
+    assert [n for _, n in seen["preprocess"]] == [4, 4, 4]  # the calls' own, as before
+    core.close()
