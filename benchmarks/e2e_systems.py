@@ -167,6 +167,18 @@ TORCH_R50 = {"name": "resnet50", "engine": "torch", "source": "resnet50", "bucke
 """ResNet-50 on the torch engine at the expert peer's three buckets (one compile each, in each
 of 8 replicas: nine made its start-up minutes longer than the peer's)."""
 
+
+def _ferry_torch(**sets: Any) -> dict[str, Any]:
+    """``ferry`` with ResNet-50 on the torch engine (``TORCH_R50``) and ``sets`` besides:
+    minutes of compiling before it is up."""
+    return _ferry(
+        "ferry_e2e.yaml",
+        startup_s=600,
+        up_s=UP_S["ferry_torch"],
+        sets={"models": [TORCH_R50], **sets},
+    )
+
+
 SYSTEMS: dict[str, dict[str, Any]] = {
     "ferry": _ferry("ferry_e2e.yaml"),
     "ferry_split": _ferry("ferry_e2e_split.yaml"),
@@ -186,20 +198,13 @@ SYSTEMS: dict[str, dict[str, Any]] = {
     # ``ferry`` with ResNet-50 on the torch engine (torch.compile in Ferry's CUDA graphs, as the
     # peer compiles it) instead of the native cupy engine: in 8 processes on one H100 the two
     # engines alone ran 21.1k and 12.7k img/s at batch 64 (probe_contexts.py, 2026-12-06)
-    "ferry_torch": _ferry(
-        "ferry_e2e.yaml", startup_s=600, up_s=UP_S["ferry_torch"], sets={"models": [TORCH_R50]}
-    ),
+    "ferry_torch": _ferry_torch(),
     # ``ferry`` and ``ferry_torch`` with kept arenas (executor.arenas: kept, executor_arenas.py):
     # each batch on one of the arenas its model keeps, so past the warm-up no batch is
     # captured as a new graph (the rows' executor_counts say how many were without it);
     # (ferry_torch's 0.2x ferry of 2026-12-06 measured one replica of 8: the rest compiling)
     "ferry_kept": _ferry("ferry_e2e.yaml", sets={"executor.arenas": "kept"}),
-    "ferry_torch_kept": _ferry(
-        "ferry_e2e.yaml",
-        startup_s=600,
-        up_s=UP_S["ferry_torch"],
-        sets={"models": [TORCH_R50], "executor.arenas": "kept"},
-    ),
+    "ferry_torch_kept": _ferry_torch(**{"executor.arenas": "kept"}),
     "ferry_naive": _ferry("ferry_e2e.yaml", naive=True),
     # ``ferry`` with every CUDA host wait of the replicas asleep (executor.host_wait: sleep):
     # nvImageCodec's threads spun on up to 6 of the 16 cores at 1,024 clients (e2e.json)
@@ -228,12 +233,7 @@ SYSTEMS: dict[str, dict[str, Any]] = {
     # the decode-and-fit streams at CUDA's greatest priority, ahead of the model's kernels in
     # the replica: on an H100 (2026-12-06) a request's wait for its round was half its time
     "ferry_prio": _ferry("ferry_e2e.yaml", sets={"preprocess.stream_priority": "high"}),
-    "ferry_torch_prio": _ferry(
-        "ferry_e2e.yaml",
-        startup_s=600,
-        up_s=UP_S["ferry_torch"],
-        sets={"models": [TORCH_R50], "preprocess.stream_priority": "high"},
-    ),
+    "ferry_torch_prio": _ferry_torch(**{"preprocess.stream_priority": "high"}),
     "ferry_4rep": _ferry(
         "ferry_e2e.yaml",
         sets={
