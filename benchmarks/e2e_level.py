@@ -58,6 +58,22 @@ def _row(
     }
 
 
+_LAST_STAGES: dict[str, Any] = {}
+"""The last level's ``stage_totals`` reading, and the ``serve run`` it was of."""
+
+
+def stage_means(now: dict[str, list[float]], before: dict[str, list[float]]) -> dict[str, float]:
+    """Each stage's mean ms between two ``stage_totals`` readings of one system (the whole
+    of ``now`` for a stage ``before`` lacks); a stage observed nothing between them is left
+    out."""
+    out = {}
+    for stage, (ms, n) in now.items():
+        ms0, n0 = before.get(stage, (0.0, 0.0))
+        if n > n0:
+            out[stage] = round((ms - ms0) / (n - n0), 3)
+    return out
+
+
 def _spies(system: str, c: Corpus, n: int, args: argparse.Namespace, run_id: str) -> list:
     """py-spy on two of the system's replicas over this level, where ``--spy`` asks for it
     (``profile_pipeline.start_spies``; a file a process, named by system, corpus, level)."""
@@ -132,6 +148,8 @@ def measure(
     stages = ray_probe.stage_totals()  # (the same export's lag: see stage_totals)
     if stages:
         row["stage_totals"] = stages
+    last = _LAST_STAGES.get("stages", {}) if _LAST_STAGES.get("run") == run_id else {}
+    _LAST_STAGES.update(run=run_id, stages=stages)
     unit = "frames/s" if w.name == "image" else "img/s"
     print(
         f"   {c.name:>7} {n:>5} clients: {r['img_s']:8.1f} {unit}  p50 {r['p50_ms']} ms  "
@@ -149,10 +167,9 @@ def measure(
         print(f"      stages (mean ms): {r['mean_timings_ms']}", flush=True)
     if counts:
         print(f"      executor, since start: {counts}", flush=True)
-    decode = {k: v for k, v in stages.items() if k.startswith("decode_")}
-    if decode:  # [ms summed, observations]; the means since start, as last exported
-        means = {k: round(ms / n, 3) for k, (ms, n) in decode.items() if n}
-        print(f"      decode rounds, mean ms since start: {means}", flush=True)
+    decode = {k: v for k, v in stage_means(stages, last).items() if k.startswith("decode_")}
+    if decode:  # since the level before (or the start), as Ray last exported the totals
+        print(f"      decode rounds, mean ms over the level: {decode}", flush=True)
     return row, r.get("mean_timings_ms")
 
 

@@ -231,7 +231,7 @@ SYSTEMS: dict[str, dict[str, Any]] = {
     # a replica's next decode round starts while the GPU still works on the last one
     "ferry_overlap": _ferry("ferry_e2e.yaml", sets={"preprocess.overlap_rounds": True}),
     # the decode-and-fit streams at CUDA's greatest priority, ahead of the model's kernels in
-    # the replica: on an H100 (2026-12-06) a request's wait for its round was half its time
+    # the replica: on an H100 (2026-12-06) the preprocess stage was half a request's time
     "ferry_prio": _ferry("ferry_e2e.yaml", sets={"preprocess.stream_priority": "high"}),
     "ferry_torch_prio": _ferry_torch(**{"preprocess.stream_priority": "high"}),
     "ferry_4rep": _ferry(

@@ -462,3 +462,19 @@ def test_a_row_that_measured_part_of_a_system_is_shown_marked_and_is_no_peak_or_
     peak = max(r["img_s"] for r in ferry if r is not top)
     assert f"Ferry's peak: {peak:,.0f} img/s" in text
     assert f"{top['img_s']:,.0f} img/s" not in text
+
+
+def test_stage_means_are_over_the_span_between_two_readings():
+    """(``e2e_level.stage_means``: the replicas' stage totals are since each started; a
+    level's means are the difference from the reading before it.)"""
+    from benchmarks.e2e_level import stage_means
+
+    before = {"decode_host": [100.0, 10.0], "decode_wait": [50.0, 40.0]}
+    now = {"decode_host": [160.0, 13.0], "decode_wait": [50.0, 40.0], "decode_device": [9.0, 3.0]}
+    # decode_wait saw nothing in between (left out); decode_device is new: all of it
+    assert stage_means(now, before) == {"decode_host": 20.0, "decode_device": 3.0}
+    assert stage_means(now, {}) == {
+        "decode_host": 12.308,
+        "decode_wait": 1.25,
+        "decode_device": 3.0,
+    }

@@ -128,9 +128,10 @@ class PreprocessConfig(Strict):
     """The CUDA priority of the GPU decode-and-fit streams (where the GPU decodes or fits):
     ``high`` lets a round's kernels start ahead of the model's queued kernels in the same
     process, so the round -- whose end every image in it waits for -- does not wait behind
-    a batch of the model. On an H100 (8 replicas, 2026-12-06, ``e2e_notes.md``) the wait for
-    a round was half of a request's time at every level, with the GPU 0.6 busy under MPS.
-    Copies and other processes' work are not reordered. ``normal`` until measured on a GPU
+    a batch of the model. On an H100 (8 replicas, 2026-12-06, ``e2e_notes.md``) the preprocess
+    stage (the wait for a round, and the round) was about half of a request's time at every
+    level, with the GPU 0.6 busy under MPS. Copies, the JPEG engines' decoding and other
+    processes' work are not reordered. ``normal`` until measured on a GPU
     node (``bench_e2e`` systems ``ferry_prio``, ``ferry_torch_prio``)."""
 
 

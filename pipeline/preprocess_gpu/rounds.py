@@ -21,6 +21,20 @@ class Jpeg:
         self.nbytes = nbytes
 
 
+def split_jpegs(items: list[Any], channels: int) -> tuple[list[tuple[int, Jpeg]], list[int]]:
+    """The JPEGs of ``items`` (checked ``Encoded`` images, each with the plan the ingress made
+    from its header) for the GPU decoder, by index, each with its decoded size at
+    ``channels``; and the indices of everything else, for the CPU path."""
+    jpegs: list[tuple[int, Jpeg]] = []
+    others: list[int] = []
+    for i, it in enumerate(items):
+        if it.plan.kind == "jpeg":
+            jpegs.append((i, Jpeg(it.data, it.plan.height * it.plan.width * channels)))
+        else:
+            others.append(i)
+    return jpegs, others
+
+
 class Landing:
     """A round's device row whose GPU work may still run (``preprocess.overlap_rounds``):
     ``done`` is the round's completion, shared by its rows."""

@@ -44,7 +44,7 @@ from ..transport.nccl import NcclEndpoint
 from ..transport.object_store import ObjectStoreSender
 from .fitter import GpuFitter
 from .plan import runs_within
-from .rounds import RETRY, Jpeg, Landing, landed
+from .rounds import RETRY, Jpeg, Landing, landed, split_jpegs
 
 logger = logging.getLogger(__name__)
 Items = list[Encoded]  # checked by the ingress: bytes, media type, the plan of its header
@@ -223,13 +223,12 @@ class PreprocessGpuCore:
         at most on the device): its rows then come as ``Landing``s."""
         loop = asyncio.get_running_loop()
         datas = [p.item for p in batch.items]
-        # the round's three parts as stage metrics (decode_wait an image, decode_host and
-        # decode_device a round): where a request's preprocess time goes (e2e_notes.md)
+        # its parts as stage metrics: decode_wait an image, decode_host and decode_device a
+        # round (with overlap_rounds, the device's wait counts the round still before it)
         assert self.scheduler is not None
         now = self.scheduler.clock()
-        metrics.observe_items(
-            "decode_wait", batch.key, [(now - p.enqueued) * 1e3 for p in batch.items]
-        )
+        waits = [(now - p.enqueued) * 1e3 for p in batch.items]
+        metrics.observe_items("decode_wait", batch.key, waits)
         t0 = time.perf_counter()
         answers, ready = await loop.run_in_executor(self.gpu_pool, self._round, batch.key, datas)
         t1 = time.perf_counter()
@@ -328,19 +327,10 @@ class PreprocessGpuCore:
         return [found[i] for i in owner], owner, errors
 
     def _split(self, model: str, items: Items) -> tuple[list[tuple[int, Jpeg]], list[int], dict]:
-        """JPEGs for the GPU decoder, the indices of everything else (for the CPU path), and
-        the JPEGs that failed: none, since the ingress checked and planned every image from
-        its header (media type, pixel count, the resize plan's bounds) and its plan came along."""
-        errors: dict[int, FerryError] = {}
-        jpegs: list[tuple[int, Jpeg]] = []
-        others: list[int] = []
-        channels = self.targets[model].channels
-        for i, it in enumerate(items):
-            if it.plan.kind == "jpeg":
-                jpegs.append((i, Jpeg(it.data, it.plan.height * it.plan.width * channels)))
-            else:
-                others.append(i)
-        return jpegs, others, errors
+        """``split_jpegs`` at ``model``'s channels, and the JPEGs that failed: none, since
+        the ingress checked and planned every image from its header."""
+        jpegs, others = split_jpegs(items, self.targets[model].channels)
+        return jpegs, others, {}
 
     async def _decode_cpu(
         self, model: str, items: Items, which: list[int], found: dict, errors: dict

@@ -234,17 +234,14 @@ def test_stream_priority_high_gives_the_decode_and_fit_streams_the_greatest_prio
     the executor's streams stay at 0 either way."""
     import ctypes
 
-    import cupy
-
     from pipeline.device import Backend, StreamSet
 
-    cupy.cuda.Device(0).use()
+    high, normal = _stage(stream_priority="high"), _stage()  # (a current context now)
     least, greatest = ctypes.c_int(), ctypes.c_int()
     rc = ctypes.CDLL("libcuda.so.1").cuCtxGetStreamPriorityRange(
         ctypes.byref(least), ctypes.byref(greatest)
     )
     assert rc == 0 and greatest.value < least.value == 0, (rc, least.value, greatest.value)
-    high, normal = _stage(stream_priority="high"), _stage()
     assert _cuda_priority(high.stream) == _cuda_priority(high.fitter.copy) == greatest.value
     assert _cuda_priority(normal.stream) == _cuda_priority(normal.fitter.copy) == 0
     streams = StreamSet(Backend("cupy"))

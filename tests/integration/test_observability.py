@@ -328,7 +328,8 @@ def test_gauges_are_per_replica_from_the_start(scraped):
     assert counts["eager_runs"] >= ex["ray_ferry_executor_eager_runs"] and counts["captures"] == 0
     assert models == {"digits", "resnet50"}
     # the stage histograms' totals, by stage ([ms summed, observations]): every answered
-    # request observed once in "total"
+    # request observed once in "total" (the decode rounds' stages come only from a GPU
+    # decode in the replica; here, on numpy, there are none)
     assert stages["total"][1] >= 1 and stages["total"][0] > 0, stages
     assert stages["gpu"][1] >= 1, stages  # (the inference stage's, on numpy too)
 

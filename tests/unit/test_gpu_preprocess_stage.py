@@ -5,6 +5,7 @@ one bad image never fails its neighbours."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import numpy as np
@@ -253,17 +254,36 @@ def test_a_round_reports_its_wait_an_image_and_its_host_and_device_time_a_round(
         lambda st, m, ms: seen.setdefault(st, []).extend((v, 1) for v in ms),
     )
     core = _core()
+    slow, first = core._round, threading.Event()
+
+    def slowed(*a):  # each round's host call at least 50 ms, the first 200
+        started = first.is_set()
+        first.set()
+        time.sleep(0.05 if started else 0.2)
+        return slow(*a)
+
+    core._round = slowed
     calls = [[_checked(core, *it) for it in _blobs(4, seed=s)] for s in range(3)]
 
-    async def go():
-        return await asyncio.gather(*(core.process("digits", c) for c in calls))
+    async def go():  # the first call's round runs while the other two queue behind it
+        a = asyncio.ensure_future(core.process("digits", calls[0]))
+        deadline = time.monotonic() + 60  # a hang guard only
+        while not first.is_set() and not a.done():
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.001)
+        rest = await asyncio.gather(*(core.process("digits", c) for c in calls[1:]))
+        return [await a, *rest]
 
     rows = asyncio.run(go())
     assert all(r.owner == [0, 1, 2, 3] and not r.errors for r in rows)
     assert len(seen["decode_wait"]) == 12  # each image once
     rounds = len(seen["decode_host"])
-    assert 1 <= rounds <= 12 and len(seen["decode_device"]) == rounds
+    assert 2 <= rounds <= 12 and len(seen["decode_device"]) == rounds
     parts = ("decode_wait", "decode_host", "decode_device")
     assert all(ms >= 0 and n == 1 for st in parts for ms, n in seen[st])
+    # in ms: every round's host call took its 50 at least, and the images queued behind
+    # the first round (one round at a time; queued within its 200) waited for it
+    assert min(ms for ms, _ in seen["decode_host"]) >= 50
+    assert max(ms for ms, _ in seen["decode_wait"]) >= 45
     assert [n for _, n in seen["preprocess"]] == [4, 4, 4]  # the calls' own, as before
     core.close()
