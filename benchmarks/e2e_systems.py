@@ -234,6 +234,11 @@ SYSTEMS: dict[str, dict[str, Any]] = {
     # the replica: on an H100 (2026-12-06) the preprocess stage was half a request's time
     "ferry_prio": _ferry("ferry_e2e.yaml", sets={"preprocess.stream_priority": "high"}),
     "ferry_torch_prio": _ferry_torch(**{"preprocess.stream_priority": "high"}),
+    # a 0.5 ms GIL switch interval in the replicas (Python's is 5): the decode round's thread
+    # was busy 0.2 of a core while its round took ~13 ms, with the event loop at 0.6 of a
+    # core -- a thread that waits for the GIL held by a busy loop waits up to the interval
+    "ferry_swi05": _ferry("ferry_e2e.yaml", sets={"ingress_deployment.switch_interval_ms": 0.5}),
+    "ferry_torch_swi05": _ferry_torch(**{"ingress_deployment.switch_interval_ms": 0.5}),
     "ferry_4rep": _ferry(
         "ferry_e2e.yaml",
         sets={

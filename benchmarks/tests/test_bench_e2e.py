@@ -37,6 +37,8 @@ FERRY_SYSTEMS = {  # system -> (its ingress replicas, its inference replicas)
     "ferry_overlap": (8, None),  # ferry with preprocess.overlap_rounds
     "ferry_prio": (8, None),  # ferry with the decode-and-fit streams at high priority
     "ferry_torch_prio": (8, None),  # the same with ResNet-50 on the torch engine
+    "ferry_swi05": (8, None),  # ferry with a 0.5 ms GIL switch interval in its replicas
+    "ferry_torch_swi05": (8, None),  # the same with ResNet-50 on the torch engine
     "ferry_noprime": (8, None),  # ferry with the decoder's first call of one JPEG
     "ferry_keep256": (8, None),  # ferry with the decoder's pool keeping 256 MiB mapped
     "ferry_4rep": (4, None),  # ferry in 4 replicas of a quarter of the GPU
@@ -79,9 +81,11 @@ def test_benchmark_serve_configs_validate(system):
     assert cfg.preprocess.overlap_rounds == (system == "ferry_overlap")
     high = system in ("ferry_prio", "ferry_torch_prio")
     assert cfg.preprocess.stream_priority == ("high" if high else "normal")
+    swi = system in ("ferry_swi05", "ferry_torch_swi05")
+    assert cfg.ingress_deployment.switch_interval_ms == (0.5 if swi else None)
     engines = {m.engine for m in cfg.models}
     assert engines == ({"torch"} if system in ("ferry_torch", "ferry_torch_kept", "ferry_image",
-                                               "ferry_torch_prio",
+                                               "ferry_torch_prio", "ferry_torch_swi05",
                                                "ferry_image_sleep", "ferry_image_enc16")
                        else {"native"})  # fmt: skip
     assert cfg.executor.arenas == ("kept" if system.endswith("_kept") else "pooled")
