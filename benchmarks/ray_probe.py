@@ -154,6 +154,9 @@ def keep_replica_lines(path: str, **kw: Any) -> int:
     return len(lines)
 
 
+_STAGE_PARTS = {"ray_ferry_stage_latency_ms_sum": 0, "ray_ferry_stage_latency_ms_count": 1}
+
+
 def stage_totals(targets: list[str] | None = None) -> dict[str, list[float]]:
     """The Ferry replicas' stage histograms (``ray_ferry_stage_latency_ms_{sum,count}``),
     summed over replicas and models, by stage: ``[ms summed, observations]`` since each
@@ -162,9 +165,8 @@ def stage_totals(targets: list[str] | None = None) -> dict[str, list[float]]:
     ``decode_host`` / ``decode_device`` a round) no answer's ``timings_ms`` says."""
     out: dict[str, list[float]] = {}
     for name, lab, v in scrape("ray_ferry_stage_latency_ms_", targets):
-        part = {"ray_ferry_stage_latency_ms_sum": 0, "ray_ferry_stage_latency_ms_count": 1}
-        if name in part and "stage" in lab:
-            out.setdefault(lab["stage"], [0.0, 0.0])[part[name]] += v
+        if name in _STAGE_PARTS and "stage" in lab:
+            out.setdefault(lab["stage"], [0.0, 0.0])[_STAGE_PARTS[name]] += v
     return out
 
 

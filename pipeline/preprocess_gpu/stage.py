@@ -174,10 +174,8 @@ class PreprocessGpuCore:
     ) -> tuple[list[Any], list[int], dict[int, FerryError]]:
         """Each image is one item of the scheduler's next batch for ``model``; what the
         GPU decoder refuses is decoded on the CPU and queued again."""
-        if self.decoder is not None:
-            entries, others, errors = self._split(model, items)
-        else:
-            entries, others, errors = [], list(range(len(items))), {}
+        entries, others = self._split(model, items)
+        errors: dict[int, FerryError] = {}
         found: dict[int, Any] = {}
         if others:
             await self._decode_cpu(model, items, others, found, errors)
@@ -299,10 +297,8 @@ class PreprocessGpuCore:
         """JPEGs on the GPU (when there is a decoder), the rest -- and any JPEG it could not
         decode -- on CPU threads. Images come back in request order: host arrays for the CPU
         ones, nvImageCodec images (on this device, in this stage's stream) for the rest."""
-        if self.decoder is not None:
-            jpegs, on_cpu, errors = self._split(model, items)
-        else:
-            jpegs, on_cpu, errors = [], list(range(len(items))), {}
+        jpegs, on_cpu = self._split(model, items)
+        errors: dict[int, FerryError] = {}
         loop = asyncio.get_running_loop()
         channels = self.targets[model].channels
         gpu = None
@@ -326,11 +322,13 @@ class PreprocessGpuCore:
         owner = sorted(found)
         return [found[i] for i in owner], owner, errors
 
-    def _split(self, model: str, items: Items) -> tuple[list[tuple[int, Jpeg]], list[int], dict]:
-        """``split_jpegs`` at ``model``'s channels, and the JPEGs that failed: none, since
+    def _split(self, model: str, items: Items) -> tuple[list[tuple[int, Jpeg]], list[int]]:
+        """The JPEGs for the GPU decoder (``split_jpegs`` at ``model``'s channels) and the
+        indices of the rest; every index the rest without a GPU decoder. None fails here:
         the ingress checked and planned every image from its header."""
-        jpegs, others = split_jpegs(items, self.targets[model].channels)
-        return jpegs, others, {}
+        if self.decoder is None:
+            return [], list(range(len(items)))
+        return split_jpegs(items, self.targets[model].channels)
 
     async def _decode_cpu(
         self, model: str, items: Items, which: list[int], found: dict, errors: dict

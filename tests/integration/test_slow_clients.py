@@ -160,8 +160,9 @@ def test_1000_stalled_uploads_do_not_delay_health_or_classify(app):
     assert per_stalled < per_request, summary["serve_cpu_ms"]
     # and not held: relative to the same probe just before the stall on this same box, its
     # worst stays under 3x the baseline's worst (the stallers take part of the cores the
-    # probe had, and queueing behind them makes it more than 2x) plus IDLE_S, where a probe that waited for a slot a stalled upload holds waits IDLE_S
-    # and a grace on top of its own time. (Worst seen: 1.19 s against a baseline's 0.14 s
+    # probe had, and queueing behind them makes it more than 2x) plus IDLE_S, where a probe
+    # that waited for a slot a stalled upload holds waits IDLE_S and a grace on top of its
+    # own time. (Worst seen: 1.19 s against a baseline's 0.14 s
     # on a box shared with other test runs; 0.12-0.36 s otherwise.)
     for k in ("health", "classify"):
         assert worst[k] < 3 * unloaded[k] + IDLE_S, (k, worst, unloaded)
