@@ -221,16 +221,22 @@ class PreprocessGpuCore:
         at most on the device): its rows then come as ``Landing``s."""
         loop = asyncio.get_running_loop()
         datas = [p.item for p in batch.items]
-        # its parts as stage metrics: decode_wait an image, decode_host and decode_device a
-        # round (with overlap_rounds, the device's wait counts the round still before it)
+        # its parts as stage metrics: decode_wait an image, decode_host (of it the thread's
+        # CPU, decode_cpu, and nvImageCodec's calls, decode_call) and decode_device a round
+        # (with overlap_rounds, the device's wait counts the round still before it)
         assert self.scheduler is not None
         now = self.scheduler.clock()
         waits = [(now - p.enqueued) * 1e3 for p in batch.items]
         metrics.observe_items("decode_wait", batch.key, waits)
         t0 = time.perf_counter()
-        answers, ready = await loop.run_in_executor(self.gpu_pool, self._round, batch.key, datas)
+        answers, ready, cpu_ms, call_ms = await loop.run_in_executor(
+            self.gpu_pool, self._round, batch.key, datas
+        )
         t1 = time.perf_counter()
         metrics.observe_stage("decode_host", batch.key, (t1 - t0) * 1e3)
+        metrics.observe_stage("decode_cpu", batch.key, cpu_ms)
+        if call_ms is not None:  # (a round of host images only calls no decoder)
+            metrics.observe_stage("decode_call", batch.key, call_ms)
         if not self.config.preprocess.overlap_rounds:
             await self._when_done(ready, batch.key, t1)
             return answers
@@ -244,12 +250,15 @@ class PreprocessGpuCore:
             a if a is RETRY or isinstance(a, BaseException) else Landing(a, done) for a in answers
         ]
 
-    def _round(self, model: str, datas: list[Any]) -> tuple[list[Any], Event]:
+    def _round(self, model: str, datas: list[Any]) -> tuple[list, Event, float, float | None]:
         """A round's answers: its host images (decoded on the CPU) in one fit, its JPEGs in
         runs of at most ``gpu_decode_round_bytes`` decoded. A run's images are freed once
         its fit has run on the device (by the completion watcher), and a run is decoded only
         once the fit of the run two before it has: about two runs of images on the device at
-        once (a third for the moment the watcher takes to let the oldest go)."""
+        once (a third for the moment the watcher takes to let the oldest go). With them, the
+        event behind the round, this thread's CPU ms over it and the ms its decoder calls
+        took (None: no JPEG, no call)."""
+        cpu0, call_s = time.thread_time(), None
         answers: list[Any] = [RETRY] * len(datas)
         self._fit_into(
             answers, model, {j: d for j, d in enumerate(datas) if not isinstance(d, Jpeg)}
@@ -262,15 +271,18 @@ class PreprocessGpuCore:
             if len(fitted) == 2:
                 fitted.pop(0).synchronize()
             assert self.decoder is not None
+            c0 = time.perf_counter()
             got = self.decoder.decode(
                 [datas[j].data for j in which], self.targets[model].channels, self.stream
             )
+            call_s = (call_s or 0.0) + time.perf_counter() - c0
             self._fit_into(
                 answers, model, {j: g for j, g in zip(which, got, strict=True) if g is not None}
             )
             del got
             fitted.append(self.stream.record())
-        return answers, self.stream.record()
+        cpu_ms = (time.thread_time() - cpu0) * 1e3
+        return answers, self.stream.record(), cpu_ms, None if call_s is None else call_s * 1e3
 
     def _fit_into(self, answers: list[Any], model: str, imgs: dict[int, Any]) -> None:
         """Fit ``imgs`` (index in ``answers`` -> image) as one batch: each gets its row or

@@ -241,7 +241,8 @@ def test_an_unknown_stream_priority_is_refused_by_the_config_and_the_stream():
 
 def test_a_round_reports_its_wait_an_image_and_its_host_and_device_time_a_round(monkeypatch):
     """(The split of a request's preprocess time, as stage metrics: ``decode_wait`` for each
-    image queued, ``decode_host`` and ``decode_device`` once a round each.)"""
+    image queued, ``decode_host``, its thread's CPU ``decode_cpu`` and ``decode_device``
+    once a round each; on numpy no decoder is called, so no ``decode_call``.)"""
     from pipeline import metrics
 
     seen: dict[str, list[tuple[float, int]]] = {}
@@ -279,11 +280,15 @@ def test_a_round_reports_its_wait_an_image_and_its_host_and_device_time_a_round(
     assert len(seen["decode_wait"]) == 12  # each image once
     rounds = len(seen["decode_host"])
     assert 2 <= rounds <= 12 and len(seen["decode_device"]) == rounds
-    parts = ("decode_wait", "decode_host", "decode_device")
+    assert len(seen["decode_cpu"]) == rounds and "decode_call" not in seen
+    parts = ("decode_wait", "decode_host", "decode_device", "decode_cpu")
     assert all(ms >= 0 and n == 1 for st in parts for ms, n in seen[st])
     # in ms: every round's host call took its 50 at least, and the 8 images queued behind
     # the first round before its 50 began (one round at a time) waited that long at least
     assert min(ms for ms, _ in seen["decode_host"]) >= 50
+    # the 50 ms asleep count in a round's wall time, not in its thread's CPU
+    cpu, host = seen["decode_cpu"], seen["decode_host"]
+    assert all(c < h for (c, _), (h, _) in zip(cpu, host, strict=True))
     assert sum(ms >= 50 for ms, _ in seen["decode_wait"]) >= 8
     assert [n for _, n in seen["preprocess"]] == [4, 4, 4]  # the calls' own, as before
     core.close()
