@@ -264,7 +264,8 @@ def run_system(
     spec, system = SYSTEMS[name], row_name(name, SYSTEMS[name], args.sets, args.mps)
     w = WORKLOADS[spec["workload"]]
     budget = budget or Budget(None)
-    level_s = args.warmup + args.seconds + 3  # a level: its warm-up, its window, the reads
+    # a level: its warm-up, its window, the wait for the replicas' export and the reads
+    level_s = args.warmup + args.seconds + ray_probe.EXPORT_WAIT_S + 3
     print(f"== {system}", flush=True)
     if not budget.fits(spec["up_s"] + STOP_S + level_s):  # its start-up, a level, its stop
         print(f"   not started: {budget.left():.0f} s left of --budget-s", flush=True)
@@ -279,7 +280,8 @@ def run_system(
             return "not run: port 8000 still taken after 60 s"
     t0 = time.time()
     config = serve_config(name, spec, args.sets)
-    proc = start_app(config, os.path.join(log_dir, f"serve_{name}.log"), spec["env"])
+    log = os.path.join(log_dir, f"serve_{name}.log")
+    proc = start_app(config, log, {**spec["env"], **ray_probe.EXPORT_ENV})  # (every system)
     collect = spec["kind"] == "ferry" or w.answers_jpeg  # the image peer times its batches
     try:
         url, first = url_of(spec), corpora[0].bodies[0]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import subprocess
+import time
 from typing import Any
 
 from benchmarks import loadgen, ray_probe
@@ -139,13 +140,15 @@ def measure(
     row = _row(system, w, c, n, args, r, replicas, busy, server_cores, threads, device.result())
     if spies:  # py-spy ran on two replicas over this level (native: pausing them)
         row["spy"] = "native" if args.spy_native else "sampled"
-    # the executors' counts since each replica started (the warm-up's captures included), as
-    # Ray last exported them (every 10 s: a level of 8 s may read the one before): a capture
-    # under load shows as a count that grows from one level's row to a later one's
+    # the executors' counts since each replica started (the warm-up's captures included),
+    # read once the replicas have exported what they recorded up to the level's end (its
+    # load stopped: nothing of the next level is in them): a capture under load shows as a
+    # count that grows from one level's row to a later one's
+    time.sleep(ray_probe.EXPORT_WAIT_S)
     counts = ray_probe.executor_counts()
     if counts:
         row["executor_counts"] = counts
-    stages = ray_probe.stage_totals()  # (the same export's lag: see stage_totals)
+    stages = ray_probe.stage_totals()
     if stages:
         row["stage_totals"] = stages
     last = _LAST_STAGES.get("stages", {}) if _LAST_STAGES.get("run") == run_id else {}

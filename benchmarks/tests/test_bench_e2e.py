@@ -482,3 +482,20 @@ def test_stage_means_are_over_the_span_between_two_readings():
         "decode_wait": 1.25,
         "decode_device": 3.0,
     }
+
+
+def test_the_apps_bench_e2e_starts_export_within_the_wait_before_a_level_is_read():
+    """(Ray's default report interval, 10 s, is longer than a level: its replicas' totals
+    were read a level late. The apps get ``EXPORT_ENV``, which Ray's config honours, and a
+    level's totals are read ``EXPORT_WAIT_S`` after its load: a flush and a report later.)"""
+    import subprocess
+    import sys
+
+    from benchmarks import ray_probe
+    from pipeline.metrics_buffer import FLUSH_S
+
+    env = {**os.environ, **ray_probe.EXPORT_ENV}
+    code = "import ray; print(ray._config.metrics_report_interval_ms())"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert int(out.stdout.strip()) == ray_probe.EXPORT_MS
+    assert ray_probe.EXPORT_WAIT_S > ray_probe.EXPORT_MS / 1000 + FLUSH_S
