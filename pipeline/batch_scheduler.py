@@ -36,6 +36,36 @@ def answered_error(exc: BaseException, what: str) -> BaseException:
     return exc.with_traceback(None)
 
 
+async def settled(futs: Sequence[asyncio.Future]) -> list[Any]:
+    """Each future's result, or what it ended in (its exception; ``CancelledError()`` where
+    it was cancelled), in order: ``gather(*futs, return_exceptions=True)`` as a batch's
+    items are awaited, one after another. Futures that complete together -- a batch's
+    items, answered in one turn of the loop -- wake the caller once; gather's callbacks
+    take a turn before the caller's (two hops a stage, on a loop whose every turn under
+    load is a wait). Cancelling the caller cancels every future still pending, as gather."""
+    for f in futs:
+        if f.done():
+            continue
+        try:
+            await f
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():  # the caller's, not the future's
+                for g in futs:
+                    g.cancel()
+                raise
+        except BaseException:  # (read below, as gather returns it)
+            pass
+    return [_outcome(f) for f in futs]
+
+
+def _outcome(f: asyncio.Future) -> Any:
+    if f.cancelled():
+        return asyncio.CancelledError()
+    exc = f.exception()
+    return f.result() if exc is None else exc
+
+
 class BatchScheduler:
     """Drives a ``BatchQueue`` from asyncio; ``run_batch`` returns one result per item.
 

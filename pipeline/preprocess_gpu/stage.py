@@ -30,7 +30,7 @@ import numpy as np
 
 from .. import gpu_decode, metrics
 from ..async_result import AsyncResult, CompletionWatcher
-from ..batch_scheduler import BatchScheduler
+from ..batch_scheduler import BatchScheduler, settled
 from ..batching import Batch
 from ..config import PipelineConfig
 from ..device import Backend, Event, Stream, select_backend
@@ -199,8 +199,7 @@ class PreprocessGpuCore:
             except QueueFull as exc:
                 futs.append(asyncio.get_running_loop().create_future())
                 futs[-1].set_exception(exc.with_traceback(None))  # (as InferenceStage._logits)
-        done = await asyncio.gather(*futs, return_exceptions=True)
-        done = await landed(done)
+        done = await landed(await settled(futs))
         retry = []
         for (i, _), r in zip(entries, done, strict=True):
             if r is RETRY:

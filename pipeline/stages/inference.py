@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from pipeline import gpu_metrics, metrics
-from pipeline.batch_scheduler import BatchScheduler
+from pipeline.batch_scheduler import BatchScheduler, settled
 from pipeline.batching import Batch
 from pipeline.config import PipelineConfig
 from pipeline.engines.epilogue import has_epilogue
@@ -220,7 +220,7 @@ class InferenceStage:
         self.health.admit()  # a draining replica refuses at once (503: retry elsewhere)
         errors = dict(images.errors)
         futs = self._submit_rows(model, feed, images, meta, errors)
-        results = await asyncio.gather(*(f for f in futs if f is not None), return_exceptions=True)
+        results = await settled([f for f in futs if f is not None])
         rows, owner, times = collect(futs, results, images.owner, errors)
         # a request whose rows partly failed is dropped whole
         keep = [j for j, o in enumerate(owner) if o not in errors]
