@@ -13,6 +13,7 @@ import urllib.request
 from typing import Any
 
 LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)")
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 EXPORT_MS = 2000
 """Ray's metrics report interval in the apps ``bench_e2e`` starts (``EXPORT_ENV``; Ray's own
@@ -21,7 +22,6 @@ level before it -- seen on an H100, 2026-12-06). What a replica records reaches 
 endpoint within its buffer's flush (0.5 s) and one report interval: ``EXPORT_WAIT_S``."""
 EXPORT_ENV = {"RAY_metrics_report_interval_ms": str(EXPORT_MS)}
 EXPORT_WAIT_S = EXPORT_MS / 1000 + 1.0  # (0.5 s of flush, 0.5 s of margin)
-LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 def session_dir() -> str:

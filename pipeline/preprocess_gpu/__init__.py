@@ -6,4 +6,6 @@
 * ``stage``: ``PreprocessGpuCore``, the stage -- decoding (nvImageCodec or CPU threads),
   batching through the ``BatchScheduler`` when it runs inside the inference replica, and
   the hand-over to the inference replica over a transport when it runs on its own.
+* ``rounds``: what a local round hands around (its JPEGs, the retry answer, rows that land).
+* ``senders``: ``Senders``, the transports of the hand-over (NCCL, or the object store).
 """

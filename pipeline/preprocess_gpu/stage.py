@@ -22,7 +22,6 @@ uint8 is half the bytes of float16 on the wire.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from typing import Any
 
@@ -34,19 +33,16 @@ from ..batch_scheduler import BatchScheduler, settled
 from ..batching import Batch
 from ..config import PipelineConfig
 from ..device import Backend, Event, Stream, select_backend
-from ..errors import FerryError, InvalidInput, ModelNotFound, QueueFull, TransportError
+from ..errors import FerryError, ModelNotFound, QueueFull
 from ..imaging import encode_jpeg
 from ..memory import DevicePool, PinnedRing, make_pool
 from ..stages.messages import DeviceRows, Encoded, SendTo
 from ..threads import thread_pool
-from ..transport.base import nccl_available
-from ..transport.nccl import NcclEndpoint
-from ..transport.object_store import ObjectStoreSender
 from .fitter import GpuFitter
 from .plan import runs_within
 from .rounds import RETRY, Jpeg, Landing, landed, split_jpegs
+from .senders import Senders
 
-logger = logging.getLogger(__name__)
 Items = list[Encoded]  # checked by the ingress: bytes, media type, the plan of its header
 
 
@@ -88,9 +84,8 @@ class PreprocessGpuCore:
             self.watcher,
             t.timeout_s,
         )
-        self.endpoint: Any = None
-        self.os_tx: Any = None
         self.scheduler: BatchScheduler | None = None
+        self.senders: Senders | None = None  # (as a deployment of its own)
         if local:
             b = config.batching
             self.scheduler = BatchScheduler(
@@ -98,10 +93,8 @@ class PreprocessGpuCore:
                 retry_after_s=b.retry_after_s, dispatch_when_idle=True,
             )  # fmt: skip
         else:
-            self._init_senders()
-        self._senders: dict[str, Any] = {}
+            self.senders = Senders(self.backend.device_id, t.timeout_s)
         self._last_round: asyncio.Future | None = None  # (overlap_rounds) the newest round
-        self._same_gpu_warned = False
         self.warmup()  # (as the inference stage, always before the replica is ready)
 
     def warmup(self) -> None:
@@ -116,14 +109,6 @@ class PreprocessGpuCore:
                 imgs += self.decoder.decode([encode_jpeg(host)], t.channels, self.stream)
             self.batch(model, [i for i in imgs if i is not None])
             self.stream.synchronize()
-
-    def _init_senders(self) -> None:
-
-        if nccl_available():
-            self.endpoint = NcclEndpoint(
-                self.backend.device_id, timeout_s=self.config.transport.timeout_s
-            )
-        self.os_tx = ObjectStoreSender("preprocess->inference")
 
     def _decoder(self, config: PipelineConfig) -> Any:
         """nvImageCodec's JPEG decoder on this device, as ``preprocess.decoder`` asks."""
@@ -371,34 +356,12 @@ class PreprocessGpuCore:
         if not keep:  # every image refused: nothing to send, each request has its error
             return None, keep, refused
         with self.stream:  # the send starts when this stream reaches it
-            return self._sender(to).send(out, {"model": model}), keep, refused
-
-    def _sender(self, to: SendTo) -> Any:
-        kind = to.transport
-        if kind == "object_store":
-            return self.os_tx
-        if kind != "nccl":
-            raise InvalidInput("unknown transport", transport=kind)
-        if self.endpoint is None:
-            raise TransportError("NCCL is not available in this preprocess replica")
-        if to.gpu == self.endpoint.gpu:  # both replicas share this GPU: NCCL can't
-            if not self._same_gpu_warned:
-                self._same_gpu_warned = True
-                logger.warning(
-                    "preprocess and inference share GPU %s; NCCL needs two devices, "
-                    "so batches go by the object store",
-                    self.endpoint.gpu,
-                )
-            return self.os_tx
-        dst = to.endpoint
-        s = self._senders.get(dst)
-        if s is None:
-            s = self._senders[dst] = self.endpoint.sender(dst, "preprocess->inference")
-        return s
+            assert self.senders is not None  # (only the stage of its own sends)
+            return self.senders.sender(to).send(out, {"model": model}), keep, refused
 
     def close(self) -> None:
-        if self.endpoint is not None:
-            self.endpoint.close()
+        if self.senders is not None:
+            self.senders.close()
         self.stream.synchronize()
         self.watcher.close()
         self.ring.close()

@@ -93,7 +93,7 @@ def test_fused_gpu_preprocess_mixed_call_matches_cpu_and_keeps_errors_apart(nvim
     from pipeline.stages.preprocess_gpu import PreprocessGpuStage
 
     core = PreprocessGpuStage(_config(), 0, local=True)
-    assert core.core.decoder is not None and core.core.endpoint is None
+    assert core.core.decoder is not None and core.core.senders is None  # (no NCCL endpoint)
     target = model_info("resnet50").target()
     photos = list(_photos().values())
     from pipeline.errors import FerryError

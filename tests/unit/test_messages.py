@@ -242,11 +242,11 @@ def test_preprocess_gpu_sends_where_send_to_says():
     try:
         to = _hop(SendTo("nccl", "inference-1", "GPU-0"))  # (it rides in the Serve call)
         assert (to.transport, to.endpoint, to.gpu) == ("nccl", "inference-1", "GPU-0")
-        assert core._sender(SendTo("object_store")) is core.os_tx
+        assert core.senders.sender(SendTo("object_store")) is core.senders.os_tx
         with pytest.raises(TransportError):  # no NCCL endpoint on the numpy backend
-            core._sender(to)
+            core.senders.sender(to)
         with pytest.raises(InvalidInput) as e:
-            core._sender(SendTo("pigeon"))
+            core.senders.sender(SendTo("pigeon"))
         assert e.value.fields["transport"] == "pigeon"
     finally:
         core.close()
