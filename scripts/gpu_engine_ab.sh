@@ -5,9 +5,11 @@
 #   FERRY_COMMIT=<commit> bash scripts/gpu_engine_ab.sh
 #   MODELS=squeezenet1_1,mobilenet_v2 BATCHES=1,32,128 SPY=1 bash scripts/gpu_engine_ab.sh
 #   TRACE=0 MODELS=squeezenet1_1 bash scripts/gpu_engine_ab.sh    # bench_models' A/B alone
+#   TRACE=0 WAITS=sleep STREAMS=3,1 bash scripts/gpu_engine_ab.sh  # one stream against three
 # Per model and wait: trace_engine.py (the device's idle gaps under each loop; SPY=1 adds
 # py-spy's stacks of Ferry's loop) into $OUT/trace_<model>_<wait>.json; then bench_models.py
-# at each wait, every system of a batch size in one run, into $OUT/models_<wait>.json (kept
+# at each wait (WAITS) and compute-stream count (STREAMS), every system of a batch size in one
+# run, into $OUT/models_<wait>[_s<streams>].json (kept
 # apart from benchmarks/results/models.json: --no-merge). Each step is bounded by timeout and
 # by what is left of BUDGET_S (default 540 s: the device tool's calls end at 600): a step that
 # no longer fits 60 s is skipped and says so. A trace recompiles its model in each process
@@ -19,6 +21,8 @@ export PYTHONPATH=$PWD:${PYTHONPATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 MODELS=${MODELS:-squeezenet1_1,resnet18}
 BATCHES=${BATCHES:-1,32}
+WAITS=${WAITS:-sleep,spin}  # executor.batch_wait of each bench_models run
+STREAMS=${STREAMS:-3}  # its --compute-streams (1: the batches in flight queue on one stream)
 T0=$(date +%s); BUDGET=${BUDGET_S:-540}
 give() {  # give LIMIT_S -> the seconds to give a step (0: skip it)
   local left=$(( T0 + BUDGET - $(date +%s) - 15 ))
@@ -38,11 +42,15 @@ for m in $([ "${TRACE:-1}" = 1 ] && echo "${MODELS//,/ }"); do
     echo "== trace $m $w (rc $?)"; grep '^{' "$OUT/trace_${m}_$w.log" | cut -c1-240
   done
 done
-for w in sleep spin; do
-  t=$(give 400); [ "$t" = 0 ] && { echo "== bench_models $w: skipped (budget)"; continue; }
-  timeout -k 10 "$t" python3 benchmarks/bench_models.py --models "$MODELS" --batches "$BATCHES" \
-    --batch-wait "$w" --out "$OUT/models_$w.json" --no-merge > "$OUT/models_$w.log" 2>&1
-  echo "== bench_models $w (rc $?)"; grep -v "^\s*$" "$OUT/models_$w.log" | tail -14
+for s in ${STREAMS//,/ }; do
+  for w in ${WAITS//,/ }; do
+    v=${w}$([ "$s" = 3 ] || echo "_s$s")  # (3: bench_models' default, one per batch in flight)
+    t=$(give 400); [ "$t" = 0 ] && { echo "== bench_models $v: skipped (budget)"; continue; }
+    timeout -k 10 "$t" python3 benchmarks/bench_models.py --models "$MODELS" --batches "$BATCHES" \
+      --batch-wait "$w" --compute-streams "$s" --out "$OUT/models_$v.json" --no-merge \
+      > "$OUT/models_$v.log" 2>&1
+    echo "== bench_models $v (rc $?)"; grep -v "^\s*$" "$OUT/models_$v.log" | tail -14
+  done
 done
 if [ -n "${SPY:-}" ]; then
   for d in "$OUT"/spy_*; do python3 scripts/spy_top.py "$d" --top 30 > "$d.top.txt" 2>&1; done
