@@ -148,3 +148,19 @@ def stage(dst: np.ndarray, x: np.ndarray | list[np.ndarray], n: int) -> None:
 
 def _address(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]  # (cheaper than ``a.ctypes.data``)
+
+
+def row_runs(rows: list[tuple[int, int]], row_bytes: int) -> list[tuple[int, int, int]]:
+    """Runs of rows that sit next to each other both in the batch and in device memory, as
+    (the first row's index in the batch, its address, rows): one device-to-device copy a
+    run instead of a copy kernel a row. A decode round's fit hands its rows over as views
+    of one batch, so the rows of a round that land together in a GPU batch are one run.
+    ``rows``: (index in the batch, address), in batch order."""
+    runs: list[list[int]] = []
+    for i, ptr in rows:
+        last = runs[-1] if runs else None
+        if last is not None and last[0] + last[2] == i and last[1] + last[2] * row_bytes == ptr:
+            last[2] += 1
+        else:
+            runs.append([i, ptr, 1])
+    return [(i, ptr, k) for i, ptr, k in runs]

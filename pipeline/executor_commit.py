@@ -30,7 +30,7 @@ from .config import ExecutorConfig
 from .device import COMPLETE, Backend, Event, Stream, StreamSet, is_device_array
 from .engines.base import BoundModel, EnginePlan
 from .executor_arenas import KeptArenas
-from .executor_batch import PreparedBatch, stage
+from .executor_batch import PreparedBatch, row_runs, stage
 from .executor_completion import Completions
 from .executor_graphs import BoundGraphs
 from .executor_models import ModelTable
@@ -259,11 +259,7 @@ class StagedMode:
         """Enqueue the batch on its route (under the lock); True for a graph replay."""
         bound, compute, ev, streams = r.bound, r.compute, r.events, self.streams
         if on_device:  # rows already on this device (GPU preprocessing): d2d copies
-            with compute:
-                for i, a in enumerate(x):
-                    bound.input[i] = a
-                if p.n < p.bucket:
-                    bound.input[p.n :] = 0
+            self._rows_in(bound.input, rows_d, p.n, compute)
         else:  # host rows go up first; device rows beside them are copied on the device
             up = compute if self.one_stream else streams.h2d
             if r.copies is not None:
@@ -275,9 +271,7 @@ class StagedMode:
                 record(ev.h2d, up)
                 compute.wait(ev.h2d)
             if rows_d:
-                with compute:
-                    for i, a in rows_d:
-                        bound.input[i] = a
+                self._rows_in(bound.input, rows_d, None, compute)
         if self._faults_on:  # the middle of the batch: its arena and slot are held
             self.faults.on_commit(p.faults)
         replay = r.graph is not None
@@ -300,6 +294,32 @@ class StagedMode:
                 out.copy_d2h(host, dev)
         record(ev.done, out)
         return replay
+
+    def _rows_in(
+        self, dst: Any, rows: list[tuple[int, Any]], n: int | None, compute: Stream
+    ) -> None:
+        """Device rows (index, array) into the arena's input ``dst`` on ``compute``: a
+        ``memcpyAsync`` per run of rows consecutive in memory (``row_runs``), a copy kernel
+        for a strided one; with ``n``, the rows from ``n`` on (the bucket's padding) zeroed."""
+        rt, flat = self._rt, dst.flags.c_contiguous
+        n = None if n is None or n >= dst.shape[0] else n
+        odd = rows if rt is None or not flat else [r for r in rows if not r[1].flags.c_contiguous]
+        if rt is not None and flat:
+            row_bytes, base, sp = dst.nbytes // dst.shape[0], int(dst.data.ptr), compute.ptr
+            runs = row_runs(
+                [(i, int(a.data.ptr)) for i, a in rows if a.flags.c_contiguous], row_bytes
+            )
+            for i, src, k in runs:
+                rt.memcpyAsync(base + i * row_bytes, src, k * row_bytes, rt.memcpyDefault, sp)
+            if n is not None:
+                rt.memsetAsync(base + n * row_bytes, 0, (dst.shape[0] - n) * row_bytes, sp)
+                n = None
+        if odd or n is not None:
+            with compute:
+                for i, a in odd:
+                    dst[i] = a
+                if n is not None:
+                    dst[n:] = 0
 
     def _result(self, p: PreparedBatch, r: Route, keep: list[Any], label: str) -> AsyncResult:
         """The batch's result, finished from its last event: the rows copied out of the

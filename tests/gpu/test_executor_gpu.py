@@ -167,6 +167,36 @@ def test_a_batch_mixing_device_and_host_rows_equals_the_host_batch():
     ex.close()
 
 
+def test_device_rows_as_views_of_fitted_batches_are_copied_by_runs():
+    """Rows as the GPU preprocess stage hands them over -- views of its fits' batches, so
+    a round's rows are consecutive in memory -- interleaved from two batches, with a strided
+    row and a bucket's padding: the same answers as the host batch (one ``memcpyAsync`` a
+    run, ``row_runs``; a copy kernel for the strided row; the bucket's padding set by a
+    memset, which no row's answer reads)."""
+    import cupy
+
+    _, _, xte, _ = digits.load_split()
+    ex = executor(buckets=(16,))
+    ex.load_model("digits", "digits")
+    rows = list(xte[:11])
+    want = ex.commit(ex.prepare("digits", 11), np.stack(rows)).wait(30)
+    one, two = cupy.asarray(np.stack(rows[:6])), cupy.asarray(np.stack(rows[6:]))
+    flipped = cupy.asarray(np.ascontiguousarray(rows[10][::-1]))[::-1]  # strided, same values
+    assert not flipped.flags.c_contiguous
+    views = [one[0], one[1], one[2], two[0], two[1], one[3], one[4], one[5], two[2], two[3]]
+    views.append(flipped)
+    order = [0, 1, 2, 6, 7, 3, 4, 5, 8, 9, 10]  # which host row each view holds
+    want_mixed = ex.commit(ex.prepare("digits", 11), np.stack([rows[k] for k in order])).wait(30)
+    for _ in range(3):  # each slot and arena of the ring
+        got = ex.commit(ex.prepare("digits", 11), views).wait(30)
+        np.testing.assert_array_equal(got, want_mixed)
+    got = ex.commit(
+        ex.prepare("digits", 11), [one[k] for k in range(6)] + [two[k] for k in range(5)]
+    ).wait(30)
+    np.testing.assert_array_equal(got, want)
+    ex.close()
+
+
 def test_50_threads_committing_concurrently():
     ex = executor(buckets=(1, 2, 4, 8, 16), max_in_flight=3)
     ex.load_model("r", "resnet50", seed=0)

@@ -1,6 +1,8 @@
-"""Two executor details the torch engine's benchmark rests on (CPU backend): a batch written
+"""Executor details the torch engine's benchmark rests on (CPU backend): a batch written
 straight into its pinned slot (``PreparedBatch.staging``) is committed without a copy and
-gives the same answer, and each arena keeps one compute stream (``StreamSet.compute_for``)."""
+gives the same answer, and each arena keeps one compute stream (``StreamSet.compute_for``).
+And how device rows are grouped into copies (``row_runs``; the copies themselves are run
+in tests/gpu/test_executor_gpu.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from pipeline import executor_commit as executor_mod  # (the real commit path st
 from pipeline.config import ExecutorConfig
 from pipeline.device import Backend, StreamSet
 from pipeline.executor import GpuExecutor
+from pipeline.executor_batch import row_runs
 from pipeline.models import digits
 
 
@@ -80,3 +83,18 @@ def test_batch_wait_is_sleep_or_spin_and_spin_answers_as_sleep():
         got[wait] = e.commit(e.prepare("digits", 6), xte[:6]).wait()
         e.close()
     np.testing.assert_array_equal(got["sleep"], got["spin"])
+
+
+def test_rows_consecutive_in_the_batch_and_in_memory_are_one_copy():
+    row = 150528  # a 224 x 224 x 3 uint8 row
+    a, b = 1 << 30, 1 << 31  # two fits' batches
+    rows = [(0, a), (1, a + row), (2, a + 2 * row), (3, b), (4, b + row), (5, a + 3 * row)]
+    assert row_runs(rows, row) == [(0, a, 3), (3, b, 2), (5, a + 3 * row, 1)]
+
+
+def test_a_gap_in_the_batch_or_in_memory_starts_a_new_copy():
+    row = 64
+    # index 2 missing (a host row beside device rows), then rows in reverse memory order
+    rows = [(0, 1000), (1, 1064), (3, 1128), (4, 2000), (5, 1936)]
+    assert row_runs(rows, row) == [(0, 1000, 2), (3, 1128, 1), (4, 2000, 1), (5, 1936, 1)]
+    assert row_runs([], row) == []
