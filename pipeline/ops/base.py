@@ -16,6 +16,7 @@ copies to or from the host. ``inputs`` and ``outputs`` are arrays of the plan's 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -28,6 +29,25 @@ from ..errors import InvalidInput
 WORKSPACE_ALIGN = 256
 
 
+@functools.lru_cache(maxsize=256)
+def _dtype_name(dtype: Any) -> str:
+    return np.dtype(dtype).name
+
+
+def dtype_name(dtype: Any) -> str:
+    """numpy's name of ``dtype`` (a name, a numpy dtype or scalar type), remembered: numpy
+    works it out in Python each time (about 5 us), and a GPU fit makes a spec per image."""
+    try:
+        return _dtype_name(dtype)
+    except TypeError:  # (unhashable: a structured dtype's description)
+        return np.dtype(dtype).name
+
+
+@functools.lru_cache(maxsize=256)
+def _itemsize(name: str) -> int:
+    return np.dtype(name).itemsize
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """Shape and dtype of a tensor; hashable, so plans can be cached by it."""
@@ -37,15 +57,15 @@ class TensorSpec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
-        object.__setattr__(self, "dtype", np.dtype(self.dtype).name)
+        object.__setattr__(self, "dtype", dtype_name(self.dtype))
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
-        return self.size * np.dtype(self.dtype).itemsize
+        return self.size * _itemsize(self.dtype)
 
     @property
     def np_dtype(self) -> np.dtype:
