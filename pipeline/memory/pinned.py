@@ -7,6 +7,7 @@ On the CPU backend the slots are ordinary numpy memory, so the same code runs.
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any
 
@@ -29,7 +30,7 @@ class PinnedSlot:
 
     def view(self, offset: int, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         dt = np.dtype(dtype)
-        n = int(np.prod(shape)) * dt.itemsize
+        n = math.prod(shape) * dt.itemsize
         if offset + n > self.host.nbytes:
             raise ValueError(
                 f"view of {n} bytes at {offset} exceeds the slot ({self.host.nbytes} bytes)"

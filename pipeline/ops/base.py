@@ -238,7 +238,7 @@ def check_tensor(op: str, what: str, spec: TensorSpec, rank: int, allowed: Seque
 def workspace_view(workspace: Any, offset: int, shape: tuple[int, ...], dtype: Any) -> Any:
     """A typed view of part of a flat uint8 workspace (no allocation)."""
     dt = np.dtype(dtype)
-    n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    n = math.prod(shape) * dt.itemsize
     return workspace[offset : offset + n].view(dt).reshape(shape)
 
 

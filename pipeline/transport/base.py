@@ -17,6 +17,7 @@ NCCL loads, else the object store); configuration can force any.
 from __future__ import annotations
 
 import itertools
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -45,7 +46,7 @@ class Envelope:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
 
 def check_array(array: Any, what: str = "array") -> tuple[tuple[int, ...], str]:
