@@ -343,7 +343,8 @@ def _merge(doc: dict, part: dict, args: Any) -> None:
         f"{args.batch_wait} (executor.batch_wait); img_s the "
         f"median of 3 windows over {args.seconds} s, the systems of a batch size "
         "timed window by window in turn; spread (max-min)/median; host_us_per_batch: "
-        "CPU us per batch of the thread driving the loop, its device waits left out; "
+        "CPU us per batch of the thread driving the loop (the peers' waits left out, "
+        "Ferry's in: its wait also finishes the batch); "
         "cpu_us_per_batch: the whole process's CPU us per batch (bench_models_harness)",
     )
     write_json(args.out, doc)
@@ -368,8 +369,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--batch-wait",
         choices=("sleep", "spin"),
-        default="sleep",
-        help="Ferry's executors' executor.batch_wait (spin: as the torch peers wait)",
+        default="spin",
+        help="Ferry's executors' executor.batch_wait: spin (the default) waits as the torch "
+        "peers' loops do, on a plain event that spins -- like with like (models.json wait_ab: "
+        "0.93-1.00x torch_compile spinning, 0.71-0.97x asleep, H200 2026-12-06); sleep: "
+        "serving's default",
     )
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--rows-out", help=argparse.SUPPRESS)

@@ -251,7 +251,26 @@ def models_section(doc: dict) -> list[str]:
         md_table(rows, [*cols, *ratios]),
         *([""] + notes if notes else []),
         *(line for key, t in doc.get("traces", {}).items() for line in trace_section(key, t)),
+        *(line for key, ab in doc.get("wait_ab", {}).items() for line in wait_ab_section(key, ab)),
     ]
+
+
+def wait_ab_section(key: str, ab: dict) -> list[str]:
+    """``scripts/gpu_engine_ab.sh``'s bench_models runs (``models.json``'s ``wait_ab``): per
+    model, batch and Ferry's wait and compute streams, ferry_torch against torch_compile
+    measured in the same run, and what each process spent a batch."""
+    cols = [
+        ("model", "model"),
+        ("batch", "batch"),
+        ("batch_wait", "batch_wait"),
+        ("compute streams", "compute_streams"),
+        ("ferry_torch img/s", "ferry_torch"),
+        ("torch_compile img/s", "torch_compile"),
+        ("ratio", "ratio"),
+        ("ferry CPU us a batch", "ferry_cpu_us_per_batch"),
+        ("torch CPU us a batch", "torch_cpu_us_per_batch"),
+    ]
+    return ["", f"#### Batch waits: `{key}`", "", ab["what"], "", md_table(ab["rows"], cols)]
 
 
 def trace_section(key: str, trace: dict) -> list[str]:
