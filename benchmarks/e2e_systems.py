@@ -239,6 +239,10 @@ SYSTEMS: dict[str, dict[str, Any]] = {
     # core -- a thread that waits for the GIL held by a busy loop waits up to the interval
     "ferry_swi05": _ferry("ferry_e2e.yaml", sets={"ingress_deployment.switch_interval_ms": 0.5}),
     "ferry_torch_swi05": _ferry_torch(**{"ingress_deployment.switch_interval_ms": 0.5}),
+    # two decode rounds at once a replica, each with its own decoder (preprocess.decode_rounds;
+    # H200, 2026-12-06: a round's 6.7 ms had 4.4 inside nvImageCodec, the next images waited)
+    "ferry_r2": _ferry("ferry_e2e.yaml", sets={"preprocess.decode_rounds": 2}),
+    "ferry_torch_r2": _ferry_torch(**{"preprocess.decode_rounds": 2}),
     "ferry_4rep": _ferry(
         "ferry_e2e.yaml",
         sets={

@@ -62,14 +62,17 @@ def decoder_for(
     hw_load: float = 1.0,
     largest: int = 0,
     keep_bytes: int | None = None,
+    lane: int = 0,
 ) -> GpuJpegDecoder:
     """The process's decoder for these settings, made once and kept for the life of the
     process (with the streams it has decoded on): one per process and device is the
     intended use, and tearing one down while images or streams it touched are in flight
     is what nvImageCodec is least forgiving of. ``largest``: the most JPEGs one call will
     carry; the new decoder's first call is that many (``GpuJpegDecoder.prime``).
-    ``keep_bytes`` (None or 0: as it is): ``keep_decoded``, before the first call."""
-    key = (device_id, cpu_threads, backends, hw_load)
+    ``keep_bytes`` (None or 0: as it is): ``keep_decoded``, before the first call.
+    ``lane``: a decoder of its own for each lane that calls at the same time
+    (``preprocess.decode_rounds``): one decoder's calls are made one at a time."""
+    key = (device_id, cpu_threads, backends, hw_load, lane)
     with _decoders_lock:
         if keep_bytes:
             try:

@@ -133,6 +133,24 @@ class PreprocessConfig(Strict):
     level, with the GPU 0.6 busy under MPS. Copies, the JPEG engines' decoding and other
     processes' work are not reordered. ``normal`` until measured on a GPU
     node (``bench_e2e`` systems ``ferry_prio``, ``ferry_torch_prio``)."""
+    decode_rounds: int = Field(1, ge=1, le=4)
+    """Rounds of GPU decoding a replica runs at once (where the GPU decodes in the process
+    that owns the executor), each on a thread of its own with its own nvImageCodec decoder,
+    stream and fit (``preprocess_gpu.lanes``): the next round's images start while one
+    round waits inside its decoder call. On an H200 (8 replicas, 2026-12-06, ``e2e_notes.md``)
+    a round at 256 clients spent 4.4 of its 6.7 ms host time in nvImageCodec's call, mostly
+    not on the CPU, with the JPEG engines 0.24 busy; meanwhile the next round's images wait
+    (5.5 ms). 1 until measured on a GPU node (``bench_e2e`` system ``ferry_r2``); each more
+    holds another decoder's device memory, outside the executor's pool."""
+
+    @model_validator(mode="after")
+    def _one_way_to_overlap(self) -> PreprocessConfig:
+        if self.decode_rounds > 1 and self.overlap_rounds:
+            raise ValueError(
+                "preprocess.decode_rounds > 1 and preprocess.overlap_rounds are two ways to "
+                "run rounds side by side: choose one"
+            )
+        return self
 
 
 class TransportConfig(Strict):

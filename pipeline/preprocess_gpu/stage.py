@@ -39,6 +39,7 @@ from ..memory import DevicePool, PinnedRing, make_pool
 from ..stages.messages import DeviceRows, Encoded, SendTo
 from ..threads import thread_pool
 from .fitter import GpuFitter
+from .lanes import Lane, Lanes
 from .plan import runs_within
 from .rounds import RETRY, Jpeg, Landing, landed, split_jpegs
 from .senders import Senders
@@ -68,28 +69,24 @@ class PreprocessGpuCore:
         self.targets = cpu.targets
         self.max_pixels = config.ingress.max_pixels
         self.decoder = self._decoder(config) if self.backend.is_cuda else None
-        self.gpu_pool = thread_pool(1, "ferry-pre-gpu")
+        rounds = config.preprocess.decode_rounds if local else 1  # (rounds at once)
+        self.gpu_pool = thread_pool(rounds, "ferry-pre-gpu")
         t, ex = config.transport, config.executor
         self.pool = pool or make_pool(self.backend, ex.pool_limit_bytes, ex.pool_limit_fraction)
         self.ring = PinnedRing(self.backend, t.staging_slot_bytes, t.staging_slots)
-        prio = config.preprocess.stream_priority
-        self.stream = Stream("preprocess", self.backend, prio)
         self.watcher = CompletionWatcher("ferry-pre-done")  # device events -> results
-        self.fitter = GpuFitter(
-            self.backend,
-            self.pool,
-            self.ring,
-            self.stream,
-            Stream("preprocess-h2d", self.backend, prio),
-            self.watcher,
-            t.timeout_s,
-        )
+        self.stream, self.fitter = self._stream_and_fitter("")
+        lanes = [Lane(self.decoder, self.stream, self.fitter)]
+        for i in range(1, rounds):  # each further round's own decoder, stream and fitter
+            dec = self._decoder(config, i) if self.decoder is not None else None
+            lanes.append(Lane(dec, *self._stream_and_fitter(f"-{i}")))
+        self.lanes = Lanes(lanes)
         self.scheduler: BatchScheduler | None = None
         self.senders: Senders | None = None  # (as a deployment of its own)
         if local:
             b = config.batching
             self.scheduler = BatchScheduler(
-                self._run_round, config.largest_batch, 0.0, b.max_queue, max_in_flight=1,
+                self._run_round, config.largest_batch, 0.0, b.max_queue, max_in_flight=rounds,
                 retry_after_s=b.retry_after_s, dispatch_when_idle=True,
             )  # fmt: skip
         else:
@@ -110,8 +107,18 @@ class PreprocessGpuCore:
             self.batch(model, [i for i in imgs if i is not None])
             self.stream.synchronize()
 
-    def _decoder(self, config: PipelineConfig) -> Any:
-        """nvImageCodec's JPEG decoder on this device, as ``preprocess.decoder`` asks."""
+    def _stream_and_fitter(self, suffix: str) -> tuple[Stream, GpuFitter]:
+        """A lane's stream and the fitter that enqueues on it (its copies on one more)."""
+        prio = self.config.preprocess.stream_priority
+        stream = Stream(f"preprocess{suffix}", self.backend, prio)
+        h2d = Stream(f"preprocess-h2d{suffix}", self.backend, prio)
+        timeout = self.config.transport.timeout_s
+        fitter = GpuFitter(self.backend, self.pool, self.ring, stream, h2d, self.watcher, timeout)
+        return stream, fitter
+
+    def _decoder(self, config: PipelineConfig, lane: int = 0) -> Any:
+        """nvImageCodec's JPEG decoder on this device, as ``preprocess.decoder`` asks (one
+        of its own for each ``lane``)."""
         want = config.preprocess.decoder
         if want == "cpu":
             return None
@@ -126,6 +133,7 @@ class PreprocessGpuCore:
             pre.gpu_decode_hw_load,
             largest=config.largest_batch if pre.gpu_decode_prime else 0,
             keep_bytes=pre.gpu_decode_keep_bytes,
+            lane=lane,
         )
 
     async def process(self, model: str, items: Items, to: SendTo | None = None) -> DeviceRows:
@@ -242,39 +250,41 @@ class PreprocessGpuCore:
         once (a third for the moment the watcher takes to let the oldest go). With them, the
         event behind the round, this thread's CPU ms over it and the ms its decoder calls
         took (None: no JPEG, no call)."""
-        cpu0, call_s = time.thread_time(), None
-        answers: list[Any] = [RETRY] * len(datas)
-        self._fit_into(
-            answers, model, {j: d for j, d in enumerate(datas) if not isinstance(d, Jpeg)}
-        )
-        jpegs = [j for j, d in enumerate(datas) if isinstance(d, Jpeg)]
-        budget = self.config.preprocess.gpu_decode_round_bytes
-        fitted: list[Event] = []  # the runs' fits still on the device, oldest first
-        for run in runs_within([datas[j].nbytes for j in jpegs], budget):
-            which = [jpegs[k] for k in run]
-            if len(fitted) == 2:
-                fitted.pop(0).synchronize()
-            assert self.decoder is not None
-            c0 = time.perf_counter()
-            got = self.decoder.decode(
-                [datas[j].data for j in which], self.targets[model].channels, self.stream
-            )
-            call_s = (call_s or 0.0) + time.perf_counter() - c0
-            self._fit_into(
-                answers, model, {j: g for j, g in zip(which, got, strict=True) if g is not None}
-            )
-            del got
-            fitted.append(self.stream.record())
-        cpu_ms = (time.thread_time() - cpu0) * 1e3
-        return answers, self.stream.record(), cpu_ms, None if call_s is None else call_s * 1e3
+        with self.lanes.take() as lane:  # its decoder, stream and fitter for the round
+            cpu0, call_s = time.thread_time(), None
+            answers: list[Any] = [RETRY] * len(datas)
+            host = {j: d for j, d in enumerate(datas) if not isinstance(d, Jpeg)}
+            self._fit_into(answers, model, host, lane.fitter)
+            jpegs = [j for j, d in enumerate(datas) if isinstance(d, Jpeg)]
+            budget = self.config.preprocess.gpu_decode_round_bytes
+            fitted: list[Event] = []  # the runs' fits still on the device, oldest first
+            for run in runs_within([datas[j].nbytes for j in jpegs], budget):
+                which = [jpegs[k] for k in run]
+                if len(fitted) == 2:
+                    fitted.pop(0).synchronize()
+                assert lane.decoder is not None
+                c0 = time.perf_counter()
+                got = lane.decoder.decode(
+                    [datas[j].data for j in which], self.targets[model].channels, lane.stream
+                )
+                call_s = (call_s or 0.0) + time.perf_counter() - c0
+                imgs = {j: g for j, g in zip(which, got, strict=True) if g is not None}
+                self._fit_into(answers, model, imgs, lane.fitter)
+                del got, imgs
+                fitted.append(lane.stream.record())
+            cpu_ms = (time.thread_time() - cpu0) * 1e3
+            call_ms = None if call_s is None else call_s * 1e3
+            return answers, lane.stream.record(), cpu_ms, call_ms
 
-    def _fit_into(self, answers: list[Any], model: str, imgs: dict[int, Any]) -> None:
-        """Fit ``imgs`` (index in ``answers`` -> image) as one batch: each gets its row or
-        the error it was refused with."""
+    def _fit_into(
+        self, answers: list[Any], model: str, imgs: dict[int, Any], fitter: GpuFitter
+    ) -> None:
+        """Fit ``imgs`` (index in ``answers`` -> image) as one batch by ``fitter``: each
+        gets its row or the error it was refused with."""
         if not imgs:
             return
         order = list(imgs)
-        out, keep, refused = self.batch(model, [imgs[j] for j in order])
+        out, keep, refused = self.batch(model, [imgs[j] for j in order], fitter)
         for r, k in enumerate(keep):
             answers[order[k]] = out[r]
         for k, exc in refused.items():
@@ -336,18 +346,21 @@ class PreprocessGpuCore:
             errors[which[j]] = exc
 
     # ------------------------------------------------------------------ GPU (one thread)
-    def batch(self, model: str, imgs: list[Any]) -> tuple[Any, list[int], dict[int, Any]]:
+    def batch(
+        self, model: str, imgs: list[Any], fitter: GpuFitter | None = None
+    ) -> tuple[Any, list[int], dict[int, Any]]:
         """The uint8 device batch [n, H, W, C] of decoded images (host arrays, or images on
-        this device), enqueued on this stage's stream, in parts when the staging asks for
-        it; which images it holds, row by row, and the errors of those refused."""
-        t = self.targets[model]
-        parts, refused = self.fitter.parts(t, imgs)
+        this device), enqueued on ``fitter``'s stream (this stage's first), in parts when
+        the staging asks for it; which images it holds, row by row, and the errors of
+        those refused."""
+        t, fit = self.targets[model], fitter or self.fitter
+        parts, refused = fit.parts(t, imgs)
         keep = [i for part in parts for i in part]
-        out, lease = self.fitter.output(t, len(keep))
+        out, lease = fit.output(t, len(keep))
         row = 0
         for part in parts:  # each part's slots are taken once the part before is enqueued
-            p = self.fitter.prepare(t, [imgs[i] for i in part], out[row : row + len(part)])
-            lease.after = self.fitter.commit(p)
+            p = fit.prepare(t, [imgs[i] for i in part], out[row : row + len(part)])
+            lease.after = fit.commit(p)
             row += len(part)
         return out, keep, refused
 
@@ -362,6 +375,7 @@ class PreprocessGpuCore:
     def close(self) -> None:
         if self.senders is not None:
             self.senders.close()
-        self.stream.synchronize()
+        for lane in self.lanes.all:
+            lane.stream.synchronize()
         self.watcher.close()
         self.ring.close()

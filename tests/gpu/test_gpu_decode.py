@@ -89,11 +89,17 @@ def test_nvimgcodec_decodes_photos_as_libjpeg_does(nvimgcodec, backends, hw_load
     assert g.shape[:2] == photos["coffee"].shape[:2] and g.size == g.shape[0] * g.shape[1]
 
 
-def test_fused_gpu_preprocess_mixed_call_matches_cpu_and_keeps_errors_apart(nvimgcodec):
+@pytest.mark.parametrize("rounds", [1, 2])
+def test_fused_gpu_preprocess_mixed_call_matches_cpu_and_keeps_errors_apart(nvimgcodec, rounds):
+    """(``rounds``: ``preprocess.decode_rounds``; with 2 the two calls may decode at once,
+    each round on its own lane's decoder and stream.)"""
     from pipeline.stages.preprocess_gpu import PreprocessGpuStage
 
-    core = PreprocessGpuStage(_config(), 0, local=True)
+    pre = {"decoder": "nvimgcodec", "decode_rounds": rounds}
+    core = PreprocessGpuStage(_config(preprocess=pre), 0, local=True)
     assert core.core.decoder is not None and core.core.senders is None  # (no NCCL endpoint)
+    lanes = core.core.lanes.all
+    assert len(lanes) == rounds and len({id(lane.decoder) for lane in lanes}) == rounds
     target = model_info("resnet50").target()
     photos = list(_photos().values())
     from pipeline.errors import FerryError

@@ -20,12 +20,17 @@ from pipeline.stages.decode import PreprocessStage
 from pipeline.stages.messages import DeviceRows, Encoded
 
 
-def _core(overlap_rounds=False, stream_priority="normal", **transport):
+def _core(overlap_rounds=False, stream_priority="normal", decode_rounds=1, **transport):
+    pre = {
+        "overlap_rounds": overlap_rounds,
+        "stream_priority": stream_priority,
+        "decode_rounds": decode_rounds,
+    }
     cfg = PipelineConfig.model_validate(
         {
             "models": [{"name": "digits", "source": "digits", "max_batch": 64}],
             "transport": transport or {"staging_slots": 2, "staging_slot_bytes": 1 << 20},
-            "preprocess": {"overlap_rounds": overlap_rounds, "stream_priority": stream_priority},
+            "preprocess": pre,
         }
     )
     cpu = PreprocessStage(cfg, fitted=False)
@@ -207,7 +212,7 @@ def test_a_round_past_its_decoded_bytes_is_decoded_in_runs_with_the_same_rows():
     for budget in (1 << 20, 16_000):
         core = _core()
         core.config.preprocess.gpu_decode_round_bytes = budget
-        core.decoder = dec = _CpuDecoder()
+        core.decoder = core.lanes.all[0].decoder = dec = _CpuDecoder()
         items = [_checked(core, j, "image/jpeg") for j in jpegs]
         rows = asyncio.run(core.process("digits", items))
         assert rows.owner == list(range(len(jpegs))) and not rows.errors
@@ -292,3 +297,61 @@ def test_a_round_reports_its_wait_an_image_and_its_host_and_device_time_a_round(
     assert sum(ms >= 50 for ms, _ in seen["decode_wait"]) >= 8
     assert [n for _, n in seen["preprocess"]] == [4, 4, 4]  # the calls' own, as before
     core.close()
+
+
+class _MeetingDecoder(_CpuDecoder):
+    """A lane's decoder whose call returns only once the other lane's decoder is inside its
+    own call too: two rounds decoding at once, or the barrier's timeout fails the test."""
+
+    def __init__(self, barrier):
+        super().__init__()
+        self.barrier = barrier
+        self.threads: set[str] = set()
+
+    def decode(self, datas, channels, stream):
+        self.threads.add(threading.current_thread().name)
+        self.barrier.wait()
+        return super().decode(datas, channels, stream)
+
+
+def test_two_decode_rounds_run_at_once_each_on_its_own_lane_with_the_same_rows():
+    """``preprocess.decode_rounds: 2``: while one round waits inside its decoder call, the
+    next call's images go to the decoder of the other lane, on another thread, and every
+    call gets the rows one lane alone gives (``preprocess_gpu.lanes``)."""
+    rng = np.random.default_rng(5)
+    jpegs = [encode_jpeg(rng.integers(0, 256, (24 + i, 28, 1), dtype=np.uint8)) for i in range(6)]
+    core = _core(decode_rounds=2, staging_slots=4)
+    assert len(core.lanes.all) == 2 and core.scheduler.max_in_flight == 2
+    assert core.lanes.all[0].stream is not core.lanes.all[1].stream
+    barrier = threading.Barrier(2, timeout=60)  # a hang guard only
+    decs = [_MeetingDecoder(barrier) for _ in core.lanes.all]
+    core.decoder = decs[0]  # (JPEGs go to the GPU decoder where the stage has one)
+    for lane, dec in zip(core.lanes.all, decs, strict=True):
+        lane.decoder = dec
+    calls = [[_checked(core, j, "image/jpeg") for j in jpegs[:3]]]
+    calls.append([_checked(core, j, "image/jpeg") for j in jpegs[3:]])
+
+    async def go():
+        first = asyncio.ensure_future(core.process("digits", calls[0]))
+        while not any(d.threads for d in decs):  # round 1 is inside its decoder call
+            await asyncio.sleep(0.005)
+        second = asyncio.ensure_future(core.process("digits", calls[1]))
+        return await first, await second
+
+    got = asyncio.run(go())
+    assert [len(d.calls) for d in decs] == [1, 1]
+    assert decs[0].threads.isdisjoint(decs[1].threads)
+    core.close()
+    one = _core()
+    one.decoder = one.lanes.all[0].decoder = _CpuDecoder()
+    for rows, call in zip(got, calls, strict=True):
+        want = asyncio.run(one.process("digits", call))
+        assert rows.owner == want.owner == [0, 1, 2] and not rows.errors
+        for a, b in zip(rows.data, want.data, strict=True):
+            assert np.array_equal(np.asarray(a), np.asarray(b))
+    one.close()
+
+
+def test_decode_rounds_and_overlap_rounds_are_refused_together():
+    with pytest.raises(ValueError, match="choose one"):
+        _core(overlap_rounds=True, decode_rounds=2)
