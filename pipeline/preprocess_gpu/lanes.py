@@ -3,7 +3,9 @@ a decoder, a stream and the fitter that enqueues on it, so that as many rounds a
 lanes run at once, one on each thread of the stage's GPU pool -- the next round's images
 start while one round waits inside its decoder call. A round takes a free lane for its
 whole length and gives it back; the pinned ring, the pool and the completion watcher are
-the stage's, shared (each is safe to use from several threads)."""
+the stage's, shared (each is safe to use from several threads). The watcher finishes events
+in the order it was given them, so a lane's round is seen done no sooner than the rounds
+handed to it before (on their own streams they may end later): a cost of the experiment."""
 
 from __future__ import annotations
 
