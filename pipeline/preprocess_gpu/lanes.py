@@ -3,31 +3,44 @@ a decoder, a stream and the fitter that enqueues on it, so that as many rounds a
 lanes run at once, one on each thread of the stage's GPU pool -- the next round's images
 start while one round waits inside its decoder call. A round takes a free lane for its
 whole length and gives it back; the pinned ring, the pool and the completion watcher are
-the stage's, shared (each is safe to use from several threads). The watcher finishes events
-in the order it was given them, so a lane's round is seen done no sooner than the rounds
-handed to it before (on their own streams they may end later): a cost of the experiment."""
+the stage's, shared (each is safe to use from several threads). Each lane has its own
+completion watcher (the first lane's is the stage's): a watcher finishes events in the order
+it gets them, so with one shared a round would be seen done no sooner than the other lane's
+round handed to it before."""
 
 from __future__ import annotations
 
 import queue
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
-from ..device import Stream
+from ..async_result import CompletionWatcher
+from ..device import Event, Stream
 from .fitter import GpuFitter
 
 
 class Lane:
     """One round's tools: ``decoder`` (None: nvImageCodec does not decode here), ``stream``
-    (its decodes and fits) and ``fitter`` (its fits, on ``stream``)."""
+    (its decodes and fits), ``fitter`` (its fits, on ``stream``) and ``watcher`` (its
+    device events: the fits' releases and the round's end)."""
 
-    __slots__ = ("decoder", "stream", "fitter")
+    __slots__ = ("decoder", "stream", "fitter", "watcher")
 
-    def __init__(self, decoder: Any, stream: Stream, fitter: GpuFitter) -> None:
+    def __init__(
+        self, decoder: Any, stream: Stream, fitter: GpuFitter, watcher: CompletionWatcher
+    ) -> None:
         self.decoder = decoder
         self.stream = stream
         self.fitter = fitter
+        self.watcher = watcher
+
+
+class Done(NamedTuple):
+    """A round's end on the device, and the watcher of its lane that sees it."""
+
+    event: Event
+    watcher: CompletionWatcher
 
 
 class Lanes:

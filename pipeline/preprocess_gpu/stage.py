@@ -39,7 +39,7 @@ from ..memory import DevicePool, PinnedRing, make_pool
 from ..stages.messages import DeviceRows, Encoded, SendTo
 from ..threads import thread_pool
 from .fitter import GpuFitter
-from .lanes import Lane, Lanes
+from .lanes import Done, Lane, Lanes
 from .plan import runs_within
 from .rounds import RETRY, Jpeg, Landing, landed, split_jpegs
 from .senders import Senders
@@ -75,11 +75,12 @@ class PreprocessGpuCore:
         self.pool = pool or make_pool(self.backend, ex.pool_limit_bytes, ex.pool_limit_fraction)
         self.ring = PinnedRing(self.backend, t.staging_slot_bytes, t.staging_slots)
         self.watcher = CompletionWatcher("ferry-pre-done")  # device events -> results
-        self.stream, self.fitter = self._stream_and_fitter("")
-        lanes = [Lane(self.decoder, self.stream, self.fitter)]
-        for i in range(1, rounds):  # each further round's own decoder, stream and fitter
+        self.stream, self.fitter = self._stream_and_fitter("", self.watcher)
+        lanes = [Lane(self.decoder, self.stream, self.fitter, self.watcher)]
+        for i in range(1, rounds):  # each further round's own decoder, stream, fitter, watcher
             dec = self._decoder(config, i) if self.decoder is not None else None
-            lanes.append(Lane(dec, *self._stream_and_fitter(f"-{i}")))
+            watcher = CompletionWatcher(f"ferry-pre-done{i}")
+            lanes.append(Lane(dec, *self._stream_and_fitter(f"-{i}", watcher), watcher))
         self.lanes = Lanes(lanes)
         self.scheduler: BatchScheduler | None = None
         self.senders: Senders | None = None  # (as a deployment of its own)
@@ -107,13 +108,15 @@ class PreprocessGpuCore:
             self.batch(model, [i for i in imgs if i is not None])
             self.stream.synchronize()
 
-    def _stream_and_fitter(self, suffix: str) -> tuple[Stream, GpuFitter]:
+    def _stream_and_fitter(
+        self, suffix: str, watcher: CompletionWatcher
+    ) -> tuple[Stream, GpuFitter]:
         """A lane's stream and the fitter that enqueues on it (its copies on one more)."""
         prio = self.config.preprocess.stream_priority
         stream = Stream(f"preprocess{suffix}", self.backend, prio)
         h2d = Stream(f"preprocess-h2d{suffix}", self.backend, prio)
         timeout = self.config.transport.timeout_s
-        fitter = GpuFitter(self.backend, self.pool, self.ring, stream, h2d, self.watcher, timeout)
+        fitter = GpuFitter(self.backend, self.pool, self.ring, stream, h2d, watcher, timeout)
         return stream, fitter
 
     def _decoder(self, config: PipelineConfig, lane: int = 0) -> Any:
@@ -242,7 +245,7 @@ class PreprocessGpuCore:
             a if a is RETRY or isinstance(a, BaseException) else Landing(a, done) for a in answers
         ]
 
-    def _round(self, model: str, datas: list[Any]) -> tuple[list, Event, float, float | None]:
+    def _round(self, model: str, datas: list[Any]) -> tuple[list, Done, float, float | None]:
         """A round's answers: its host images (decoded on the CPU) in one fit, its JPEGs in
         runs of at most ``gpu_decode_round_bytes`` decoded. A run's images are freed once
         its fit has run on the device (by the completion watcher), and a run is decoded only
@@ -274,7 +277,7 @@ class PreprocessGpuCore:
                 fitted.append(lane.stream.record())
             cpu_ms = (time.thread_time() - cpu0) * 1e3
             call_ms = None if call_s is None else call_s * 1e3
-            return answers, lane.stream.record(), cpu_ms, call_ms
+            return answers, Done(lane.stream.record(), lane.watcher), cpu_ms, call_ms
 
     def _fit_into(
         self, answers: list[Any], model: str, imgs: dict[int, Any], fitter: GpuFitter
@@ -290,11 +293,11 @@ class PreprocessGpuCore:
         for k, exc in refused.items():
             answers[order[k]] = exc
 
-    async def _when_done(self, event: Event, model: str, since: float) -> None:
-        """Wait for a device event without polling: the watcher thread sleeps on it; the
-        wait from ``since`` (perf_counter) is the round's ``decode_device``."""
+    async def _when_done(self, done: Done, model: str, since: float) -> None:
+        """Wait for a round's end on the device without polling: its lane's watcher thread
+        sleeps on it; the wait from ``since`` (perf_counter) is the round's ``decode_device``."""
         r: AsyncResult = AsyncResult("preprocess")
-        self.watcher.watch(event, lambda: None, r)
+        done.watcher.watch(done.event, lambda: None, r)
         await r
         metrics.observe_stage("decode_device", model, (time.perf_counter() - since) * 1e3)
 
@@ -377,5 +380,7 @@ class PreprocessGpuCore:
             self.senders.close()
         for lane in self.lanes.all:
             lane.stream.synchronize()
+            if lane.watcher is not self.watcher:
+                lane.watcher.close()
         self.watcher.close()
         self.ring.close()

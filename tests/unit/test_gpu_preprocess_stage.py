@@ -322,7 +322,8 @@ def test_two_decode_rounds_run_at_once_each_on_its_own_lane_with_the_same_rows()
     jpegs = [encode_jpeg(rng.integers(0, 256, (24 + i, 28, 1), dtype=np.uint8)) for i in range(6)]
     core = _core(decode_rounds=2, staging_slots=4)
     assert len(core.lanes.all) == 2 and core.scheduler.max_in_flight == 2
-    assert core.lanes.all[0].stream is not core.lanes.all[1].stream
+    a, b = core.lanes.all
+    assert a.stream is not b.stream and a.watcher is not b.watcher and a.fitter is not b.fitter
     barrier = threading.Barrier(2, timeout=60)  # a hang guard only
     decs = [_MeetingDecoder(barrier) for _ in core.lanes.all]
     core.decoder = decs[0]  # (JPEGs go to the GPU decoder where the stage has one)
