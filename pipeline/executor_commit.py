@@ -243,14 +243,7 @@ class StagedMode:
             if self._rt is not None and self._rt.getDevice() != self.backend.device_id:
                 self.backend.activate()  # (a thread's device stays set: checked, not set)
             replay = self._enqueue(p, r, x, rows_d, on_device)
-        self.counters.count(
-            batches=1,
-            items=p.n,
-            padded_items=p.bucket - p.n,
-            in_flight=1,
-            graph_replays=int(replay),
-            eager_runs=int(not replay),
-        )
+        self.counters.committed(p.n, p.bucket - p.n, replay)
         return self._result(p, r, [a for _, a in rows_d], label)
 
     def _enqueue(

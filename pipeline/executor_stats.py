@@ -48,10 +48,23 @@ class Counters:
             if n["in_flight"] > n["max_in_flight_seen"]:
                 n["max_in_flight_seen"] = n["in_flight"]
 
+    def committed(self, items: int, padded: int, replay: bool) -> None:
+        """A batch enqueued: ``count`` of its figures, without keywords (once a batch)."""
+        with self._lock:
+            n = self._n
+            n["batches"] += 1
+            n["items"] += items
+            n["padded_items"] += padded
+            n["graph_replays" if replay else "eager_runs"] += 1
+            flying = n["in_flight"] = n["in_flight"] + 1
+            if flying > n["max_in_flight_seen"]:
+                n["max_in_flight_seen"] = flying
+
     def finished(self) -> None:
         """A batch ended well: progress now, one fewer in flight."""
         self.last_progress = self.clock()
-        self.count(in_flight=-1)
+        with self._lock:
+            self._n["in_flight"] -= 1
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:

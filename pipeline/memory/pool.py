@@ -65,7 +65,7 @@ class Reservation:
     still held is released and logged as a leak.
     """
 
-    __slots__ = ("pool", "nbytes", "_buffer", "_token", "_lock", "_released", "__weakref__")
+    __slots__ = ("pool", "nbytes", "_buffer", "_token", "_lock", "_released", "_ptr", "__weakref__")
 
     def __init__(self, pool: _PoolBase, nbytes: int, buffer: Any, token: Any) -> None:
         self.pool = pool
@@ -74,6 +74,7 @@ class Reservation:
         self._token = token
         self._lock = threading.Lock()
         self._released = False
+        self._ptr: int | None = None
 
     @property
     def buffer(self) -> Any:
@@ -84,9 +85,14 @@ class Reservation:
 
     @property
     def ptr(self) -> int:
-        """The device (or host) address of the first byte."""
-        buf = self.buffer
-        return int(buf.data.ptr) if hasattr(buf.data, "ptr") else int(buf.ctypes.data)
+        """The device (or host) address of the first byte (read once: prepare asks it of
+        every batch's arena)."""
+        ptr = self._ptr
+        if ptr is None or self._released:
+            buf = self.buffer  # (RuntimeError once released)
+            data = buf.data
+            ptr = self._ptr = int(data.ptr) if hasattr(data, "ptr") else int(buf.ctypes.data)
+        return ptr
 
     @property
     def released(self) -> bool:
