@@ -32,6 +32,7 @@ class PreparedBatch:
         "committed",
         "faults",
         "route",
+        "given",
     )
 
     def __init__(
@@ -56,6 +57,7 @@ class PreparedBatch:
         self.committed = False
         self.faults: frozenset[str] = frozenset()  # injected faults that hit it (faults.py)
         self.route: Any = None  # where it runs, chosen at prepare (executor_commit.Route)
+        self.given: np.ndarray | None = None  # the view ``staging`` handed out (commit: no copy)
 
     def release(self) -> None:
         """Give back the staging slot and the reservation; safe to call more than once."""
@@ -79,7 +81,8 @@ class PreparedBatch:
         if self.slot is None:
             return None
         if self.route is not None:  # the slot's view, made once per slot and arena
-            return self.route.stage_in[: self.n]
+            self.given = self.route.stage_in[: self.n]
+            return self.given
         spec = self.plan.input_spec
         return self.slot.view(0, spec.shape, spec.dtype)[: self.n]
 
@@ -131,10 +134,13 @@ def check_input(p: PreparedBatch, x: Any, backend: Backend) -> np.ndarray | list
     return x
 
 
-def stage(dst: np.ndarray, x: np.ndarray | list[np.ndarray], n: int) -> None:
+def stage(dst: np.ndarray, x: np.ndarray | list[np.ndarray], n: int, given: Any = None) -> None:
     """Copy ``n`` host rows into ``dst`` (a bucket's worth) and zero the padding after
-    them; device rows in a list are skipped (the commit copies them on the device)."""
-    if isinstance(x, np.ndarray) and _address(x) == _address(dst):
+    them; device rows in a list are skipped (the commit copies them on the device).
+    ``given``: the view of ``dst`` the batch's ``staging`` handed out, if any."""
+    if (given is not None and x is given) or (
+        isinstance(x, np.ndarray) and _address(x) == _address(dst)
+    ):
         pass  # written into the slot by the caller (``PreparedBatch.staging``): no copy
     elif isinstance(x, list):
         for i, r in enumerate(x):

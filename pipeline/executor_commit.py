@@ -238,7 +238,7 @@ class StagedMode:
         )
         on_device = bool(rows_d) and len(rows_d) == p.n  # rows already on this device, every one
         if not on_device:
-            stage(r.stage_in, x, p.n)  # the host copy into pinned memory, in this thread
+            stage(r.stage_in, x, p.n, p.given)  # the host copy into pinned memory, here
         with self.lock:
             if self._rt is not None and self._rt.getDevice() != self.backend.device_id:
                 self.backend.activate()  # (a thread's device stays set: checked, not set)

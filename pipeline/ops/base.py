@@ -67,8 +67,8 @@ class TensorSpec:
     def nbytes(self) -> int:
         return self.size * _itemsize(self.dtype)
 
-    @property
-    def np_dtype(self) -> np.dtype:
+    @functools.cached_property
+    def np_dtype(self) -> np.dtype:  # (kept in the instance's dict: eq and hash ignore it)
         return np.dtype(self.dtype)
 
     @classmethod

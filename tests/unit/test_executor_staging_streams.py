@@ -32,9 +32,9 @@ def test_a_batch_written_into_its_slot_equals_a_copied_one(ex, monkeypatch):
     copies = []
     real = executor_mod.stage
 
-    def counting(dst, x, n):
+    def counting(dst, x, n, given=None):
         copies.append(x is not None and x.ctypes.data != dst.ctypes.data)
-        real(dst, x, n)
+        real(dst, x, n, given)
 
     monkeypatch.setattr(executor_mod, "stage", counting)
     p = ex.prepare("digits", len(rows))
