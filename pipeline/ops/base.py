@@ -43,11 +43,6 @@ def dtype_name(dtype: Any) -> str:
         return np.dtype(dtype).name
 
 
-@functools.lru_cache(maxsize=256)
-def _itemsize(name: str) -> int:
-    return np.dtype(name).itemsize
-
-
 @dataclass(frozen=True)
 class TensorSpec:
     """Shape and dtype of a tensor; hashable, so plans can be cached by it."""
@@ -65,7 +60,7 @@ class TensorSpec:
 
     @property
     def nbytes(self) -> int:
-        return self.size * _itemsize(self.dtype)
+        return self.size * self.np_dtype.itemsize
 
     @functools.cached_property
     def np_dtype(self) -> np.dtype:  # (kept in the instance's dict: eq and hash ignore it)

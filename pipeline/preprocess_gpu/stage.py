@@ -68,7 +68,7 @@ class PreprocessGpuCore:
         self.cpu = cpu
         self.targets = cpu.targets
         self.max_pixels = config.ingress.max_pixels
-        self.decoder = self._decoder(config) if self.backend.is_cuda else None
+        decoder = self._decoder(config) if self.backend.is_cuda else None
         rounds = config.preprocess.decode_rounds if local else 1  # (rounds at once)
         self.gpu_pool = thread_pool(rounds, "ferry-pre-gpu")
         t, ex = config.transport, config.executor
@@ -76,9 +76,9 @@ class PreprocessGpuCore:
         self.ring = PinnedRing(self.backend, t.staging_slot_bytes, t.staging_slots)
         self.watcher = CompletionWatcher("ferry-pre-done")  # device events -> results
         self.stream, self.fitter = self._stream_and_fitter("", self.watcher)
-        lanes = [Lane(self.decoder, self.stream, self.fitter, self.watcher)]
+        lanes = [Lane(decoder, self.stream, self.fitter, self.watcher)]
         for i in range(1, rounds):  # each further round's own decoder, stream, fitter, watcher
-            dec = self._decoder(config, i) if self.decoder is not None else None
+            dec = self._decoder(config, i) if decoder is not None else None
             watcher = CompletionWatcher(f"ferry-pre-done{i}")
             lanes.append(Lane(dec, *self._stream_and_fitter(f"-{i}", watcher), watcher))
         self.lanes = Lanes(lanes)
@@ -94,6 +94,11 @@ class PreprocessGpuCore:
             self.senders = Senders(self.backend.device_id, t.timeout_s)
         self._last_round: asyncio.Future | None = None  # (overlap_rounds) the newest round
         self.warmup()  # (as the inference stage, always before the replica is ready)
+
+    @property
+    def decoder(self) -> Any:
+        """The first lane's nvImageCodec decoder (None: JPEGs are decoded on CPU threads)."""
+        return self.lanes.all[0].decoder
 
     def warmup(self) -> None:
         """Fit one image per model (and decode one JPEG when nvImageCodec decodes), so the

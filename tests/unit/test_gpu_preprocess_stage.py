@@ -212,7 +212,7 @@ def test_a_round_past_its_decoded_bytes_is_decoded_in_runs_with_the_same_rows():
     for budget in (1 << 20, 16_000):
         core = _core()
         core.config.preprocess.gpu_decode_round_bytes = budget
-        core.decoder = core.lanes.all[0].decoder = dec = _CpuDecoder()
+        core.lanes.all[0].decoder = dec = _CpuDecoder()
         items = [_checked(core, j, "image/jpeg") for j in jpegs]
         rows = asyncio.run(core.process("digits", items))
         assert rows.owner == list(range(len(jpegs))) and not rows.errors
@@ -326,7 +326,6 @@ def test_two_decode_rounds_run_at_once_each_on_its_own_lane_with_the_same_rows()
     assert a.stream is not b.stream and a.watcher is not b.watcher and a.fitter is not b.fitter
     barrier = threading.Barrier(2, timeout=60)  # a hang guard only
     decs = [_MeetingDecoder(barrier) for _ in core.lanes.all]
-    core.decoder = decs[0]  # (JPEGs go to the GPU decoder where the stage has one)
     for lane, dec in zip(core.lanes.all, decs, strict=True):
         lane.decoder = dec
     calls = [[_checked(core, j, "image/jpeg") for j in jpegs[:3]]]
@@ -344,7 +343,7 @@ def test_two_decode_rounds_run_at_once_each_on_its_own_lane_with_the_same_rows()
     assert decs[0].threads.isdisjoint(decs[1].threads)
     core.close()
     one = _core()
-    one.decoder = one.lanes.all[0].decoder = _CpuDecoder()
+    one.lanes.all[0].decoder = _CpuDecoder()
     for rows, call in zip(got, calls, strict=True):
         want = asyncio.run(one.process("digits", call))
         assert rows.owner == want.owner == [0, 1, 2] and not rows.errors
