@@ -16,6 +16,8 @@
 # include py-spy's pauses). A spied level's row says so ("spy": "sampled" or "native").
 # MPS=1: every system as a client of one CUDA MPS server (rows named system+mps, each with the
 # servers MPS listed once the system was up; its logs in $OUT/mps_log).
+# SETS="preprocess.decode_rounds=3 ...": bench_e2e's --set for every Ferry system of the run
+# (its rows named system[key=value,...]).
 # CORPUS: the workload's own by default; WORKLOAD=image measures the image workload (its systems:
 # ferry_image, rayserve_image_N; the U-Net compiles in each replica: minutes of start-up).
 set -u
@@ -37,7 +39,7 @@ SMI=$!
 timeout -k 20 $((BUDGET + 40)) python3 benchmarks/bench_e2e.py --workload "${WORKLOAD:-classify}" \
   --systems "$SYSTEMS" --budget-s "$BUDGET" --clients "${CLIENTS:-64,256,1024}" \
   --seconds "${SECONDS_PER_LEVEL:-6}" --warmup 2 ${CORPUS:+--corpus "$CORPUS"} \
-  $([ "${MPS:-0}" = 1 ] && echo --mps) ${SPY:+--spy "$OUT/spy" --spy-clients "$SPY"} $([ "${SPY_NATIVE:-0}" = 1 ] && echo --spy-native) \
+  $(for s in ${SETS:-}; do echo --set "$s"; done) $([ "${MPS:-0}" = 1 ] && echo --mps) ${SPY:+--spy "$OUT/spy" --spy-clients "$SPY"} $([ "${SPY_NATIVE:-0}" = 1 ] && echo --spy-native) \
   --out "$OUT/e2e.json" --log-dir "$OUT/logs" > "$OUT/e2e_log.txt" 2>&1
 kill "$SMI" 2>/dev/null
 grep -v "^\s*$" "$OUT/e2e_log.txt" | tail -40
