@@ -145,6 +145,23 @@ def py_spy(
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def image_of(model: str, image: str = "auto") -> str:
+    """The body's kind: ``image``, or by model (auto: a digit PNG for digits, else chelsea)."""
+    return image if image != "auto" else ("digit" if model == "digits" else "chelsea")
+
+
+def request_body(image: str) -> tuple[bytes, str]:
+    """A request's body and content type: a digit PNG, or chelsea as a 451x300 JPEG."""
+    if image == "digit":
+        from pipeline.imaging import encode_png
+        from pipeline.models.digits import load_split
+
+        return encode_png(load_split()[2][0]), "image/png"
+    from loadtest.corpus import chelsea
+
+    return chelsea().bodies[0], "image/jpeg"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -213,7 +230,6 @@ def main() -> int:
     from benchmarks.e2e_systems import FERRY_ENV, apply_sets, parse_sets
     from deployments.app import build_app
     from loadtest.cores import busy_cores_since
-    from pipeline.imaging import encode_png
 
     with open(args.config) as f:
         raw = yaml.safe_load(f)
@@ -230,17 +246,8 @@ def main() -> int:
         app = build_app(raw["applications"][0]["args"])
     # with the file's logging_config, as `serve run` applies it
     serve.run(app, name="ferry", route_prefix="/", logging_config=raw.get("logging_config"))
-    image = (
-        args.image if args.image != "auto" else ("digit" if args.model == "digits" else "chelsea")
-    )
-    if image == "digit":
-        from pipeline.models.digits import load_split
-
-        body, ct = encode_png(load_split()[2][0]), "image/png"
-    else:
-        from loadtest.corpus import chelsea
-
-        body, ct = chelsea().bodies[0], "image/jpeg"
+    image = image_of(args.model, args.image)
+    body, ct = request_body(image)
     url = f"http://127.0.0.1:{args.port}/v1/models/{args.model}/{args.route}"
     loadgen.run(url, body, ct, 4, 2, warmup=0.5)  # warm
     pids = ray_processes()

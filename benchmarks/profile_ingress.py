@@ -1,0 +1,137 @@
+"""Ferry's own Python cost a request, without Serve, HTTP or other processes: the ingress of a
+``one_process`` config built in this process (its inference stage in it), and ``--clients``
+closed-loop callers sending a real image to its ASGI app (``FerryApp``, the route HAProxy's
+requests take) in one event loop, under cProfile over ``--seconds``.
+
+    python benchmarks/profile_ingress.py [--config benchmarks/configs/cpu_one_process.yaml]
+        [--clients 128] [--seconds 10] [--top 40] [--image auto|digit|chelsea]
+
+Prints the answers a second, the event loop thread's CPU a request (``time.thread_time``: the
+decode and submit threads are apart) and the functions that took most of that thread. The
+loop runs every request's ASGI path, the coalescer, the scheduler's and the completion's
+callbacks: what a replica's event loop runs beside Serve's own HTTP and request handling
+(``profile_pipeline.py --bare`` measures that floor). cProfile slows every Python call alike:
+read the shares; ``--no-profile`` gives the unprofiled CPU a request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import io
+import os
+import pstats
+import sys
+import time
+from typing import Any
+
+import yaml
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.profile_pipeline import image_of, request_body  # noqa: E402
+
+
+def build(config_path: str) -> tuple[Any, str]:
+    """The ingress of the config's Ferry app, built here (its inference stage in-process), and
+    its first model's name."""
+    from deployments.ingress import Ingress
+    from deployments.ingress_http import app
+    from pipeline.config import PipelineConfig
+
+    with open(config_path) as f:
+        doc = yaml.safe_load(f)
+    cfg = next(a for a in doc["applications"] if a["import_path"].startswith("deployments"))
+    config = PipelineConfig.model_validate(cfg["args"]["config"])
+    cls = next(k for k in Ingress.func_or_class.__mro__ if "_coalescer" in k.__dict__)
+    ingress = cls.__new__(cls)
+    cls.__init__(ingress, config.model_dump(mode="json"), way="in_process")
+    ingress.app = app
+    app.state.ingress = ingress
+    return ingress, config.models[0].name
+
+
+async def call(app: Any, path: str, body: bytes, ctype: str) -> int:
+    """One request through the ASGI app; its status."""
+    sent = False
+    status = 0
+
+    async def receive() -> dict:
+        nonlocal sent
+        if sent:
+            await asyncio.sleep(3600)
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(msg: dict) -> None:
+        nonlocal status
+        if msg["type"] == "http.response.start":
+            status = msg["status"]
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
+        "root_path": "", "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 1),
+        "headers": [(b"content-type", ctype.encode()), (b"content-length", str(len(body)).encode())],
+    }  # fmt: skip
+    await app(scope, receive, send)
+    return status
+
+
+async def drive(app: Any, path: str, body: bytes, ctype: str, clients: int, seconds: float) -> dict:
+    """``clients`` closed loops for ``seconds`` (after one second of warm-up)."""
+    counts = {"ok": 0, "bad": 0}
+    stop = time.perf_counter() + 1.0 + seconds
+    start = [0.0, 0.0]
+
+    async def client() -> None:
+        while time.perf_counter() < stop:
+            s = await call(app, path, body, ctype)
+            if start[0]:
+                counts["ok" if s == 200 else "bad"] += 1
+
+    async def clock() -> None:
+        await asyncio.sleep(1.0)
+        start[0], start[1] = time.perf_counter(), time.thread_time()
+
+    await asyncio.gather(clock(), *(client() for _ in range(clients)))
+    wall, cpu = time.perf_counter() - start[0], time.thread_time() - start[1]
+    n = counts["ok"] + counts["bad"]
+    return {**counts, "per_s": n / wall, "loop_cpu_ms_per_request": cpu * 1e3 / max(n, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--config", default="benchmarks/configs/cpu_one_process.yaml")
+    ap.add_argument("--clients", type=int, default=128)
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--image", default="auto", choices=["auto", "digit", "chelsea"])
+    ap.add_argument("--no-profile", action="store_true")
+    args = ap.parse_args(argv)
+    ingress, model = build(args.config)
+    body, ctype = request_body(image_of(model, args.image))
+    path = f"/v1/models/{model}/classify"
+    prof = None if args.no_profile else cProfile.Profile()
+
+    async def run() -> dict:
+        if prof is not None:
+            prof.enable()  # (in the loop's own thread, from inside the loop)
+        try:
+            return await drive(ingress.app, path, body, ctype, args.clients, args.seconds)
+        finally:
+            if prof is not None:
+                prof.disable()
+
+    out = asyncio.run(run())
+    print({k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()})
+    if prof is not None:
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(args.top)
+        print(buf.getvalue())
+    return 0 if out["bad"] == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
