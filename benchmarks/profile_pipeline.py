@@ -205,6 +205,13 @@ def main() -> int:
         "second over the rate is the share of time its GIL was held",
     )
     ap.add_argument(
+        "--header",
+        action="append",
+        default=[],
+        metavar="NAME:VALUE",
+        help="a header every request of the load carries (repeatable)",
+    )
+    ap.add_argument(
         "--bare",
         nargs="?",
         const="now",
@@ -259,7 +266,8 @@ def main() -> int:
     threads_before = thread_cpu_times(pids)
     mark, _ = busy_cores_since()
     t0 = time.perf_counter()
-    res = loadgen.run(url, body, ct, args.clients, args.seconds, warmup=0)
+    extra = dict(h.split(":", 1) for h in args.header)
+    res = loadgen.run(url, body, ct, args.clients, args.seconds, warmup=0, extra_headers=extra)
     wall = time.perf_counter() - t0
     _, busy = busy_cores_since(mark)
     for p in spies:
@@ -278,6 +286,7 @@ def main() -> int:
         **({"logging_config": raw["logging_config"]} if raw.get("logging_config") else {}),
         "serve_env": serve_env,
         **({"set": sets} if sets else {}),
+        **({"headers": extra} if extra else {}),
         "model": args.model,
         "route": args.route,
         "image": image,
