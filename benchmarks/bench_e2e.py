@@ -285,7 +285,8 @@ def run_system(
     collect = spec["kind"] == "ferry" or w.answers_jpeg  # the image peer times its batches
     try:
         url, first = url_of(spec), corpora[0].bodies[0]
-        headers = {**JPEG, **w.headers()}
+        own = spec.get("headers") or {}  # the system's own request headers (``_nowatch``)
+        headers = {**JPEG, **w.headers(), **own}
 
         # the start-up waits: the system's own allowance, within what the budget has left
         # past one level and the stop
@@ -310,13 +311,13 @@ def run_system(
         if dtypes:
             print(f"   precision: {dtypes}", flush=True)
         for c in corpora:
-            loadgen.run(url, c.bodies, "image/jpeg", 32, 4, warmup=1, extra_headers=w.headers())
+            loadgen.run(url, c.bodies, "image/jpeg", 32, 4, warmup=1, extra_headers=headers)
             for n in levels:
                 if not budget.fits(level_s + STOP_S):  # the level and the system's stop
                     print(f"   cut by --budget-s before {c.name} at {n} clients", flush=True)
                     return f"cut before {c.name} at {n} clients (--budget-s)"
                 row, timings = measure(
-                    system, url, c, n, args, collect, proc.ferry_run_id, spec.get("replicas")
+                    system, url, c, n, args, collect, proc.ferry_run_id, spec.get("replicas"), own
                 )
                 if dtypes:
                     row["precision"] = dtypes

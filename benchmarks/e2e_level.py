@@ -114,9 +114,11 @@ def measure(
     collect: bool,
     run_id: str,
     replicas: int | None = None,
+    headers: dict[str, str] | None = None,
 ) -> tuple[dict[str, Any], dict[str, float] | None]:
     """One load level: its row, and the answers' mean per-stage timings when ``collect``.
-    ``run_id``: the system's ``serve run`` (its processes' CPU is the server's)."""
+    ``run_id``: the system's ``serve run`` (its processes' CPU is the server's); ``headers``:
+    the system's own, beside the workload's (the row lists them)."""
     w: Workload = WORKLOADS[args.workload]
     spies = _spies(system, c, n, args, run_id)
     device = DeviceSampler()  # (before the span: NVML's first load may import Ray)
@@ -129,7 +131,7 @@ def measure(
             n,
             args.seconds,
             warmup=args.warmup,
-            extra_headers=w.headers(),
+            extra_headers={**w.headers(), **(headers or {})},
             collect_timings=collect,
             expect_sizes=w.expect(c),
         )
@@ -138,6 +140,8 @@ def measure(
     server_cores, threads, busy = span.cores, span.threads, span.busy
     _spied(spies, args.warmup + args.seconds)
     row = _row(system, w, c, n, args, r, replicas, busy, server_cores, threads, device.result())
+    if headers:
+        row["headers"] = headers
     if spies:  # py-spy ran on two replicas over this level (native: pausing them)
         row["spy"] = "native" if args.spy_native else "sampled"
     # the executors' counts since each replica started (the warm-up's captures included),

@@ -11,9 +11,9 @@ Two workloads (``WORKLOADS``):
   ``Accept: image/jpeg``, on the ``frames720`` corpus; an answer counts only as a JPEG of
   its frame's size. ``benchmarks/image_workload.py`` makes the corpus and the model file.
 
-Each system serves one workload: Ferry's placements (``ferry``, ``ferry_split``,
-``ferry_4stage``, ``ferry_naive``, ``ferry_sleep``; ``ferry_image``) and the Ray Serve peers
-(``rayserve_batch_*``, ``rayserve_expert_*``; ``rayserve_image_*``).
+Each system serves one workload: Ferry's placements (``ferry``, ``ferry_split``, ...;
+``ferry_image``) and the Ray Serve peers (``rayserve_batch_*``, ``rayserve_expert_*``;
+``rayserve_image_*``). A system's ``headers`` go with each of its requests.
 """
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ BASE = "http://127.0.0.1:8000"
 # more img/s, a third less ingress CPU per request; RESULTS.md)
 FERRY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
 HAPROXY = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
+# Serve's own header: no task a request watching for its client leaving (docs/api.md;
+# profile_pipeline.json disconnect_header: 0.82-0.92x of the replica's CPU a request)
+NOWATCH = {"headers": {"x-request-disconnect-disabled": "?1"}}
 
 
 @dataclass(frozen=True)
@@ -185,19 +188,14 @@ SYSTEMS: dict[str, dict[str, Any]] = {
     # split's hop (6 ingress, 4 inference replicas) as a Serve call, against ``ferry_split``'s
     # Unix socket (transport.local_hop, the default since it was built)
     "ferry_split_serve": _ferry("ferry_e2e_split.yaml", sets={"transport.local_hop": False}),
-    # HTTP in 8 CPU replicas, the GPU owned by 2 inference replicas fed over the local hop:
-    # two CUDA contexts instead of eight, and decode rounds that gather the images of every
-    # ingress (nvImageCodec's host cost falls with the images a call)
+    # HTTP in 8 CPU replicas, the GPU owned by 2 inference replicas over the local hop
     "ferry_hop2": _ferry("ferry_e2e_split.yaml", sets=HOP2),
-    # ``ferry_hop2`` with every JPEG on the hardware engines (nvImageCodec's default balances
-    # a batch onto its CPU-side hybrid decoder under load: 3.7 cores at 4,143 img/s)
+    # ``ferry_hop2`` with every JPEG on the hardware engines (not the hybrid CPU decoder)
     "ferry_hop2_hw": _ferry(
         "ferry_e2e_split.yaml", sets={**HOP2, "preprocess.gpu_decode_backend": "hardware"}
     ),
     "ferry_4stage": _ferry("ferry_e2e_4stage.yaml"),
-    # ``ferry`` with ResNet-50 on the torch engine (torch.compile in Ferry's CUDA graphs, as the
-    # peer compiles it) instead of the native cupy engine: in 8 processes on one H100 the two
-    # engines alone ran 21.1k and 12.7k img/s at batch 64 (probe_contexts.py, 2026-12-06)
+    # ``ferry`` with ResNet-50 on the torch engine (torch.compile in Ferry's CUDA graphs)
     "ferry_torch": _ferry_torch(),
     # ``ferry`` and ``ferry_torch`` with kept arenas (executor.arenas: kept, executor_arenas.py):
     # each batch on one of the arenas its model keeps, so past the warm-up no batch is
@@ -243,6 +241,7 @@ SYSTEMS: dict[str, dict[str, Any]] = {
     # H200, 2026-12-06: a round's 6.7 ms had 4.4 inside nvImageCodec, the next images waited)
     "ferry_r2": _ferry("ferry_e2e.yaml", sets={"preprocess.decode_rounds": 2}),
     "ferry_torch_r2": _ferry_torch(**{"preprocess.decode_rounds": 2}),
+    "ferry_nowatch": {**_ferry("ferry_e2e.yaml"), **NOWATCH},
     "ferry_4rep": _ferry(
         "ferry_e2e.yaml",
         sets={
@@ -259,6 +258,7 @@ SYSTEMS: dict[str, dict[str, Any]] = {
     # and Serve's throughput mode, as Ferry gets; one torch CPU thread a replica, sleeping
     # CUDA waits, two batches in flight; torch.compile takes minutes to start
     **{f"rayserve_expert_{n}": _peer("rayserve_expert", n, FERRY_ENV, 600) for n in (4, 8, 12)},
+    "rayserve_expert_8_nowatch": {**_peer("rayserve_expert", 8, FERRY_ENV, 600), **NOWATCH},
     # the same decoding with nvImageCodec, as Ferry does (peers/expert_decoders.py): on
     # 2026-12-05 torchvision's decode served the photos at 3,282-4,867 img/s but chelsea at
     # 1,546-1,672 (e2e.json run6), where Ferry's decode is fastest

@@ -44,6 +44,7 @@ FERRY_SYSTEMS = {  # system -> (its ingress replicas, its inference replicas)
     "ferry_4rep": (4, None),  # ferry in 4 replicas of a quarter of the GPU
     "ferry_r2": (8, None),  # ferry with two decode rounds at once a replica
     "ferry_torch_r2": (8, None),  # the same with ResNet-50 on the torch engine
+    "ferry_nowatch": (8, None),  # ferry, its requests with Serve's disconnect watch off
 }
 
 
@@ -61,6 +62,12 @@ def test_the_systems_are_ferrys_placements_and_the_peers():
     peers = {s for s, v in SYSTEMS.items() if v["kind"] == "peer"}
     assert {"rayserve_expert_4", "rayserve_expert_8", "rayserve_expert_12"} <= peers
     assert {"rayserve_batch_1rep", "rayserve_batch_haproxy_8rep"} <= peers
+    # the header A/B: each side of it the same system but for its requests' header
+    for base in ("ferry", "rayserve_expert_8"):
+        watched, unwatched = SYSTEMS[base], SYSTEMS[f"{base}_nowatch"]
+        assert "headers" not in watched
+        assert unwatched["headers"] == {"x-request-disconnect-disabled": "?1"}
+        assert {k: v for k, v in unwatched.items() if k != "headers"} == watched
 
 
 @pytest.mark.parametrize("system", FERRY_SYSTEMS)
