@@ -68,19 +68,19 @@ class PreprocessGpuCore:
         self.cpu = cpu
         self.targets = cpu.targets
         self.max_pixels = config.ingress.max_pixels
-        decoder = self._decoder(config) if self.backend.is_cuda else None
+        first = self._decoder(config) if self.backend.is_cuda else None
         rounds = config.preprocess.decode_rounds if local else 1  # (rounds at once)
         self.gpu_pool = thread_pool(rounds, "ferry-pre-gpu")
         t, ex = config.transport, config.executor
         self.pool = pool or make_pool(self.backend, ex.pool_limit_bytes, ex.pool_limit_fraction)
         self.ring = PinnedRing(self.backend, t.staging_slot_bytes, t.staging_slots)
-        self.watcher = CompletionWatcher("ferry-pre-done")  # device events -> results
-        self.stream, self.fitter = self._stream_and_fitter("", self.watcher)
-        lanes = [Lane(decoder, self.stream, self.fitter, self.watcher)]
-        for i in range(1, rounds):  # each further round's own decoder, stream, fitter, watcher
-            dec = self._decoder(config, i) if decoder is not None else None
-            watcher = CompletionWatcher(f"ferry-pre-done{i}")
-            lanes.append(Lane(dec, *self._stream_and_fitter(f"-{i}", watcher), watcher))
+        lanes = []
+        for i in range(rounds):  # each round at once its own decoder, stream, fitter, watcher
+            dec = first if i == 0 else (self._decoder(config, i) if first is not None else None)
+            watcher = CompletionWatcher(f"ferry-pre-done{i or ''}")  # device events -> results
+            lanes.append(
+                Lane(dec, *self._stream_and_fitter(f"-{i}" if i else "", watcher), watcher)
+            )
         self.lanes = Lanes(lanes)
         self.scheduler: BatchScheduler | None = None
         self.senders: Senders | None = None  # (as a deployment of its own)
@@ -99,6 +99,17 @@ class PreprocessGpuCore:
     def decoder(self) -> Any:
         """The first lane's nvImageCodec decoder (None: JPEGs are decoded on CPU threads)."""
         return self.lanes.all[0].decoder
+
+    @property
+    def stream(self) -> Stream:
+        """The first lane's stream: the warm-up's, and the decodes and sends of the stage of
+        its own (one round at a time)."""
+        return self.lanes.all[0].stream
+
+    @property
+    def fitter(self) -> GpuFitter:
+        """The first lane's fitter (``batch``'s default)."""
+        return self.lanes.all[0].fitter
 
     def warmup(self) -> None:
         """Fit one image per model (and decode one JPEG when nvImageCodec decodes), so the
@@ -385,7 +396,5 @@ class PreprocessGpuCore:
             self.senders.close()
         for lane in self.lanes.all:
             lane.stream.synchronize()
-            if lane.watcher is not self.watcher:
-                lane.watcher.close()
-        self.watcher.close()
+            lane.watcher.close()
         self.ring.close()
