@@ -3,7 +3,7 @@
     python benchmarks/bench_decode.py [--out benchmarks/results/decode.json] [--seconds 3]
         [--corpus chelsea,photos] [--batches 4,16,64] [--threads 1,4,8]
         [--backends auto,hardware,hardware@0.6,cuda,hybrid] [--procs 1,8] [--mps] [--no-peer]
-        [--peer-decoders torchvision,nvimgcodec]
+        [--peer-decoders torchvision,nvimgcodec] [--rounds 1,2] [--in-flight 2]
 
 The JPEGs of ``bench_e2e``'s corpora (``loadtest.corpus``: ``chelsea``, one 451x300 photo,
 quality 90; ``photos``, 16 photos of 640x480 to 1920x1080, quality 85), ``batch`` of them a
@@ -16,7 +16,9 @@ call, made into uint8 224x224x3 batches by:
   (``PreprocessGpuStage(local=True)``): nvImageCodec decodes the call's JPEGs on the GPU
   (nvJPEG's hardware engines, its CUDA decoder, or hybrid; ``hardware@0.6``: the engines
   take 0.6 of each call, the CUDA decoder the rest), the antialiased resize
-  kernel fits them into one device batch; two calls in flight.
+  kernel fits them into one device batch; two calls in flight (``--in-flight``), one
+  decode round at a time (``--rounds 1,2``: also with two at once, each its own decoder,
+  ``preprocess.decode_rounds``: ``gpu_<backend>_r2``).
 * ``peer_torchvision``: the expert Ray Serve peer's own code for the same step
   (``benchmarks/peers/rayserve_expert.ExpertCore``: torchvision's batched
   ``decode_jpeg(..., device="cuda")`` -- nvJPEG's hardware engines for baseline JPEGs --
@@ -96,11 +98,12 @@ async def _rate(run, items, seconds: float, in_flight: int, ready=None) -> tuple
     return done / wall, cpu * 1e3 / max(1, done), done
 
 
-def _stage(path: str, host_wait: str = "auto"):
+def _stage(path: str, host_wait: str = "auto", rounds: int = 1):
     """The decode stage a row measures: ``cpu_<t>t``, Ferry's CPU stage on ``t`` threads;
     else Ferry's GPU decode stage (``local``) for backend ``path`` (``hardware@0.6``: the
     engines' share) with the process's CUDA host waits (``executor.host_wait``: it holds
-    from the process's first context on)."""
+    from the process's first context on) and ``rounds`` decode rounds at once
+    (``preprocess.decode_rounds``: each its own decoder)."""
     from pipeline.stages.decode import PreprocessStage
     from pipeline.stages.preprocess_gpu import PreprocessGpuStage
 
@@ -109,19 +112,32 @@ def _stage(path: str, host_wait: str = "auto"):
     kind, _, load = path.partition("@")
     share = {"gpu_decode_hw_load": float(load)} if load else {}
     cfg = _config(
-        True, host_wait, decoder="nvimgcodec", gpu_decode_backend=kind, threads=4, **share
+        True,
+        host_wait,
+        decoder="nvimgcodec",
+        gpu_decode_backend=kind,
+        threads=4,
+        decode_rounds=rounds,
+        **share,
     )
     return PreprocessGpuStage(cfg, 0, local=True)
 
 
 def _stage_rate(
-    path: str, items: list, seconds: float, host_wait: str = "auto", ready=None
+    path: str,
+    items: list,
+    seconds: float,
+    host_wait: str = "auto",
+    ready=None,
+    rounds: int = 1,
+    in_flight: int = 2,
 ) -> tuple[float, float, int]:
-    """``_rate`` of a new ``_stage(path, host_wait)``, two calls in flight; the stage is
-    closed after."""
-    core = _stage(path, host_wait)
+    """``_rate`` of a new ``_stage(path, host_wait, rounds)``, ``in_flight`` calls
+    outstanding; the stage is closed after."""
+    core = _stage(path, host_wait, rounds)
     try:
-        return asyncio.run(_rate(lambda it: core.run("resnet50", it), items, seconds, 2, ready))
+        run = lambda it: core.run("resnet50", it)  # noqa: E731
+        return asyncio.run(_rate(run, items, seconds, in_flight, ready))
     finally:
         if hasattr(core, "close"):
             core.close()
@@ -141,29 +157,39 @@ def _items(name: str, batch: int) -> list:
 
 
 def _one_of_many(
-    backend: str, wait: str, name: str, batch: int, seconds: float, start, out
+    backend: str, wait: str, name: str, batch: int, seconds: float, start, out, stage: dict
 ) -> None:
     """One of ``--procs``' processes: its warm-up, then the span once all are warm
-    (``peer_<decoder>``: the peer's decode and resize, else Ferry's stage ``backend``)."""
+    (``peer_<decoder>``: the peer's decode and resize, else Ferry's stage ``backend`` with
+    ``stage``'s rounds and calls in flight)."""
     if backend.startswith("peer_"):
         bodies = _bodies(name, batch)
         out.put(_peer_rate(bodies, seconds, backend[len("peer_") :], start.wait))
         return
-    out.put(_stage_rate(backend, _items(name, batch), seconds, wait, start.wait))
+    out.put(_stage_rate(backend, _items(name, batch), seconds, wait, start.wait, **stage))
 
 
-def _many_rate(backend: str, name: str, batch: int, seconds: float, procs: int, wait: str = "auto"):
+def _many_rate(
+    backend: str,
+    name: str,
+    batch: int,
+    seconds: float,
+    procs: int,
+    wait: str = "auto",
+    rounds: int = 1,
+    in_flight: int = 2,
+):
     """(img/s, CPU ms per image, images) of ``procs`` processes decoding at once, each as
-    ``_rate`` (or ``_peer_rate``, for ``peer_<decoder>``) does, with host waits ``wait``;
-    their spans start together (a barrier after every warm-up)."""
+    ``_rate`` (or ``_peer_rate``, for ``peer_<decoder>``) does, with host waits ``wait``
+    (and Ferry's stage ``rounds`` rounds at once, ``in_flight`` calls outstanding); their
+    spans start together (a barrier after every warm-up)."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     start, out = ctx.Barrier(procs), ctx.Queue()
-    ps = [
-        ctx.Process(target=_one_of_many, args=(backend, wait, name, batch, seconds, start, out))
-        for _ in range(procs)
-    ]
+    stage = {"rounds": rounds, "in_flight": in_flight}
+    args = (backend, wait, name, batch, seconds, start, out, stage)
+    ps = [ctx.Process(target=_one_of_many, args=args) for _ in range(procs)]
     for p in ps:
         p.start()
     got = [out.get(timeout=seconds + 300) for _ in ps]
@@ -261,6 +287,13 @@ def main() -> int:
     ap.add_argument("--threads", default="1,4,8", help="CPU stage thread counts")
     ap.add_argument("--backends", default="auto,hardware,cuda,hybrid")
     ap.add_argument("--procs", default="1", help="GPU rows' process counts, comma-separated")
+    ap.add_argument(
+        "--rounds",
+        default="1",
+        help="preprocess.decode_rounds of the GPU rows, comma-separated (_r<N> in a row's "
+        "path where N > 1)",
+    )
+    ap.add_argument("--in-flight", type=int, default=2, help="calls outstanding a process")
     ap.add_argument("--mps", action="store_true", help="under a CUDA MPS server")
     ap.add_argument(
         "--host-wait",
@@ -299,7 +332,7 @@ def main() -> int:
             "image": "; ".join(f"{c.name}: {c.description}" for c in corpora),
             "mps": on,
             "method": (
-                f"batch images per call, 2 calls in flight (peer_torchvision: call after call "
+                f"batch images per call, {args.in_flight} calls in flight (peer_torchvision: call after call "
                 f"on one thread, as its replica's GPU thread runs them; its rows are also "
                 f"normalised to float16, which Ferry leaves to the model's first kernel), "
                 f"{args.seconds} s per row, one process (gpu_<backend>_x<N>p: N at once, "
@@ -328,22 +361,32 @@ def _measure(args: argparse.Namespace) -> list[dict]:
             bodies = _bodies(c.name, batch)
             items = _items(c.name, batch)
             for t in [int(x) for x in args.threads.split(",") if x]:
-                got = _stage_rate(f"cpu_{t}t", items, args.seconds)
+                got = _stage_rate(f"cpu_{t}t", items, args.seconds, in_flight=args.in_flight)
                 _row(rows, f"cpu_simplejpeg_{t}t", c.name, batch, got)
-            for b in [x for x in args.backends.split(",") if x] if gpu else []:
-                for n in [int(x) for x in args.procs.split(",") if x]:
+            for b, r in [(b, r) for b in _list(args.backends) for r in _list(args.rounds)]:
+                if not gpu:
+                    break
+                stage = {"rounds": int(r), "in_flight": args.in_flight}
+                path = f"gpu_{b}" + ("" if r == "1" else f"_r{r}")
+                for n in [int(x) for x in _list(args.procs)]:
                     if n == 1:
-                        _row(rows, f"gpu_{b}", c.name, batch, _stage_rate(b, items, args.seconds))
+                        got = _stage_rate(b, items, args.seconds, **stage)
+                        _row(rows, path, c.name, batch, got)
                         continue
-                    for w in [x for x in args.host_wait.split(",") if x]:
-                        got = _many_rate(b, c.name, batch, args.seconds, n, w)
+                    for w in _list(args.host_wait):
+                        got = _many_rate(b, c.name, batch, args.seconds, n, w, **stage)
                         tail = "" if w == "auto" else f"_{w}"
-                        _row(rows, f"gpu_{b}_x{n}p{tail}", c.name, batch, got)
+                        _row(rows, f"{path}_x{n}p{tail}", c.name, batch, got)
             if peer and batch > 128:
                 print(f"no peer row at {batch} a call: the peer's batches stop at 128")
             elif peer:
                 _peer_rows(rows, args, c.name, bodies)
     return rows
+
+
+def _list(arg: str) -> list[str]:
+    """A comma-separated argument's items."""
+    return [x for x in arg.split(",") if x]
 
 
 def _peer_rows(rows: list, args: argparse.Namespace, name: str, bodies: list[bytes]) -> None:

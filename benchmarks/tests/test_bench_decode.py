@@ -57,11 +57,13 @@ def test_ratios_pair_n_processes_with_the_peer_in_as_many():
         {"path": p, "corpus": "chelsea", "batch": 32, "img_s": v, "cpu_ms_per_img": 1.0}
         for p, v in [("peer_torchvision", 1000.0), ("peer_torchvision_x8p", 4000.0),
                      ("gpu_auto", 3000.0), ("gpu_auto_x8p", 6000.0),
-                     ("gpu_auto_x8p_sleep", 2000.0)]
+                     ("gpu_auto_x8p_sleep", 2000.0), ("gpu_auto_r2_x8p", 8000.0),
+                     ("gpu_auto_r2", 500.0)]
     ]  # fmt: skip
     bench_decode._ratios(rows)
     assert rows[2]["img_s_vs_peer"] == 3.0
     assert rows[3]["img_s_vs_peer"] == 1.5 and rows[4]["img_s_vs_peer"] == 0.5
+    assert rows[5]["img_s_vs_peer"] == 2.0 and rows[6]["img_s_vs_peer"] == 0.5  # (two rounds)
     del rows[1]
     for r in rows:
         r.pop("img_s_vs_peer", None)
