@@ -50,9 +50,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import os
 import sys
 import time
+from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -248,12 +250,23 @@ def _peer_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+class Rows(list):
+    """The run's rows; ``saved(rows)`` after each one is added (the JSON so far, so that a
+    run cut short by its caller's time limit keeps what it measured)."""
+
+    def __init__(self, saved: Callable[[list], None] | None = None) -> None:
+        super().__init__()
+        self.saved = saved
+
+
 def _row(rows: list, path: str, corpus: str, batch: int, measured: tuple) -> None:
     rate, cpu_ms, n = measured
     rows.append(
         {"path": path, "corpus": corpus, "batch": batch, "img_s": rate, "cpu_ms_per_img": cpu_ms}
     )
     print(f"{corpus} x{batch} {path}: {rate:,.0f} img/s, {cpu_ms:.3f} CPU ms/img ({n} images)")
+    if getattr(rows, "saved", None):
+        rows.saved(rows)
 
 
 def _of(rows: list, path: str, r: dict) -> dict | None:
@@ -310,8 +323,18 @@ def main() -> int:
     args = ap.parse_args()
     from benchmarks.mps import mps_server
 
+    corpora = [corpus(c) for c in args.corpus.split(",") if c]
+    mps = {"on": False}  # (set once the server, if any, is up)
+
+    def save(rows: list, complete: bool = False) -> None:
+        """The JSON of ``rows`` with their ratios; ``complete``: every row asked for."""
+        rows = copy.deepcopy(list(rows))
+        _ratios(rows)
+        write_json(args.out, _doc(args, corpora, mps["on"], rows, complete))
+
     with mps_server(args.mps) as on:
-        rows = _measure(args)
+        mps["on"] = on
+        rows = _measure(args, Rows(save))
     _ratios(rows)
     cols = [
         "corpus",
@@ -323,31 +346,34 @@ def main() -> int:
         "img_s_vs_peer",
     ]
     print(table(rows, cols))
-    corpora = [corpus(c) for c in args.corpus.split(",") if c]
-    write_json(
-        args.out,
-        {
-            "machine": machine(),
-            "date": today(),
-            "image": "; ".join(f"{c.name}: {c.description}" for c in corpora),
-            "mps": on,
-            "method": (
-                f"batch images per call, {args.in_flight} calls in flight (peer_torchvision: call after call "
-                f"on one thread, as its replica's GPU thread runs them; its rows are also "
-                f"normalised to float16, which Ferry leaves to the model's first kernel), "
-                f"{args.seconds} s per row, one process (gpu_<backend>_x<N>p: N at once, "
-                "started together, their rates summed); CPU ms = process CPU time (all "
-                "threads) per image; baseline cpu_simplejpeg_1t of the same corpus and batch "
-                "measured in the same run"
-            ),
-            "rows": rows,
-        },
-    )
+    save(rows, complete=True)
     return 0
 
 
-def _measure(args: argparse.Namespace) -> list[dict]:
-    """Every row the arguments ask for."""
+def _doc(args: argparse.Namespace, corpora: list, mps: bool, rows: list, complete: bool) -> dict:
+    """The result's JSON: the machine, the method, the rows (``complete``: False while the
+    run goes on, and where it was cut short)."""
+    return {
+        "machine": machine(),
+        "date": today(),
+        "image": "; ".join(f"{c.name}: {c.description}" for c in corpora),
+        "mps": mps,
+        "method": (
+            f"batch images per call, {args.in_flight} calls in flight (peer_torchvision: call "
+            f"after call on one thread, as its replica's GPU thread runs them; its rows are "
+            f"also normalised to float16, which Ferry leaves to the model's first kernel), "
+            f"{args.seconds} s per row, one process (gpu_<backend>_x<N>p: N at once, "
+            "started together, their rates summed); CPU ms = process CPU time (all "
+            "threads) per image; baseline cpu_simplejpeg_1t of the same corpus and batch "
+            "measured in the same run"
+        ),
+        "complete": complete,
+        "rows": rows,
+    }
+
+
+def _measure(args: argparse.Namespace, rows: list | None = None) -> list[dict]:
+    """Every row the arguments ask for, added to ``rows`` (a new list by default)."""
     from pipeline import gpu_decode
 
     corpora = [corpus(c) for c in args.corpus.split(",") if c]
@@ -355,7 +381,7 @@ def _measure(args: argparse.Namespace) -> list[dict]:
     if not gpu:
         print("nvImageCodec is not installed: no gpu_ rows")
     peer = not args.no_peer and _peer_available()
-    rows: list[dict] = []
+    rows = [] if rows is None else rows
     for c in corpora:
         for batch in [int(x) for x in args.batches.split(",") if x]:
             bodies = _bodies(c.name, batch)

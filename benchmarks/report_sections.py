@@ -9,7 +9,12 @@ from benchmarks.report_base import md_table, notes_of
 def decode_section(dec: dict) -> list[str]:
     lines = [
         f"{dec['machine']}; {dec['date']}. Image: {dec['image']}. {dec['method']}."
-        + (f" Code: {dec['code']}." if dec.get("code") else ""),
+        + (f" Code: {dec['code']}." if dec.get("code") else "")
+        + (
+            " Cut short: the rows measured before the run ended."
+            if not dec.get("complete", 1)
+            else ""
+        ),
         "",
         md_table(
             dec["rows"],

@@ -29,6 +29,28 @@ def test_a_cpu_run_has_a_row_per_corpus_batch_and_threads(tmp_path, monkeypatch)
         if r["path"] == "cpu_simplejpeg_1t":
             assert r["img_s_vs_cpu_1t"] == 1.0
     assert "chelsea:" in doc["image"] and "photos:" in doc["image"]
+    assert doc["complete"] is True
+
+
+def test_each_row_is_saved_as_it_is_measured(tmp_path, monkeypatch):
+    """A run cut short (the device call's time limit) keeps the rows it measured: the JSON
+    is written after each row, ``complete`` false until the last."""
+    out = tmp_path / "decode.json"
+    seen = []
+    write = bench_decode.write_json
+
+    def spy(path, payload):
+        write(path, payload)
+        seen.append((len(payload["rows"]), payload["complete"]))
+
+    monkeypatch.setattr(bench_decode, "write_json", spy)
+    argv = ["bench_decode.py", "--out", str(out), "--seconds", "0.05", "--corpus", "chelsea",
+            "--batches", "2", "--threads", "1,2", "--no-peer"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    assert bench_decode.main() == 0
+    assert seen == [(1, False), (2, False), (2, True)]
+    doc = json.loads(out.read_text())
+    assert doc["rows"][1]["img_s_vs_cpu_1t"] > 0  # the ratios are in every save
 
 
 def test_ratios_pair_rows_of_the_same_corpus_and_batch():
