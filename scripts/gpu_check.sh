@@ -20,7 +20,7 @@
 #
 # Only one lane a part starts Serve apps on ports 8000/9000 (its steps one after the other);
 # the tests' own apps take ports of their own (8123, 8124, 8131, 8132).
-# On the device tool: make the bundle (scripts/procs.sh names the command), carry .devwhl, set
+# On the device tool: make the bundle (bash scripts/make_devwhl.sh), carry .devwhl, set
 # FERRY_COMMIT (its tree has no .git):
 #   source .devwhl/activate.sh && FERRY_COMMIT=$(...) bash scripts/gpu_check.sh 1
 set -u

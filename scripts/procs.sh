@@ -6,9 +6,8 @@ export FERRY_RUN_ID
 clean() { python3 -m loadtest.procs stop "$FERRY_RUN_ID" > /dev/null; sleep 1; }
 # Before anything starts: Ferry's app must import here. A package the device bundle lacks
 # (tritonclient, for the gRPC service) otherwise shows only as every Ferry system's
-# DEPLOY_FAILED after its start-up wait. The bundle that fits the device's 64 MiB beside the
-# tree (55 MB, 2026-12-06): NO_LOCUST=1 GPU_DECODE=1 EXTRA="tritonclient python-rapidjson"
-# bash ../shared/device/make-bundle.sh (with locust's wheels it would not fit).
+# DEPLOY_FAILED after its start-up wait. The bundle that has it and fits the device's 64 MiB
+# beside the tree: `bash scripts/make_devwhl.sh` (55 MB, 2026-12-07).
 if ! _err=$(python3 -c "import deployments.app" 2>&1); then
   echo "deployments.app does not import on this machine: $(echo "$_err" | tail -1)" >&2
   exit 2
