@@ -54,11 +54,11 @@ import copy
 import os
 import sys
 import time
-from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import machine, table, today, write_json  # noqa: E402
+from benchmarks.common import table, write_json  # noqa: E402
+from benchmarks.decode_rows import Rows, add_row, ratios, result_doc  # noqa: E402
 from loadtest.corpus import corpus  # noqa: E402
 
 
@@ -250,47 +250,6 @@ def _peer_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-class Rows(list):
-    """The run's rows; ``saved(rows)`` after each one is added (the JSON so far, so that a
-    run cut short by its caller's time limit keeps what it measured)."""
-
-    def __init__(self, saved: Callable[[list], None] | None = None) -> None:
-        super().__init__()
-        self.saved = saved
-
-
-def _row(rows: list, path: str, corpus: str, batch: int, measured: tuple) -> None:
-    rate, cpu_ms, n = measured
-    rows.append(
-        {"path": path, "corpus": corpus, "batch": batch, "img_s": rate, "cpu_ms_per_img": cpu_ms}
-    )
-    print(f"{corpus} x{batch} {path}: {rate:,.0f} img/s, {cpu_ms:.3f} CPU ms/img ({n} images)")
-    if getattr(rows, "saved", None):
-        rows.saved(rows)
-
-
-def _of(rows: list, path: str, r: dict) -> dict | None:
-    """The row of ``path`` with ``r``'s corpus and batch size, if it was measured."""
-    key = (r["corpus"], r["batch"])
-    return next((b for b in rows if b["path"] == path and (b["corpus"], b["batch"]) == key), None)
-
-
-def _ratios(rows: list) -> None:
-    """Each row's rate and CPU over the one-thread CPU row of its corpus and batch size, and
-    each GPU row's rate over the peer's (``img_s_vs_peer``)."""
-    for r in rows:
-        base = _of(rows, "cpu_simplejpeg_1t", r)
-        if base and base["img_s"] and base["cpu_ms_per_img"]:
-            r["img_s_vs_cpu_1t"] = r["img_s"] / base["img_s"]
-            r["cpu_ms_vs_cpu_1t"] = r["cpu_ms_per_img"] / base["cpu_ms_per_img"]
-        if not r["path"].startswith("gpu_"):  # Ferry's GPU paths, against the peer's
-            continue
-        procs = r["path"].removesuffix("_sleep").rpartition("_")[2]  # x8p, or a backend
-        peer = _of(rows, "peer_torchvision" + (f"_{procs}" if procs[:1] == "x" else ""), r)
-        if peer and peer["img_s"]:
-            r["img_s_vs_peer"] = r["img_s"] / peer["img_s"]
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="benchmarks/results/decode.json")
@@ -329,13 +288,13 @@ def main() -> int:
     def save(rows: list, complete: bool = False) -> None:
         """The JSON of ``rows`` with their ratios; ``complete``: every row asked for."""
         rows = copy.deepcopy(list(rows))
-        _ratios(rows)
-        write_json(args.out, _doc(args, corpora, mps["on"], rows, complete))
+        ratios(rows)
+        write_json(args.out, result_doc(args, corpora, mps["on"], rows, complete))
 
     with mps_server(args.mps) as on:
         mps["on"] = on
         rows = _measure(args, Rows(save))
-    _ratios(rows)
+    ratios(rows)
     cols = [
         "corpus",
         "batch",
@@ -348,28 +307,6 @@ def main() -> int:
     print(table(rows, cols))
     save(rows, complete=True)
     return 0
-
-
-def _doc(args: argparse.Namespace, corpora: list, mps: bool, rows: list, complete: bool) -> dict:
-    """The result's JSON: the machine, the method, the rows (``complete``: False while the
-    run goes on, and where it was cut short)."""
-    return {
-        "machine": machine(),
-        "date": today(),
-        "image": "; ".join(f"{c.name}: {c.description}" for c in corpora),
-        "mps": mps,
-        "method": (
-            f"batch images per call, {args.in_flight} calls in flight (peer_torchvision: call "
-            f"after call on one thread, as its replica's GPU thread runs them; its rows are "
-            f"also normalised to float16, which Ferry leaves to the model's first kernel), "
-            f"{args.seconds} s per row, one process (gpu_<backend>_x<N>p: N at once, "
-            "started together, their rates summed); CPU ms = process CPU time (all "
-            "threads) per image; baseline cpu_simplejpeg_1t of the same corpus and batch "
-            "measured in the same run"
-        ),
-        "complete": complete,
-        "rows": rows,
-    }
 
 
 def _measure(args: argparse.Namespace, rows: list | None = None) -> list[dict]:
@@ -388,7 +325,7 @@ def _measure(args: argparse.Namespace, rows: list | None = None) -> list[dict]:
             items = _items(c.name, batch)
             for t in [int(x) for x in args.threads.split(",") if x]:
                 got = _stage_rate(f"cpu_{t}t", items, args.seconds, in_flight=args.in_flight)
-                _row(rows, f"cpu_simplejpeg_{t}t", c.name, batch, got)
+                add_row(rows, f"cpu_simplejpeg_{t}t", c.name, batch, got)
             for b, r in [(b, r) for b in _list(args.backends) for r in _list(args.rounds)]:
                 if not gpu:
                     break
@@ -397,12 +334,12 @@ def _measure(args: argparse.Namespace, rows: list | None = None) -> list[dict]:
                 for n in [int(x) for x in _list(args.procs)]:
                     if n == 1:
                         got = _stage_rate(b, items, args.seconds, **stage)
-                        _row(rows, path, c.name, batch, got)
+                        add_row(rows, path, c.name, batch, got)
                         continue
                     for w in _list(args.host_wait):
                         got = _many_rate(b, c.name, batch, args.seconds, n, w, **stage)
                         tail = "" if w == "auto" else f"_{w}"
-                        _row(rows, f"{path}_x{n}p{tail}", c.name, batch, got)
+                        add_row(rows, f"{path}_x{n}p{tail}", c.name, batch, got)
             if peer and batch > 128:
                 print(f"no peer row at {batch} a call: the peer's batches stop at 128")
             elif peer:
@@ -429,7 +366,7 @@ def _peer_rows(rows: list, args: argparse.Namespace, name: str, bodies: list[byt
             except Exception as exc:  # the peer's failure must not lose Ferry's rows
                 print(f"{path} failed on {name} x{len(bodies)}: {exc!r}")
             else:
-                _row(rows, path, name, len(bodies), measured)
+                add_row(rows, path, name, len(bodies), measured)
 
 
 if __name__ == "__main__":

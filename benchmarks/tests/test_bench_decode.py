@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import sys
 
-from benchmarks import bench_decode
+from benchmarks import bench_decode, decode_rows
 
 
 def test_a_cpu_run_has_a_row_per_corpus_batch_and_threads(tmp_path, monkeypatch):
@@ -66,7 +66,7 @@ def test_ratios_pair_rows_of_the_same_corpus_and_batch():
         {"path": "gpu_auto", "corpus": "photos", "batch": 64, "img_s": 3000.0,
          "cpu_ms_per_img": 0.1},
     ]  # fmt: skip
-    bench_decode._ratios(rows)
+    decode_rows.ratios(rows)
     assert rows[2]["img_s_vs_cpu_1t"] == 10.0 and rows[2]["cpu_ms_vs_cpu_1t"] == 0.125
     assert rows[2]["img_s_vs_peer"] == 0.5
     assert rows[4]["img_s_vs_cpu_1t"] == 60.0
@@ -82,14 +82,14 @@ def test_ratios_pair_n_processes_with_the_peer_in_as_many():
                      ("gpu_auto_x8p_sleep", 2000.0), ("gpu_auto_r2_x8p", 8000.0),
                      ("gpu_auto_r2", 500.0)]
     ]  # fmt: skip
-    bench_decode._ratios(rows)
+    decode_rows.ratios(rows)
     assert rows[2]["img_s_vs_peer"] == 3.0
     assert rows[3]["img_s_vs_peer"] == 1.5 and rows[4]["img_s_vs_peer"] == 0.5
     assert rows[5]["img_s_vs_peer"] == 2.0 and rows[6]["img_s_vs_peer"] == 0.5  # (two rounds)
     del rows[1]
     for r in rows:
         r.pop("img_s_vs_peer", None)
-    bench_decode._ratios(rows)
+    decode_rows.ratios(rows)
     assert "img_s_vs_peer" not in rows[2]  # no 8-process peer row: no ratio
 
 
