@@ -51,7 +51,7 @@ def render() -> str:
         out += ["## Live streams over WebSocket (`bench_streams.py`)", "", *streams_section(live)]
     dec = load("decode.json")
     if dec:
-        out += ["## Decode and resize, one process (`bench_decode.py`)", "", *decode_section(dec)]
+        out += ["## Decode and resize (`bench_decode.py`)", "", *decode_section(dec)]
         out += [""]
     prof = load("profile_inference.json")
     if prof:
