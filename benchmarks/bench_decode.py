@@ -309,8 +309,8 @@ def main() -> int:
     return 0
 
 
-def _measure(args: argparse.Namespace, rows: list | None = None) -> list[dict]:
-    """Every row the arguments ask for, added to ``rows`` (a new list by default)."""
+def _measure(args: argparse.Namespace, rows: Rows) -> Rows:
+    """Every row the arguments ask for, added to ``rows``."""
     from pipeline import gpu_decode
 
     corpora = [corpus(c) for c in args.corpus.split(",") if c]
@@ -318,7 +318,6 @@ def _measure(args: argparse.Namespace, rows: list | None = None) -> list[dict]:
     if not gpu:
         print("nvImageCodec is not installed: no gpu_ rows")
     peer = not args.no_peer and _peer_available()
-    rows = [] if rows is None else rows
     for c in corpora:
         for batch in [int(x) for x in args.batches.split(",") if x]:
             bodies = _bodies(c.name, batch)
@@ -352,7 +351,7 @@ def _list(arg: str) -> list[str]:
     return [x for x in arg.split(",") if x]
 
 
-def _peer_rows(rows: list, args: argparse.Namespace, name: str, bodies: list[bytes]) -> None:
+def _peer_rows(rows: Rows, args: argparse.Namespace, name: str, bodies: list[bytes]) -> None:
     """The peer's rows of one corpus and batch: each of ``--peer-decoders`` in each of
     ``--procs`` processes (``peer_<decoder>``, ``peer_<decoder>_x<N>p``)."""
     for dec in [x for x in args.peer_decoders.split(",") if x]:

@@ -18,14 +18,14 @@ class Rows(list):
         self.saved = saved
 
 
-def add_row(rows: list, path: str, corpus: str, batch: int, measured: tuple) -> None:
+def add_row(rows: Rows, path: str, corpus: str, batch: int, measured: tuple) -> None:
     """Add the row of ``measured`` (img/s, CPU ms an image, images) and print it."""
     rate, cpu_ms, n = measured
     rows.append(
         {"path": path, "corpus": corpus, "batch": batch, "img_s": rate, "cpu_ms_per_img": cpu_ms}
     )
     print(f"{corpus} x{batch} {path}: {rate:,.0f} img/s, {cpu_ms:.3f} CPU ms/img ({n} images)")
-    if getattr(rows, "saved", None):
+    if rows.saved is not None:
         rows.saved(rows)
 
 
