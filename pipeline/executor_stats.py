@@ -28,6 +28,12 @@ COUNTS = (
 )
 
 
+def _high_water(n: dict[str, int]) -> None:
+    """``max_in_flight_seen`` raised to ``in_flight`` (under the counters' lock)."""
+    if n["in_flight"] > n["max_in_flight_seen"]:
+        n["max_in_flight_seen"] = n["in_flight"]
+
+
 class Counters:
     """Counts under one lock; ``last_progress`` and ``device_error`` beside them.
     ``clock``: what ``last_progress`` reads (the replica's health compares it with its own
@@ -45,8 +51,7 @@ class Counters:
             n = self._n
             for k, v in deltas.items():
                 n[k] += v
-            if n["in_flight"] > n["max_in_flight_seen"]:
-                n["max_in_flight_seen"] = n["in_flight"]
+            _high_water(n)
 
     def committed(self, items: int, padded: int, replay: bool) -> None:
         """A batch enqueued: ``count`` of its figures, without keywords (once a batch)."""
@@ -56,9 +61,8 @@ class Counters:
             n["items"] += items
             n["padded_items"] += padded
             n["graph_replays" if replay else "eager_runs"] += 1
-            flying = n["in_flight"] = n["in_flight"] + 1
-            if flying > n["max_in_flight_seen"]:
-                n["max_in_flight_seen"] = flying
+            n["in_flight"] += 1
+            _high_water(n)
 
     def finished(self) -> None:
         """A batch ended well: progress now, one fewer in flight."""
