@@ -22,7 +22,9 @@ and the expert one (``rayserve_expert_{4,8,12}``, N replicas,
 placement, ``configs/ferry_e2e_image.yaml``) and ``rayserve_image_{2,4,8,12}``
 (``benchmarks/peers/rayserve_image.py``). ``--set section.key=value`` (repeatable; the value
 is YAML) changes the pipeline config of every Ferry system in the run, for experiments; such
-rows are named ``system[key=value,...]`` so they never replace the plain system's.
+rows are named ``system[key=value,...]`` so they never replace the plain system's; a
+system named so in ``--systems`` (``ferry_torch_r2[executor.max_in_flight=1]``, several sets
+apart by ``;``) is that system with those sets, beside the others of the run.
 
 Every system is started with ``serve run`` as its own Ray cluster on this machine, waited
 for until every deployment is HEALTHY (an app answers once one replica is up; a torch.compile
@@ -164,7 +166,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     w = WORKLOADS[args.workload]
     args.systems = args.systems or w.systems
     args.corpus = args.corpus or w.corpora
-    names = [s for s in args.systems.split(",") if s]
+    try:
+        names = [variant(s) for s in args.systems.split(",") if s]
+    except ValueError as exc:
+        ap.error(str(exc))
     unknown = [s for s in names if s not in SYSTEMS]
     if unknown:
         ap.error(f"unknown systems {unknown}; known: {', '.join(SYSTEMS)}")
@@ -180,6 +185,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(str(exc))
     args.names = names
     return args
+
+
+def variant(name: str) -> str:
+    """A system named ``base[key=value;key=value]`` (in ``--systems``): Ferry's ``base`` with
+    those sets besides its own, registered in ``SYSTEMS`` under its row name
+    (``base[key=value,...]``), so two forms of one system are measured in one run -- where
+    ``--set`` changes every Ferry system of the run. Any other name as it is."""
+    base, bracket, rest = name.partition("[")
+    if not bracket:
+        return name
+    if not rest.endswith("]") or base not in SYSTEMS or SYSTEMS[base]["kind"] != "ferry":
+        raise ValueError(f"{name!r}: want FERRY_SYSTEM[section.key=value;...]")
+    spec = SYSTEMS[base]
+    sets = parse_sets([s for s in rest[:-1].split(";") if s])
+    full = row_name(base, spec, sets)
+    SYSTEMS[full] = {**spec, "sets": {**spec["sets"], **sets}}
+    return full
 
 
 def setup(args: argparse.Namespace) -> None:

@@ -85,6 +85,9 @@ def _get() -> dict[str, Any] | None:
 
 
 EXECUTOR_COUNTS = {
+    "batches": "batches run",
+    "items": "items run in batches",
+    "padded_items": "padding rows that filled batches to their buckets",
     "graph_replays": "batches replayed from a CUDA graph",
     "eager_runs": "batches run eagerly (no graph)",
     "captures": "CUDA graphs captured",
@@ -279,9 +282,10 @@ def set_pool(stats: dict[str, Any]) -> None:
 
 
 def set_executor(counts: dict[str, Any]) -> None:
-    """The executor's running counts (``Counters.snapshot``): batches replayed from a CUDA
-    graph, run eagerly, and graphs captured -- past the warm-up, a capture means a batch got
-    an arena its bucket had not had before."""
+    """The executor's running counts (``Counters.snapshot``): batches, their items and the
+    padding rows that filled them to their buckets; batches replayed from a CUDA graph, run
+    eagerly, and graphs captured -- past the warm-up, a capture means a batch got an arena
+    its bucket had not had before."""
     for k in EXECUTOR_COUNTS:
         if k in counts:
             _put(f"executor_{k}", "set", counts[k])

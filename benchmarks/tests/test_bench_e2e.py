@@ -152,6 +152,31 @@ def test_set_overrides_reach_the_served_config_and_name_the_rows():
             parse_sets([bad])
 
 
+def test_a_variant_in_systems_is_its_base_with_its_sets_beside_the_plain_one():
+    from benchmarks import bench_e2e
+
+    v = "ferry_torch_r2[executor.max_in_flight=1;batching.max_wait_ms=3]"
+    args = bench_e2e.parse_args(["--systems", f"ferry_torch_r2,{v}", "--corpus", "chelsea"])
+    full = "ferry_torch_r2[executor.max_in_flight=1,batching.max_wait_ms=3]"
+    try:
+        assert args.names == ["ferry_torch_r2", full]
+        pipeline = _served(full)["applications"][0]["args"]["config"]
+        assert pipeline["executor"]["max_in_flight"] == 1
+        assert pipeline["batching"]["max_wait_ms"] == 3
+        # the base's own sets stay: two decode rounds, ResNet-50 on the torch engine
+        assert pipeline["preprocess"]["decode_rounds"] == 2
+        assert pipeline["models"][0]["engine"] == "torch"
+        plain = _served("ferry_torch_r2")["applications"][0]["args"]["config"]
+        assert plain["executor"]["max_in_flight"] == 3  # the base unchanged
+        assert SYSTEMS[full]["up_s"] == SYSTEMS["ferry_torch_r2"]["up_s"]
+        PipelineConfig.model_validate(pipeline)
+    finally:
+        SYSTEMS.pop(full, None)
+    for bad in ("ferry[executor.max_in_flight=1", "rayserve_expert_8[a.b=1]", "nope[a.b=1]"):
+        with pytest.raises(SystemExit):
+            bench_e2e.parse_args(["--systems", bad, "--corpus", "chelsea"])
+
+
 def test_peer_configs_name_their_module_and_replicas():
     from ray.serve.schema import ServeDeploySchema
 

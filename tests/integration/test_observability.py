@@ -304,8 +304,13 @@ def test_gauges_are_per_replica_from_the_start(scraped):
         if name.startswith("ray_ferry_executor_") and lab.get("application") == APP
     }
     assert set(ex) == {
-        f"ray_ferry_executor_{k}" for k in ("graph_replays", "eager_runs", "captures")
+        f"ray_ferry_executor_{k}"
+        for k in ("batches", "items", "padded_items", "graph_replays", "eager_runs", "captures")
     }
+    # every batch ran eagerly here; a batch's padding fills it to its bucket (up to 8 here)
+    assert ex["ray_ferry_executor_batches"] == ex["ray_ferry_executor_eager_runs"]
+    assert ex["ray_ferry_executor_items"] >= ex["ray_ferry_executor_batches"]
+    assert 0 <= ex["ray_ferry_executor_padded_items"] < 8 * ex["ray_ferry_executor_batches"]
     # on numpy every batch runs eagerly (the warm-up's included) and no graph is captured
     assert ex["ray_ferry_executor_eager_runs"] >= 1 and ex["ray_ferry_executor_captures"] == 0
     import ray
