@@ -60,7 +60,8 @@ def _row(
 
 
 _LAST_STAGES: dict[str, Any] = {}
-"""The last level's ``stage_totals`` reading, and the ``serve run`` it was of."""
+"""The last level's ``stage_totals`` and ``executor_counts`` readings, and the ``serve run``
+they were of."""
 
 
 def stage_means(now: dict[str, list[float]], before: dict[str, list[float]]) -> dict[str, float]:
@@ -72,6 +73,36 @@ def stage_means(now: dict[str, list[float]], before: dict[str, list[float]]) -> 
         ms0, n0 = before.get(stage, (0.0, 0.0))
         if n > n0:
             out[stage] = round((ms - ms0) / (n - n0), 3)
+    return out
+
+
+def level_batches(
+    counts: dict[str, float],
+    before: dict[str, float],
+    stages: dict[str, list[float]],
+    stages_before: dict[str, list[float]],
+) -> dict[str, float]:
+    """The model batches and decode rounds between two readings of one system (its
+    executors' counts and stage totals, since each replica started): batches, their mean
+    items, the padding rows' share of the rows run, and images a decode round (one
+    ``decode_wait`` an image, one ``decode_host`` a round). What a reading lacks is left out."""
+    out: dict[str, float] = {}
+    d = {
+        k: counts[k] - before.get(k, 0.0)
+        for k in ("batches", "items", "padded_items")
+        if k in counts
+    }
+    if d.get("batches", 0) > 0 and "items" in d:
+        out["batches"] = d["batches"]
+        out["mean_batch"] = round(d["items"] / d["batches"], 2)
+        if "padded_items" in d and d["items"] + d["padded_items"] > 0:
+            out["padding_share"] = round(d["padded_items"] / (d["items"] + d["padded_items"]), 3)
+    images, rounds = (
+        stages.get(k, (0.0, 0.0))[1] - stages_before.get(k, (0.0, 0.0))[1]
+        for k in ("decode_wait", "decode_host")
+    )
+    if rounds > 0:
+        out["round_images"] = round(images / rounds, 2)
     return out
 
 
@@ -155,8 +186,13 @@ def measure(
     stages = ray_probe.stage_totals()
     if stages:
         row["stage_totals"] = stages
-    last = _LAST_STAGES.get("stages", {}) if _LAST_STAGES.get("run") == run_id else {}
-    _LAST_STAGES.update(run=run_id, stages=stages)
+    same = _LAST_STAGES.get("run") == run_id
+    last = _LAST_STAGES.get("stages", {}) if same else {}
+    last_counts = _LAST_STAGES.get("counts", {}) if same else {}
+    _LAST_STAGES.update(run=run_id, stages=stages, counts=counts)
+    batches = level_batches(counts, last_counts, stages, last)
+    if batches:  # since the level before (or the start: the warm-up's batches in the first)
+        row["level_batches"] = batches
     unit = "frames/s" if w.name == "image" else "img/s"
     print(
         f"   {c.name:>7} {n:>5} clients: {r['img_s']:8.1f} {unit}  p50 {r['p50_ms']} ms  "
@@ -174,6 +210,8 @@ def measure(
         print(f"      stages (mean ms): {r['mean_timings_ms']}", flush=True)
     if counts:
         print(f"      executor, since start: {counts}", flush=True)
+    if batches:
+        print(f"      batches and rounds over the level: {batches}", flush=True)
     decode = {k: v for k, v in stage_means(stages, last).items() if k.startswith("decode_")}
     if decode:  # since the level before (or the start), as Ray last exported the totals
         print(f"      decode rounds, mean ms over the level: {decode}", flush=True)

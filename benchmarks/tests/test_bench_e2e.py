@@ -536,3 +536,25 @@ def test_the_apps_bench_e2e_starts_export_within_the_wait_before_a_level_is_read
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert int(out.stdout.strip()) == ray_probe.EXPORT_MS
     assert ray_probe.EXPORT_WAIT_S > ray_probe.EXPORT_MS / 1000 + FLUSH_S
+
+
+def test_level_batches_are_the_batches_and_rounds_between_two_readings():
+    from benchmarks.e2e_level import level_batches
+
+    before = {"batches": 100.0, "items": 500.0, "padded_items": 60.0, "graph_replays": 100.0}
+    now = {"batches": 150.0, "items": 900.0, "padded_items": 100.0, "graph_replays": 150.0}
+    stages0 = {"decode_wait": [10.0, 500.0], "decode_host": [5.0, 100.0]}
+    stages1 = {"decode_wait": [30.0, 900.0], "decode_host": [9.0, 150.0]}
+    got = level_batches(now, before, stages1, stages0)
+    # 50 batches of 400 items (8 a batch) and 40 padding rows: 40 / 440 of the rows run
+    assert got == {"batches": 50.0, "mean_batch": 8.0, "padding_share": 0.091, "round_images": 8.0}
+    # the first level: since the start
+    assert level_batches(now, {}, stages1, {})["mean_batch"] == 6.0
+    # a peer (no counts, no stages), and a level with no batch: nothing to say
+    assert level_batches({}, {}, {}, {}) == {}
+    assert level_batches(before, before, stages0, stages0) == {}
+    # an executor that does not export the padding (an older one): the rest still
+    assert level_batches({"batches": 2.0, "items": 5.0}, {}, {}, {}) == {
+        "batches": 2.0,
+        "mean_batch": 2.5,
+    }
