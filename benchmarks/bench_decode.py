@@ -283,17 +283,15 @@ def main() -> int:
     from benchmarks.mps import mps_server
 
     corpora = [corpus(c) for c in args.corpus.split(",") if c]
-    mps = {"on": False}  # (set once the server, if any, is up)
-
-    def save(rows: list, complete: bool = False) -> None:
-        """The JSON of ``rows`` with their ratios; ``complete``: every row asked for."""
-        rows = copy.deepcopy(list(rows))
-        ratios(rows)
-        write_json(args.out, result_doc(args, corpora, mps["on"], rows, complete))
-
     with mps_server(args.mps) as on:
-        mps["on"] = on
-        rows = _measure(args, Rows(save))
+
+        def save(rows: list, complete: bool = False) -> None:
+            """The JSON of ``rows`` with their ratios; ``complete``: every row asked for."""
+            rows = copy.deepcopy(list(rows))
+            ratios(rows)
+            write_json(args.out, result_doc(args, corpora, on, rows, complete))
+
+        rows = _measure(args, corpora, Rows(save))
     ratios(rows)
     cols = [
         "corpus",
@@ -309,11 +307,10 @@ def main() -> int:
     return 0
 
 
-def _measure(args: argparse.Namespace, rows: Rows) -> Rows:
-    """Every row the arguments ask for, added to ``rows``."""
+def _measure(args: argparse.Namespace, corpora: list, rows: Rows) -> Rows:
+    """Every row the arguments ask for, of ``corpora`` (``--corpus``), added to ``rows``."""
     from pipeline import gpu_decode
 
-    corpora = [corpus(c) for c in args.corpus.split(",") if c]
     gpu = gpu_decode.available()
     if not gpu:
         print("nvImageCodec is not installed: no gpu_ rows")
