@@ -118,6 +118,12 @@ class ModelConfig(Strict):
     torch engine serves one (compiled, in CUDA graphs, on a GPU; eager on the CPU); ``auto``:
     ``torch`` on a GPU where torch is installed, ``native`` otherwise
     (``pipeline/engines/onnx.py``)."""
+    compile: Literal["static", "dynamic"] = "static"
+    """``torch`` only: how its module is compiled on a GPU. ``static``: one compile a bucket;
+    ``dynamic``: the batch dimension symbolic, so one compile serves every bucket (a bucket of
+    1 compiles apart, as does a range of sizes where a kernel's choice guards one), each
+    bucket captured from it as a CUDA graph of its own -- many buckets, so little padding, at
+    about one compile's start-up (vLLM compiles once for its batch sizes the same way)."""
     required: bool = False
     """Whether the application cannot serve without this model: refused at load (a file
     Ferry cannot run), it fails the inference replica's start -- Serve's ``DEPLOY_FAILED``
@@ -167,6 +173,8 @@ class ModelConfig(Strict):
         check_task_fields(self.name, self.task, self.output)
         if self.backend != "auto" and self.engine != "onnx":
             raise ValueError(f"model {self.name!r}: backend is the onnx engine's option")
+        if self.compile != "static" and self.engine != "torch":
+            raise ValueError(f"model {self.name!r}: compile is the torch engine's option")
         src = self.source
         if self.engine != "native" and self.source_file is None and ":" in src:
             mod, _, fn = src.partition(":")

@@ -77,3 +77,21 @@ def compile_gate(
         finally:
             with contextlib.suppress(OSError, ValueError):
                 fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def torch_gate(key: str, directory: str | None = None) -> Iterator[bool]:
+    """``compile_gate(key)``; a process that compiles after another (from its caches) does
+    so without inductor's worker pool: cache hits compile nothing, and seven followers of an
+    8-replica start each forked a pool of one worker a core (py-spy on an H100, 2026-12-06),
+    every worker importing torch, while they traced their graphs on the same cores."""
+    import torch._inductor.config as ic  # optional: torch
+
+    with compile_gate(key, directory) as first:
+        threads = ic.compile_threads
+        if not first:
+            ic.compile_threads = 1
+        try:
+            yield first
+        finally:
+            ic.compile_threads = threads

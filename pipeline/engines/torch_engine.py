@@ -8,7 +8,8 @@ fp32 where the executor's precision probe finds that fp16 does not run, overflow
 from fp32 (``pipeline/executor_precision.py``; ``trial`` runs the module eagerly, before it
 is compiled, in each dtype, and the fp32 weights come back exact from a host copy) --
 compiled with ``torch.compile`` (default mode, ``freezing`` on, one static shape per
-bucket; TorchScript runs as scripted). ``bind`` wraps Ferry's arena views as torch
+bucket, or with the entry's ``compile: dynamic`` one symbolic batch for every bucket from 2
+up; TorchScript runs as scripted). ``bind`` wraps Ferry's arena views as torch
 tensors (no copy), so the executor's pinned ring copies straight into the model's input and
 out of its outputs. ``run`` enqueues on Ferry's stream through ``torch.cuda.ExternalStream``;
 ``capture`` records it with ``torch.cuda.graph`` on that same stream and the executor
@@ -38,9 +39,9 @@ from ..errors import InvalidInput
 from ..models.registry import LoadedModel
 from ..ops.base import TensorSpec, align, workspace_view
 from .base import Engine, EngineContext, EnginePlan, Feed, ImageInput, TensorInfo, probe_input
-from .compile_gate import compile_gate
+from .compile_gate import torch_gate
 from .torch_cuda import TorchCharge, TorchGraph
-from .torch_sources import _torch, declared_input, load_module
+from .torch_sources import _nbytes, _state, _to_channels_last, _torch, declared_input, load_module
 
 __all__ = ["TorchEngine", "build", "declared_input"]
 logger = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ def build(entry: Any, image: ImageInput) -> Any:
     module, random, scripted = load_module(entry)
     dtype = entry.input.dtype or "float32"
     eng = TorchEngine(entry.name, module, image, dtype, scripted)
+    eng.dynamic = getattr(entry, "compile", "static") == "dynamic"
     eng.gate_key = f"torch:{entry.source}:{entry.weights}:{entry.seed}"
     return LoadedModel(entry.name, None, None, random, entry.source, engine=eng)
 
@@ -63,6 +65,9 @@ class TorchEngine(Engine):
     name = "torch"
     trial_loads = False  # its trials run the module eagerly; ``load`` compiles it
     late_capture = False  # (Engine.late_capture says why)
+    dynamic = False
+    """One compile with the batch dimension symbolic (the entry's ``compile: dynamic``), not
+    one a bucket; ``load`` keeps it only where the module is compiled."""
     gate_key: str | None = None
     """What the module is, for the machine's compile gate (``warm_gate``): its source, weights
     and seed (the builder sets it); None: no gate."""
@@ -149,6 +154,7 @@ class TorchEngine(Engine):
         # every replica) have nothing to do but spin -- the expert peer's 8 replicas took about
         # a core each that way (results/e2e_notes.md, 2026-12-03) -- so one is enough
         torch.set_num_threads(1)
+        self.dynamic = self.dynamic and not self.scripted and len(self._input.shape) == 4
         if not self.scripted and len(self._input.shape) == 4:
             _to_channels_last(m)
             import torch._dynamo.config as dc  # optional: torch
@@ -157,7 +163,7 @@ class TorchEngine(Engine):
             ic.freezing = True
             dc.cache_size_limit = max(dc.cache_size_limit, 1024)
             dc.accumulated_cache_size_limit = max(dc.accumulated_cache_size_limit, 4096)
-            m = torch.compile(m, dynamic=False)
+            m = torch.compile(m, dynamic=None if self.dynamic else False)
         self.module = m
         self.fn = {"image": self._image_fn(m, compiled=True), "tensors": self._tensor_fn(m, True)}
         self._weights_bytes = _nbytes(m)
@@ -195,9 +201,10 @@ class TorchEngine(Engine):
                 str(self._input.shape),
                 torch.cuda.get_device_name(self.device),
                 ",".join(map(str, buckets)),
+                "dynamic" if self.dynamic else "static",
             )
         )
-        return _gated(key)
+        return torch_gate(key)
 
     # -- the precision probe (``executor_precision``): eager, before the module is compiled
     def dtype_in(self, ctx: EngineContext) -> str:
@@ -234,8 +241,7 @@ class TorchEngine(Engine):
             y = ((x.float() - mean) * scale).to(dt)
             return y.contiguous(memory_format=torch.channels_last) if cl else y.contiguous()
 
-        prep = torch.compile(prep, dynamic=False) if compiled else prep
-        return lambda x: m(prep(x))
+        return self._joined(prep, m, compiled)
 
     def _tensor_fn(self, m: Any, compiled: bool = False) -> Any:
         torch = _torch()
@@ -245,8 +251,31 @@ class TorchEngine(Engine):
             y = x.to(dt)
             return y.contiguous(memory_format=torch.channels_last) if cl else y.contiguous()
 
-        prep = torch.compile(prep, dynamic=False) if compiled else prep
-        return lambda x: m(prep(x))
+        return self._joined(prep, m, compiled)
+
+    def _joined(self, prep: Any, m: Any, compiled: bool) -> Any:
+        """``x -> m(prep(x))``, ``prep`` compiled where ``m`` is. ``dynamic``: both see the
+        batch dimension marked symbolic from 2 up (a batch of 1 compiles apart), so the first
+        bucket compiles them and the others reuse that -- or compile again where the compile
+        guarded a range of sizes (a kernel chosen by size; torch's ``maybe_mark_dynamic``
+        allows it). The marks cost nothing once captured: a replay runs none of this."""
+        if not compiled:
+            return lambda x: m(prep(x))
+        torch = _torch()
+        prep = torch.compile(prep, dynamic=None if self.dynamic else False)
+        if not self.dynamic:
+            return lambda x: m(prep(x))
+        mark = torch._dynamo.maybe_mark_dynamic
+
+        def fn(x: Any) -> Any:
+            if x.shape[0] > 1:
+                mark(x, 0)
+            y = prep(x)
+            if y.shape[0] > 1:
+                mark(y, 0)
+            return m(y)
+
+        return fn
 
     def _channels_last(self) -> bool:
         return self.device.type == "cuda" and not self.scripted and len(self._input.shape) == 4
@@ -360,41 +389,3 @@ def _flatten(y: Any) -> tuple[list[str], list[Any]]:
     if isinstance(y, tuple | list):
         return [f"output_{i}" for i in range(len(y))], list(y)
     return ["logits"], [y]
-
-
-def _to_channels_last(m: Any) -> None:
-    """The module's 4-D weights in channels-last, in place. ``Module.to(memory_format=...)``
-    also tries a 5-D buffer and fails on it (a Swin's window mask, lowered from ONNX)."""
-    torch = _torch()
-    with torch.no_grad():
-        for _name, t in _state(m):
-            if t.dim() == 4:
-                t.data = t.data.contiguous(memory_format=torch.channels_last)
-
-
-def _state(m: Any) -> list[tuple[str, Any]]:
-    """The module's parameters and buffers by name: what ``Module.to`` casts."""
-    return [*m.named_parameters(), *m.named_buffers()]
-
-
-def _nbytes(m: Any) -> int:
-    n = sum(p.numel() * p.element_size() for p in m.parameters())
-    return n + sum(b.numel() * b.element_size() for b in m.buffers())
-
-
-@contextlib.contextmanager
-def _gated(key: str, directory: str | None = None) -> Any:
-    """``compile_gate(key)``; a process that compiles after another (from its caches) does
-    so without inductor's worker pool: cache hits compile nothing, and seven followers of an
-    8-replica start each forked a pool of one worker a core (py-spy on an H100, 2026-12-06),
-    every worker importing torch, while they traced their graphs on the same cores."""
-    import torch._inductor.config as ic  # optional: torch
-
-    with compile_gate(key, directory) as first:
-        threads = ic.compile_threads
-        if not first:
-            ic.compile_threads = 1
-        try:
-            yield first
-        finally:
-            ic.compile_threads = threads

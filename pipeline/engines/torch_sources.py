@@ -90,7 +90,6 @@ def _torchvision(entry: Any) -> tuple[Any, bool, bool]:
         )
         return m.eval(), True, False
     if entry.weights.endswith((".npz", ".safetensors")):
-
         sd = {k: torch.from_numpy(v) for k, v in load_weights(entry.weights).items()}
     else:
         sd = torch.load(entry.weights, map_location="cpu", weights_only=True)  # no pickle code
@@ -118,3 +117,26 @@ def _first_input(ep: Any) -> Any:
     """The fake tensor of an exported program's first user input (its shape and dtype)."""
     name = ep.graph_signature.user_inputs[0]
     return next(n for n in ep.graph.nodes if n.name == name).meta["val"]
+
+
+# -- what the engine does to a loaded module
+
+
+def _to_channels_last(m: Any) -> None:
+    """The module's 4-D weights in channels-last, in place. ``Module.to(memory_format=...)``
+    also tries a 5-D buffer and fails on it (a Swin's window mask, lowered from ONNX)."""
+    torch = _torch()
+    with torch.no_grad():
+        for _name, t in _state(m):
+            if t.dim() == 4:
+                t.data = t.data.contiguous(memory_format=torch.channels_last)
+
+
+def _state(m: Any) -> list[tuple[str, Any]]:
+    """The module's parameters and buffers by name: what ``Module.to`` casts."""
+    return [*m.named_parameters(), *m.named_buffers()]
+
+
+def _nbytes(m: Any) -> int:
+    n = sum(p.numel() * p.element_size() for p in m.parameters())
+    return n + sum(b.numel() * b.element_size() for b in m.buffers())

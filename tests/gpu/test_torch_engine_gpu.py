@@ -132,6 +132,44 @@ def test_three_compute_streams_one_graph_per_arena_no_capture_after_warmup(tmp_p
     ex.close()
 
 
+def test_a_dynamic_compile_serves_many_buckets_from_few_compiles(tmp_path):
+    """``compile: dynamic``: the batch dimension symbolic, so five buckets cost a few compiles
+    (a static compile makes one for each bucket and graph: prep and module, two feeds), and
+    every bucket's graph answers as torch fp32 does on the same photos."""
+    from torch._dynamo.utils import counters
+
+    path, ref = _state_file(tmp_path, "resnet18")
+    entry = ModelConfig(
+        name="r18", engine="torch", source="resnet18", weights=path, compile="dynamic"
+    )
+    buckets = (1, 4, 8, 12, 16)
+    ex = GpuExecutor(
+        ExecutorConfig(backend="cupy", buckets=buckets, max_in_flight=2, pool_limit_fraction=0.3)
+    )
+    before = counters["stats"]["unique_graphs"]
+    ex.load_entry(entry)
+    t0 = time.perf_counter()
+    ex.warmup()
+    graphs = counters["stats"]["unique_graphs"] - before
+    print(f"dynamic: {len(buckets)} buckets, both feeds, {graphs} graphs compiled, "
+          f"warm-up {time.perf_counter() - t0:.1f} s")  # fmt: skip
+    assert ex.models["r18"].engine.dynamic
+    assert graphs < 3 * len(buckets), graphs  # static: one each for prep and module, two feeds
+    u8 = photo_pixels(16)
+    with torch.inference_mode():
+        want = ref.float()(torch.from_numpy(normalised(u8)).cuda()).cpu().numpy()
+    s = ex.stats()
+    for n in (3, 8, 11, 16):  # padded to 4, 8, 12, 16: each its own captured graph
+        got = ex.infer("r18", u8[:n]).astype(np.float32)
+        rel = float(np.abs(got - want[:n]).max() / np.abs(want[:n]).max())
+        print(f"batch {n}: fp16 graph vs torch fp32, relative error {rel:.2e}")
+        assert rel < 3e-2 and (got.argmax(1) == want[:n].argmax(1)).mean() >= 0.85
+    after = ex.stats()  # every batch a replay of a graph captured at warm-up
+    assert after["eager_runs"] == s["eager_runs"] and after["captures"] == s["captures"]
+    assert after["graph_replays"] == s["graph_replays"] + 4
+    ex.close()
+
+
 def test_one_streams_graphs_share_one_pool_and_answer_alike_in_any_order(tmp_path):
     """Every bucket's graphs on one compute stream share one torch graph pool: batches of
     mixed buckets, three in flight, replayed in an order unlike their capture's, answer

@@ -55,12 +55,12 @@ def test_a_process_that_compiles_from_the_caches_does_so_without_inductors_worke
     pytest.importorskip("torch")
     import torch._inductor.config as ic
 
-    from pipeline.engines.torch_engine import _gated
+    from pipeline.engines.compile_gate import torch_gate
 
     monkeypatch.setattr(ic, "compile_threads", 16)  # a 16-core node's default
     before = 16
-    with _gated("k", str(tmp_path)) as first:  # the first: its pool as configured
+    with torch_gate("k", str(tmp_path)) as first:  # the first: its pool as configured
         assert first and ic.compile_threads == before
-    with _gated("k", str(tmp_path)) as first:  # after it: cache hits, compiled in-process
+    with torch_gate("k", str(tmp_path)) as first:  # after it: cache hits, compiled in-process
         assert not first and ic.compile_threads == 1
     assert ic.compile_threads == before
