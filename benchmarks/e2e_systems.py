@@ -171,15 +171,15 @@ TORCH_R50 = {"name": "resnet50", "engine": "torch", "source": "resnet50", "bucke
 of 8 replicas: nine made its start-up minutes longer than the peer's)."""
 
 
-def _ferry_torch(**sets: Any) -> dict[str, Any]:
-    """``ferry`` with ResNet-50 on the torch engine (``TORCH_R50``) and ``sets`` besides:
+TORCH_DYN = {**TORCH_R50, "compile": "dynamic", "buckets": [4, 8, 12, 16, 24, 32, 48, 64, 96, 128]}
+"""ResNet-50 compiled once for every batch size (``compile: dynamic``) at ten buckets."""
+
+
+def _ferry_torch(model: dict[str, Any] = TORCH_R50, **sets: Any) -> dict[str, Any]:
+    """``ferry`` with ResNet-50 on the torch engine (``model``) and ``sets`` besides:
     minutes of compiling before it is up."""
-    return _ferry(
-        "ferry_e2e.yaml",
-        startup_s=600,
-        up_s=UP_S["ferry_torch"],
-        sets={"models": [TORCH_R50], **sets},
-    )
+    up = UP_S["ferry_torch"]
+    return _ferry("ferry_e2e.yaml", startup_s=600, up_s=up, sets={"models": [model], **sets})
 
 
 SYSTEMS: dict[str, dict[str, Any]] = {
@@ -214,8 +214,7 @@ SYSTEMS: dict[str, dict[str, Any]] = {
     # rounds, as the peer decodes up to 128 in one call)
     **{f"ferry_t{n}": _ferry("ferry_e2e.yaml", sets={"preprocess.threads": n}) for n in (1, 2)},
     "ferry_hw": _ferry("ferry_e2e.yaml", sets={"preprocess.gpu_decode_backend": "hardware"}),
-    # the engines take 60% of each call and the CUDA decoder on the SMs the rest: the photos'
-    # large JPEGs kept the engines 75% busy at 1,979 img/s (run7), while the SMs idle
+    # the engines take 60% of each call, the CUDA decoder the rest (photos: engines 75% busy)
     "ferry_hw60": _ferry(
         "ferry_e2e.yaml",
         sets={"preprocess.gpu_decode_backend": "hardware", "preprocess.gpu_decode_hw_load": 0.6},
@@ -223,8 +222,7 @@ SYSTEMS: dict[str, dict[str, Any]] = {
     # the decoder's first call as before 2026-12-05: the warm-up's one JPEG, which fixed the
     # engines' share of every later call at one mini-batch (docs/placement.md)
     "ferry_noprime": _ferry("ferry_e2e.yaml", sets={"preprocess.gpu_decode_prime": False}),
-    # the decoder's memory pool keeping 256 MiB of freed memory mapped (the default 0 hands
-    # it back at each synchronisation): no host time saved, the GPU full on photos (notes)
+    # the decoder's pool keeping 256 MiB of freed memory mapped (the default 0 hands it back)
     "ferry_keep256": _ferry("ferry_e2e.yaml", sets={"preprocess.gpu_decode_keep_bytes": 256 << 20}),
     # a replica's next decode round starts while the GPU still works on the last one
     "ferry_overlap": _ferry("ferry_e2e.yaml", sets={"preprocess.overlap_rounds": True}),
@@ -241,6 +239,8 @@ SYSTEMS: dict[str, dict[str, Any]] = {
     # H200, 2026-12-06: a round's 6.7 ms had 4.4 inside nvImageCodec, the next images waited)
     "ferry_r2": _ferry("ferry_e2e.yaml", sets={"preprocess.decode_rounds": 2}),
     "ferry_torch_r2": _ferry_torch(**{"preprocess.decode_rounds": 2}),
+    # that with ten buckets from one dynamic compile: a batch of 9 runs at 12, not 32
+    "ferry_torch_dyn": _ferry_torch(TORCH_DYN, **{"preprocess.decode_rounds": 2}),
     "ferry_nowatch": {**_ferry("ferry_e2e.yaml"), **NOWATCH},
     "ferry_4rep": _ferry(
         "ferry_e2e.yaml",
