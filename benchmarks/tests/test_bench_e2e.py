@@ -43,6 +43,7 @@ FERRY_SYSTEMS = {  # system -> (its ingress replicas, its inference replicas)
     "ferry_4rep": (4, None),  # ferry in 4 replicas of a quarter of the GPU
     "ferry_r2": (8, None),  # ferry with two decode rounds at once a replica
     "ferry_torch_r2": (8, None),  # the same with ResNet-50 on the torch engine
+    "ferry_torch_dyn": (8, None),  # that, ResNet-50 compiled once (compile: dynamic), ten buckets
     "ferry_nowatch": (8, None),  # ferry, its requests with Serve's disconnect watch off
 }
 
@@ -91,14 +92,17 @@ def test_benchmark_serve_configs_validate(system):
     assert cfg.preprocess.stream_priority == ("high" if high else "normal")
     swi = system in ("ferry_swi05", "ferry_torch_swi05")
     assert cfg.ingress_deployment.switch_interval_ms == (0.5 if swi else None)
-    r2 = system in ("ferry_r2", "ferry_torch_r2")
+    r2 = system in ("ferry_r2", "ferry_torch_r2", "ferry_torch_dyn")
     assert cfg.preprocess.decode_rounds == (2 if r2 else 1)
     engines = {m.engine for m in cfg.models}
     assert engines == ({"torch"} if system in ("ferry_torch", "ferry_torch_kept", "ferry_image",
                                                "ferry_torch_prio", "ferry_torch_swi05",
                                                "ferry_torch_r2", "ferry_image_sleep",
+                                               "ferry_torch_dyn",
                                                "ferry_image_enc16")
                        else {"native"})  # fmt: skip
+    dyn = system == "ferry_torch_dyn"
+    assert {m.compile for m in cfg.models} == {"dynamic" if dyn else "static"}
     assert cfg.executor.arenas == ("kept" if system.endswith("_kept") else "pooled")
     keep = 256 << 20 if system == "ferry_keep256" else 0
     assert cfg.preprocess.gpu_decode_keep_bytes == keep

@@ -157,3 +157,50 @@ def test_past_its_warm_up_a_torch_model_is_not_captured_on_a_new_arena(sources):
     ex.unload("t")
     assert "t" not in mode._settled
     ex.close()
+
+
+def test_compile_dynamic_is_the_torch_engines_option_and_the_cpu_runs_eager(sources):
+    with pytest.raises(ValueError, match="compile is the torch engine's option"):
+        ModelConfig(name="n", source="resnet50", compile="dynamic")
+    entry = ModelConfig(
+        name="m", engine="torch", source=sources["function"], input=SMALL, compile="dynamic"
+    )
+    ex = _executor()
+    eng = ex.load_entry(entry).engine
+    assert not eng.dynamic  # nothing is compiled on the CPU: eager torch, as before
+    x = np.random.default_rng(2).integers(0, 256, (3, 16, 16, 3), dtype=np.uint8)
+    with torch.inference_mode():
+        want = small_net()(_normalised(x)).numpy()
+    np.testing.assert_allclose(ex.infer("m", x), want, rtol=1e-4, atol=1e-5)
+    ex.close()
+
+
+@pytest.mark.skipif(
+    not __import__("shutil").which("g++"), reason="inductor on the CPU needs a C++ compiler"
+)
+def test_the_dynamic_marks_make_one_compile_serve_every_batch_from_two():
+    """What ``compile: dynamic`` compiles (on a GPU), run here by inductor on the CPU: the
+    joined function's marks let one compile serve batches 2 to 7 -- batch 1 compiles apart --
+    where a static compile makes one for each size."""
+    from torch._dynamo.utils import counters
+
+    from pipeline.engines.torch_engine import TorchEngine
+
+    def compiles(dynamic: bool) -> int:
+        torch._dynamo.reset()
+        eng = TorchEngine.__new__(TorchEngine)
+        eng.dynamic = dynamic
+        net = small_net().eval()
+        fn = eng._joined(
+            lambda x: x.float() / 255, torch.compile(net, dynamic=None if dynamic else False), True
+        )
+        before = counters["stats"]["unique_graphs"]
+        with torch.inference_mode():
+            for b in (1, 2, 3, 5, 7):
+                x = torch.randint(0, 256, (b, 3, 16, 16), dtype=torch.uint8)
+                torch.testing.assert_close(fn(x), net(x.float() / 255), rtol=1e-4, atol=1e-4)
+        return counters["stats"]["unique_graphs"] - before
+
+    dynamic, static = compiles(True), compiles(False)
+    assert static == 2 * 5  # prep and module, each batch size
+    assert dynamic == 2 * 2, dynamic  # each: batch 1, then one for 2..7
