@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from pipeline.config import Settings
 from pipeline.errors import FerryError, InvalidInput, Unavailable
 from pipeline.protocol.validate import finite_float
+from pipeline.threads import name_os_thread
 
 from . import docs, http_errors, streams_route
 from .http_errors import error_response, request_id_of, unwrap
@@ -89,6 +90,7 @@ class FerryApp(FastAPI):
                 scope["root_path"] = self.root_path
             if self.fast is None:
                 self.fast = RequestMetrics(http_errors.JsonErrors(BearerAuth(serve_fast)))
+                name_os_thread("ferry-loop")  # the event loop's CPU apart from its process's
             await self.fast(scope, receive, send)
             return
         await super().__call__(scope, receive, send)

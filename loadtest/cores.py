@@ -80,11 +80,12 @@ def thread_cpu_s(run_id: str) -> dict[tuple[str, str], float]:
                     head, rest = f.read().rsplit(")", 1)
             except OSError:
                 continue
-            # a thread Python started without a name of its own carries the process title it
-            # was started under, as the main thread does: both are counted as "main+unnamed"
+            # a thread started without a name of its own (a native library's, or Python's)
+            # carries the process title it was started under, as the main thread does: the
+            # main thread is "main", the others "unnamed" (nvImageCodec's workers, Ray's)
             name = head.split("(", 1)[1]
             if name.startswith("ray::") or name == os.path.basename(cmd.split(" ", 1)[0]):
-                name = "main+unnamed"
+                name = "main" if tid == str(pid) else "unnamed"
             fields = rest.split()
             key = (label, name)
             out[key] = out.get(key, 0.0) + (int(fields[11]) + int(fields[12])) / tick

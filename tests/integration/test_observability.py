@@ -392,3 +392,21 @@ def test_docs_work_offline_from_local_swagger_ui_files(app):
         assert c.get("/openapi.json").json()["openapi"].startswith("3.1")  # Swagger UI 5 reads it
         assert c.get("/docs/..%2Fpyproject.toml").status_code == 404
         assert c.get("/redoc").status_code == 404  # the CDN page is off
+
+
+def test_the_ingress_event_loop_is_named_in_the_os(scraped):
+    """The ingress replica's event loop carries ``ferry-loop`` in the OS once it has answered
+    a classify request (``scraped`` sent them): ``top -H``, ``/proc`` and the benchmarks'
+    CPU by thread tell it from the process's other unnamed threads."""
+    names = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if not f.read().startswith("ray::ServeRepl"):
+                    continue
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                    names.append(f.read().strip())
+        except OSError:  # a process or thread that ended meanwhile
+            continue
+    assert "ferry-loop" in names, sorted(set(names))

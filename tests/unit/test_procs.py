@@ -157,3 +157,35 @@ def test_a_runs_cpu_by_thread_names_the_thread_that_spent_it():
     finally:
         procs.stop(run, grace_s=5)
         proc.wait(10)
+
+
+def test_the_main_thread_and_threads_without_a_name_are_told_apart():
+    from loadtest.cores import thread_cpu_s
+
+    run = procs.new_run_id("threads")
+    # the main thread spins 0.4 s of CPU, then a thread without a name of its own (as a
+    # native library's workers: it carries the process's name) spins 0.4 s
+    spin = (
+        "import threading, time\n"
+        "def burn():\n"
+        "    t = time.thread_time()\n"
+        "    while time.thread_time() - t < 0.4: pass\n"
+        "burn()\n"
+        "threading.Thread(target=lambda: (burn(), time.sleep(60)), daemon=True).start()\n"
+        "time.sleep(60)"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", spin], env={**os.environ, procs.MARK: run}, stderr=subprocess.PIPE
+    )
+    try:
+        by: dict = {}
+        for _ in range(1200):
+            by = {t: v for (_, t), v in thread_cpu_s(run).items()}
+            if by.get("main", 0) >= 0.3 and by.get("unnamed", 0) >= 0.3 or proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        assert by.get("main", 0) >= 0.3 and by.get("unnamed", 0) >= 0.3, by
+    finally:
+        procs.stop(run, grace_s=5)
+        proc.wait(10)
