@@ -49,18 +49,21 @@ def test_a_finished_key_is_not_waited_on_and_a_failed_one_is_tried_again(tmp_pat
         assert first
 
 
-def test_a_process_that_compiles_from_the_caches_does_so_without_inductors_worker_pool(
-    tmp_path, monkeypatch
-):
+def test_a_process_that_compiles_from_the_caches_does_so_without_inductors_worker_pool(tmp_path):
     pytest.importorskip("torch")
     import torch._inductor.config as ic
 
     from pipeline.engines.compile_gate import torch_gate
 
-    monkeypatch.setattr(ic, "compile_threads", 16)  # a 16-core node's default
+    # (set and put back by hand: pytest's monkeypatch undoes with a delattr on torch's config
+    # module, which leaves compile_threads missing for every later compile in the process)
+    old, ic.compile_threads = ic.compile_threads, 16  # a 16-core node's default
     before = 16
-    with torch_gate("k", str(tmp_path)) as first:  # the first: its pool as configured
-        assert first and ic.compile_threads == before
-    with torch_gate("k", str(tmp_path)) as first:  # after it: cache hits, compiled in-process
-        assert not first and ic.compile_threads == 1
-    assert ic.compile_threads == before
+    try:
+        with torch_gate("k", str(tmp_path)) as first:  # the first: its pool as configured
+            assert first and ic.compile_threads == before
+        with torch_gate("k", str(tmp_path)) as first:  # after it: cache hits, in-process
+            assert not first and ic.compile_threads == 1
+        assert ic.compile_threads == before
+    finally:
+        ic.compile_threads = old
