@@ -18,6 +18,8 @@ Systems (rows ``{"model", "batch", "system", "img_s", "top1_agree", "spread",
   graph lowered to torch and served as ``ferry_torch`` is (its own compile).
 * ``ferry_onnx_native`` -- the same file on the onnx engine's native backend (Ferry's ops on
   cupy, fp16, CUDA graphs). Both opt-in, for ``--onnx-models`` (resnet50 by default; ``all``).
+* ``ferry_torch_dyn`` -- opt-in: ``ferry_torch`` compiled once for every batch size
+  (``compile: dynamic``), a compile of its own.
 
 Every harness (``bench_models_harness.py``) is driven by one thread with 3 batches out.
 ``top1_agree`` is the share of real photos (loadtest.corpus, through Ferry's CPU image
@@ -55,7 +57,7 @@ from benchmarks.common import commit, machine, table, today, write_json  # noqa:
 from benchmarks.model_zoo import MODELS, make, normalised, photo_pixels  # noqa: E402
 
 SYSTEMS = ("ferry_torch", "torch_compile", "torch_eager", "ferry_native")
-OPTIONAL = ("ferry_onnx", "ferry_onnx_native")
+OPTIONAL = ("ferry_onnx", "ferry_onnx_native", "ferry_torch_dyn")
 NATIVE = {"resnet50"}  # architectures Ferry builds natively
 COLS = ["model", "batch", "system", "img_s", "top1_agree", "spread", "host_us_per_batch"]
 
@@ -120,13 +122,16 @@ class ModelBench:
             x = torch.from_numpy(normalised(self.u8)).cuda()
             self.ref = model(x).argmax(1).cpu().numpy()
         sd = {k: v.cpu() for k, v in model.state_dict().items()}
-        if "ferry_torch" in systems or "torch_compile" in systems:
-            sd_path = os.path.join(tmp, f"{name}.pt")
-            torch.save(sd, sd_path)
-            t0 = time.perf_counter()
-            entry = ModelConfig(name=name, engine="torch", source=name, weights=sd_path)
-            self.exs["torch"] = ferry_executor(entry, self.batches, self.args)
-            self.compile_s[name] = round(time.perf_counter() - t0, 1)
+        sd_path = os.path.join(tmp, f"{name}.pt")
+        torch.save(sd, sd_path)
+        torch_systems = {"torch": "ferry_torch", "torch_dyn": "ferry_torch_dyn"}
+        for kind, system in torch_systems.items():
+            if system in systems or (kind == "torch" and "torch_compile" in systems):
+                t0, dyn = time.perf_counter(), kind == "torch_dyn"
+                form = {"compile": "dynamic" if dyn else "static", "weights": sd_path}
+                entry = ModelConfig(name=name, engine="torch", source=name, **form)
+                self.exs[kind] = ferry_executor(entry, self.batches, self.args)
+                self.compile_s[f"{name}:dyn" if dyn else name] = round(time.perf_counter() - t0, 1)
         if "ferry_native" in systems and name in NATIVE:
             from pipeline.models import resnet50
             from pipeline.models.registry import LoadedModel, model_info
@@ -161,12 +166,8 @@ class ModelBench:
         import torch
 
         name, rows, diags = self.name, [], []
-        ferry = {
-            "torch": "ferry_torch",
-            "native": "ferry_native",
-            "onnx": "ferry_onnx",
-            "onnx_native": "ferry_onnx_native",
-        }
+        ferry = {"torch": "ferry_torch", "torch_dyn": "ferry_torch_dyn", "native": "ferry_native"}
+        ferry.update({"onnx": "ferry_onnx", "onnx_native": "ferry_onnx_native"})
         for b in self.batches:
             drivers, facts, top1 = {}, {}, {}
             for kind, system in ferry.items():
