@@ -3,8 +3,9 @@
 Python names its threads only for itself; the OS (``/proc/<pid>/task/<tid>/comm``, ``top
 -H``, ``perf``, ``profile_pipeline.py``'s CPU by thread) sees every one of them under the
 name of the thread that made it. Naming ours there splits a replica's CPU into Ferry's
-decode, submit and receive threads, the event loop Serve runs, and the native threads of
-gRPC, CUDA and nvImageCodec.
+decode, submit and receive threads, the event loop Serve runs (``ferry-loop``: the ingress
+names it at its first classify request), and the native threads of gRPC, CUDA and
+nvImageCodec.
 """
 
 from __future__ import annotations
