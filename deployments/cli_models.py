@@ -79,6 +79,7 @@ def describe(config: PipelineConfig, entry: Any) -> dict[str, Any]:
     return {
         "name": entry.name,
         "engine": entry.engine,
+        "compile": entry.compile if entry.engine == "torch" else None,  # (on a GPU)
         "source": entry.source,
         "weights": entry.weights or ("random" if random_weights(entry) else "bundled"),
         "task": entry.task,  # None: its outputs tell it (resolved below when it loads)
@@ -135,6 +136,15 @@ def _precision(p: str | dict[str, Any]) -> str:
     return f"{p} (the entry's)"
 
 
+def _compile(form: str | None) -> str:
+    """How a torch model is compiled on a GPU, for its engine line."""
+    if form is None:
+        return ""
+    return " (on a GPU: " + (
+        "one compile for every bucket)" if form == "dynamic" else "one compile a bucket)"
+    )
+
+
 def _spec(t: Any) -> dict[str, Any]:
     return {"name": t.name, "dtype": np.dtype(t.dtype).name, "shape": list(t.shape)}
 
@@ -144,7 +154,8 @@ def text(row: dict[str, Any]) -> str:
     state = {True: "ok, loads", False: "FAILS to load", None: "not loaded (--no-load)"}
     lines = [
         f"{row['name']}: {state[row.get('loads')]}",
-        f"  engine {row['engine']}, source {row['source']}, weights {row['weights']}",
+        f"  engine {row['engine']}{_compile(row['compile'])}, source {row['source']}, "
+        f"weights {row['weights']}",
         f"  input {i['height']}x{i['width']}x{i['channels']} {i['layout']}, resize "
         f"{i['resize']}, {i['dtype']}",
         f"  task: {row['task'] or 'told by its outputs when it loads'}",

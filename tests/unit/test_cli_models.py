@@ -146,3 +146,24 @@ def test_models_verdict_is_the_shared_checks_a_missing_file_named_as_config_chec
         check(PipelineConfig.model_validate(cfg))
     assert rows[1]["error"] == str(refused.value)
     assert rows[1]["error"] == f"model 'gone': source file not found: {tmp_path / 'gone.onnx'}"
+
+
+def test_models_says_how_a_torch_model_is_compiled(tmp_path, capsys):
+    pytest.importorskip("torch")
+    torch_entry = {"name": "t", "engine": "torch", "source": "tests.models.small_torch:small_net"}
+    cfg = {
+        "models": [
+            {"name": "digits", "arch": "digits"},
+            {**torch_entry, "input": {"height": 16, "width": 16}, "compile": "dynamic"},
+        ],
+        "executor": {"backend": "numpy", "buckets": [1, 2, 4]},
+    }
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["models", str(path), "--json"]) == 0
+    (rows,) = json.loads(capsys.readouterr().out).values()
+    assert [r["compile"] for r in rows] == [None, "dynamic"]
+    assert main(["models", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "engine torch (on a GPU: one compile for every bucket)" in out
+    assert "engine native, source digits" in out
