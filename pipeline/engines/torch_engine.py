@@ -41,7 +41,14 @@ from ..ops.base import TensorSpec, align, workspace_view
 from .base import Engine, EngineContext, EnginePlan, Feed, ImageInput, TensorInfo, probe_input
 from .compile_gate import torch_gate
 from .torch_cuda import TorchCharge, TorchGraph
-from .torch_sources import _nbytes, _state, _to_channels_last, _torch, declared_input, load_module
+from .torch_sources import (
+    _torch,
+    declared_input,
+    load_module,
+    module_bytes,
+    module_state,
+    to_channels_last,
+)
 
 __all__ = ["TorchEngine", "build", "declared_input"]
 logger = logging.getLogger(__name__)
@@ -149,7 +156,7 @@ class TorchEngine(Engine):
         self.dynamic = self.dynamic and ctx.backend.is_cuda and self._channels_last()
         if not ctx.backend.is_cuda:
             self.fn = {"image": self._image_fn(m), "tensors": self._tensor_fn(m)}
-            self._weights_bytes = _nbytes(m)
+            self._weights_bytes = module_bytes(m)
             return
         dev = self.device
         # the module runs on the GPU: torch's intra-op CPU threads (one a core by default, in
@@ -157,7 +164,7 @@ class TorchEngine(Engine):
         # a core each that way (results/e2e_notes.md, 2026-12-03) -- so one is enough
         torch.set_num_threads(1)
         if not self.scripted and len(self._input.shape) == 4:
-            _to_channels_last(m)
+            to_channels_last(m)
             import torch._dynamo.config as dc  # optional: torch
             import torch._inductor.config as ic  # optional: torch
 
@@ -167,7 +174,7 @@ class TorchEngine(Engine):
             m = torch.compile(m, dynamic=None if self.dynamic else False)
         self.module = m
         self.fn = {"image": self._image_fn(m, compiled=True), "tensors": self._tensor_fn(m, True)}
-        self._weights_bytes = _nbytes(m)
+        self._weights_bytes = module_bytes(m)
         TorchCharge.sync(ctx.pool, dev.index, f"loading {self.model}")
 
     def _to_device(self, ctx: EngineContext, dtype: str) -> Any:
@@ -183,7 +190,7 @@ class TorchEngine(Engine):
         m = self.module = self.module.to(dev).to(self.compute)
         if self.compute == torch.float32 and self._master is not None:
             with torch.no_grad():
-                for name, t in _state(m):
+                for name, t in module_state(m):
                     t.copy_(self._master[name])
         return m
 
@@ -217,7 +224,8 @@ class TorchEngine(Engine):
         ``load`` then puts the module in its dtype (float32 weights exact, from that copy)."""
         torch = _torch()
         if self._master is None:
-            self._master = {n: t.detach().to("cpu", copy=True) for n, t in _state(self.module)}
+            state = module_state(self.module)
+            self._master = {n: t.detach().to("cpu", copy=True) for n, t in state}
         self.ctx = ctx
         m = self._to_device(ctx, ctx.dtype)
         fn = self._image_fn(m) if feed == "image" else self._tensor_fn(m)

@@ -122,21 +122,21 @@ def _first_input(ep: Any) -> Any:
 # -- what the engine does to a loaded module
 
 
-def _to_channels_last(m: Any) -> None:
+def to_channels_last(m: Any) -> None:
     """The module's 4-D weights in channels-last, in place. ``Module.to(memory_format=...)``
     also tries a 5-D buffer and fails on it (a Swin's window mask, lowered from ONNX)."""
     torch = _torch()
     with torch.no_grad():
-        for _name, t in _state(m):
+        for _name, t in module_state(m):
             if t.dim() == 4:
                 t.data = t.data.contiguous(memory_format=torch.channels_last)
 
 
-def _state(m: Any) -> list[tuple[str, Any]]:
+def module_state(m: Any) -> list[tuple[str, Any]]:
     """The module's parameters and buffers by name: what ``Module.to`` casts."""
     return [*m.named_parameters(), *m.named_buffers()]
 
 
-def _nbytes(m: Any) -> int:
+def module_bytes(m: Any) -> int:
     n = sum(p.numel() * p.element_size() for p in m.parameters())
     return n + sum(b.numel() * b.element_size() for b in m.buffers())
