@@ -59,6 +59,8 @@ from benchmarks.model_zoo import MODELS, make, normalised, photo_pixels  # noqa:
 SYSTEMS = ("ferry_torch", "torch_compile", "torch_eager", "ferry_native")
 OPTIONAL = ("ferry_onnx", "ferry_onnx_native", "ferry_torch_dyn")
 NATIVE = {"resnet50"}  # architectures Ferry builds natively
+FERRY = {k: f"ferry_{k}" for k in ("torch", "torch_dyn", "native", "onnx", "onnx_native")}
+"""A model's Ferry executors (``ModelBench.exs``) by kind: the system each is timed as."""
 COLS = ["model", "batch", "system", "img_s", "top1_agree", "spread", "host_us_per_batch"]
 
 
@@ -122,16 +124,17 @@ class ModelBench:
             x = torch.from_numpy(normalised(self.u8)).cuda()
             self.ref = model(x).argmax(1).cpu().numpy()
         sd = {k: v.cpu() for k, v in model.state_dict().items()}
-        sd_path = os.path.join(tmp, f"{name}.pt")
-        torch.save(sd, sd_path)
-        torch_systems = {"torch": "ferry_torch", "torch_dyn": "ferry_torch_dyn"}
-        for kind, system in torch_systems.items():
-            if system in systems or (kind == "torch" and "torch_compile" in systems):
-                t0, dyn = time.perf_counter(), kind == "torch_dyn"
-                form = {"compile": "dynamic" if dyn else "static", "weights": sd_path}
-                entry = ModelConfig(name=name, engine="torch", source=name, **form)
-                self.exs[kind] = ferry_executor(entry, self.batches, self.args)
-                self.compile_s[f"{name}:dyn" if dyn else name] = round(time.perf_counter() - t0, 1)
+        torch_fn = "ferry_torch" in systems or "torch_compile" in systems  # (that one's function)
+        kinds = ["torch"] * torch_fn + ["torch_dyn"] * ("ferry_torch_dyn" in systems)
+        if kinds:
+            sd_path = os.path.join(tmp, f"{name}.pt")
+            torch.save(sd, sd_path)
+        for kind in kinds:
+            t0, dyn = time.perf_counter(), kind == "torch_dyn"
+            form = {"compile": "dynamic" if dyn else "static", "weights": sd_path}
+            entry = ModelConfig(name=name, engine="torch", source=name, **form)
+            self.exs[kind] = ferry_executor(entry, self.batches, self.args)
+            self.compile_s[f"{name}:dyn" if dyn else name] = round(time.perf_counter() - t0, 1)
         if "ferry_native" in systems and name in NATIVE:
             from pipeline.models import resnet50
             from pipeline.models.registry import LoadedModel, model_info
@@ -166,11 +169,9 @@ class ModelBench:
         import torch
 
         name, rows, diags = self.name, [], []
-        ferry = {"torch": "ferry_torch", "torch_dyn": "ferry_torch_dyn", "native": "ferry_native"}
-        ferry.update({"onnx": "ferry_onnx", "onnx_native": "ferry_onnx_native"})
         for b in self.batches:
             drivers, facts, top1 = {}, {}, {}
-            for kind, system in ferry.items():
+            for kind, system in FERRY.items():
                 ex = self.exs.get(kind)
                 if ex is not None and system in self.systems:
                     drivers[system], facts[system] = H.ferry_driver(ex, name, b)

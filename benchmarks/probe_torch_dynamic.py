@@ -25,7 +25,7 @@ def _compiled(torch: Any, module: Any, dynamic: bool) -> Any:
     import torch._dynamo as dynamo
 
     dynamo.reset()
-    return torch.compile(module, dynamic=False if not dynamic else None)
+    return torch.compile(module, dynamic=None if dynamic else False)
 
 
 def _input(torch: Any, batch: int) -> Any:

@@ -180,8 +180,8 @@ def stage_totals(targets: list[str] | None = None) -> dict[str, list[float]]:
 
 def executor_counts(targets: list[str] | None = None) -> dict[str, float]:
     """The Ferry replicas' executor counts (``ray_ferry_executor_{batches,items,padded_items,
-    graph_replays,eager_runs,captures}``), summed over replicas: since each started, as last exported (a few seconds
-    behind); {} where none is exported (a peer)."""
+    graph_replays,eager_runs,captures}``), summed over replicas: since each started, as last
+    exported (a few seconds behind); {} where none is exported (a peer)."""
     out: dict[str, float] = {}
     for name, _lab, v in scrape("ray_ferry_executor_", targets):
         key = name.removeprefix("ray_ferry_executor_")

@@ -152,8 +152,8 @@ class TorchEngine(Engine):
         self.ctx = ctx
         m = self._to_device(ctx, self.dtype_in(ctx))
         self._master = None  # the probe is over
-        # (compiled only on a GPU, and TorchScript or a non-image input never)
-        self.dynamic = self.dynamic and ctx.backend.is_cuda and self._channels_last()
+        # (compiled only on a GPU, and TorchScript or a non-image input never: _channels_last)
+        self.dynamic = self.dynamic and self._channels_last()
         if not ctx.backend.is_cuda:
             self.fn = {"image": self._image_fn(m), "tensors": self._tensor_fn(m)}
             self._weights_bytes = module_bytes(m)
@@ -163,7 +163,7 @@ class TorchEngine(Engine):
         # every replica) have nothing to do but spin -- the expert peer's 8 replicas took about
         # a core each that way (results/e2e_notes.md, 2026-12-03) -- so one is enough
         torch.set_num_threads(1)
-        if not self.scripted and len(self._input.shape) == 4:
+        if self._channels_last():  # (on the GPU: not TorchScript, an image input)
             to_channels_last(m)
             import torch._dynamo.config as dc  # optional: torch
             import torch._inductor.config as ic  # optional: torch
