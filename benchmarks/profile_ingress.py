@@ -5,9 +5,15 @@ requests take) in one event loop, under cProfile over ``--seconds``.
 
     python benchmarks/profile_ingress.py [--config benchmarks/configs/cpu_one_process.yaml]
         [--clients 128] [--seconds 10] [--top 40] [--image auto|digit|chelsea]
+    python benchmarks/profile_ingress.py --system ferry_torch_dyn [--set preprocess.threads=2]
+
+``--system``: a Ferry system of ``bench_e2e.py`` (its config with its sets, and ``--set``s
+after them), as one of its replicas runs it -- on the GPU machine, the GPU path's loop.
 
 Prints the answers a second, the event loop thread's CPU a request (``time.thread_time``: the
-decode and submit threads are apart) and the functions that took most of that thread. The
+decode and submit threads are apart), every thread's CPU a request by name (the process's
+whole host cost: the decode rounds, the submit and completion threads, nvImageCodec's) and
+the functions that took most of the loop's thread. The
 loop runs every request's ASGI path, the coalescer, the scheduler's and the completion's
 callbacks: what a replica's event loop runs beside Serve's own HTTP and request handling
 (``profile_pipeline.py --bare`` measures that floor). cProfile slows every Python call alike:
@@ -31,6 +37,26 @@ import yaml
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.profile_pipeline import image_of, request_body  # noqa: E402
+
+
+def system_config(name: str, sets: list[str]) -> str:
+    """A temporary copy of the Ferry system ``name``'s config (``bench_e2e``'s, its sets and
+    ``sets`` applied), for the caller to delete."""
+    from benchmarks.e2e_systems import SYSTEMS, parse_sets, serve_config
+
+    spec = SYSTEMS[name]
+    if spec["kind"] != "ferry":
+        raise SystemExit(f"--system {name}: not a Ferry system (a peer has no Ferry ingress)")
+    return serve_config(name, spec, parse_sets(sets))
+
+
+def threads_cpu_s() -> dict[str, float]:
+    """CPU seconds so far of this process's threads, by name."""
+    from loadtest.cores import process_threads_cpu_s
+
+    with open("/proc/self/cmdline", "rb") as f:
+        cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+    return process_threads_cpu_s(os.getpid(), cmd)
 
 
 def build(config_path: str) -> tuple[Any, str]:
@@ -84,6 +110,7 @@ async def drive(app: Any, path: str, body: bytes, ctype: str, clients: int, seco
     counts = {"ok": 0, "bad": 0}
     stop = time.perf_counter() + 1.0 + seconds
     start = [0.0, 0.0]
+    threads0: dict[str, float] = {}
 
     async def client() -> None:
         while time.perf_counter() < stop:
@@ -94,23 +121,42 @@ async def drive(app: Any, path: str, body: bytes, ctype: str, clients: int, seco
     async def clock() -> None:
         await asyncio.sleep(1.0)
         start[0], start[1] = time.perf_counter(), time.thread_time()
+        threads0.update(threads_cpu_s())
 
     await asyncio.gather(clock(), *(client() for _ in range(clients)))
     wall, cpu = time.perf_counter() - start[0], time.thread_time() - start[1]
-    n = counts["ok"] + counts["bad"]
-    return {**counts, "per_s": n / wall, "loop_cpu_ms_per_request": cpu * 1e3 / max(n, 1)}
+    done = counts["ok"] + counts["bad"]
+    n = max(done, 1)
+    used = {k: v - threads0.get(k, 0.0) for k, v in threads_cpu_s().items()}
+    by_thread = {k: round(v * 1e3 / n, 4) for k, v in sorted(used.items(), key=lambda kv: -kv[1])}
+    return {
+        **counts,
+        "per_s": done / wall,
+        "loop_cpu_ms_per_request": cpu * 1e3 / n,
+        "process_cpu_ms_per_request": sum(used.values()) * 1e3 / n,
+        "threads_cpu_ms_per_request": {k: v for k, v in by_thread.items() if v > 0},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--config", default="benchmarks/configs/cpu_one_process.yaml")
+    ap.add_argument("--system", help="a Ferry system of bench_e2e.py instead of --config")
+    ap.add_argument("--set", action="append", default=[], help="with --system: key=value")
     ap.add_argument("--clients", type=int, default=128)
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--image", default="auto", choices=["auto", "digit", "chelsea"])
     ap.add_argument("--no-profile", action="store_true")
     args = ap.parse_args(argv)
-    ingress, model = build(args.config)
+    if args.system:
+        config = system_config(args.system, args.set)
+        try:
+            ingress, model = build(config)
+        finally:
+            os.unlink(config)
+    else:
+        ingress, model = build(args.config)
     body, ctype = request_body(image_of(model, args.image))
     path = f"/v1/models/{model}/classify"
     prof = None if args.no_profile else cProfile.Profile()

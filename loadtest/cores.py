@@ -66,29 +66,38 @@ def thread_cpu_s(run_id: str) -> dict[tuple[str, str], float]:
     readings over a span in which the thread set is steady)."""
     from loadtest import procs
 
-    tick = os.sysconf("SC_CLK_TCK")
     out: dict[tuple[str, str], float] = {}
     for pid, cmd in procs.marked(run_id).items():
         label = _label(pid, cmd)
+        for name, s in process_threads_cpu_s(pid, cmd).items():
+            out[(label, name)] = out.get((label, name), 0.0) + s
+    return out
+
+
+def process_threads_cpu_s(pid: int, cmd: str = "") -> dict[str, float]:
+    """CPU seconds so far of the threads of one process, summed by thread name (``cmd``: its
+    command line, whose program names its unnamed threads). A thread started without a name
+    of its own (a native library's, or Python's) carries the process title it was started
+    under, as the main thread does: the main thread is "main", the others "unnamed"
+    (nvImageCodec's workers, Ray's)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    program = os.path.basename(cmd.split(" ", 1)[0]) if cmd else ""
+    for tid in tids:
         try:
-            tids = os.listdir(f"/proc/{pid}/task")
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                head, rest = f.read().rsplit(")", 1)
         except OSError:
             continue
-        for tid in tids:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                    head, rest = f.read().rsplit(")", 1)
-            except OSError:
-                continue
-            # a thread started without a name of its own (a native library's, or Python's)
-            # carries the process title it was started under, as the main thread does: the
-            # main thread is "main", the others "unnamed" (nvImageCodec's workers, Ray's)
-            name = head.split("(", 1)[1]
-            if name.startswith("ray::") or name == os.path.basename(cmd.split(" ", 1)[0]):
-                name = "main" if tid == str(pid) else "unnamed"
-            fields = rest.split()
-            key = (label, name)
-            out[key] = out.get(key, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        name = head.split("(", 1)[1]
+        if name.startswith("ray::") or name == program:
+            name = "main" if tid == str(pid) else "unnamed"
+        fields = rest.split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
     return out
 
 

@@ -25,6 +25,10 @@ SYSTEMS=${1:?"usage: bash scripts/gpu_e2e.sh SYSTEM[,SYSTEM...]"}
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
 . "$(dirname "$0")/procs.sh"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/logs"
+if [ -n "${SPY:-}" ] && ! command -v py-spy >/dev/null; then  # (2026-12-07: a run without it)
+  echo "SPY=$SPY asks for py-spy, which is not here: bash scripts/make_devwhl.sh adds it" >&2
+  exit 2
+fi
 export MPS_LOG_DIR="$OUT/mps_log"  # (used only under MPS=1)
 BUDGET=${BUDGET_S:-500}
 nproc; nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
