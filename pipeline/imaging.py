@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import io
 import struct
 from dataclasses import dataclass
@@ -185,13 +186,31 @@ def plan_decode(
     data: bytes, content_type: str | None, target: Target, max_pixels: int, max_work_bytes: int
 ) -> DecodePlan:
     """Check an image from its header and plan its decode and resize; 400/413/415 with the
-    reason when it cannot be done within ``max_pixels`` and ``max_work_bytes``."""
-    kind, h, w = checked_header(data, content_type, max_pixels)
+    reason when it cannot be done within ``max_pixels`` and ``max_work_bytes``. The header
+    is read once; the plan, a pure function of the image's size and format, is kept for the
+    sizes seen last (a video's frames, a client's photos: one size, planned once)."""
+    kind = check_media(data, content_type)
+    if kind == "jpeg":
+        h, w, sof = jpeg_frame(data)
+    else:
+        (h, w), sof = image_size(data, kind), 0
+    if h < 1 or w < 1:
+        raise InvalidInput("image has no pixels", height=h, width=w)
+    if h * w > max_pixels:
+        raise PayloadTooLarge("image has too many pixels", height=h, width=w, max_pixels=max_pixels)
+    return _planned(kind, h, w, sof in _PROGRESSIVE, target, max_work_bytes)
+
+
+@functools.lru_cache(maxsize=512)
+def _planned(
+    kind: str, h: int, w: int, progressive: bool, target: Target, max_work_bytes: int
+) -> DecodePlan:
+    """The decode and resize plan of a checked header (413 where its working set is over
+    ``max_work_bytes``: not kept, as a raised call is not)."""
     c = target.channels
     if kind == "jpeg":
         full = plan_resize(h, w, target)
         dh, dw = jpeg_scaled(h, w, full.resized_h, full.resized_w)
-        progressive = jpeg_frame(data)[2] in _PROGRESSIVE
         # the decoded pixels, their copy into Pillow, and for a progressive JPEG
         # libjpeg's whole-image coefficient buffer (2 bytes a coefficient, full resolution)
         decode = dh * dw * c + dh * dw * PIL_PIXEL_BYTES + (h * w * 3 * 2 if progressive else 0)
@@ -250,17 +269,6 @@ def decode_unfitted(
     if img is None:
         img = _decode_pillow(data, target.channels)
     return img
-
-
-def checked_header(data: bytes, content_type: str | None, max_pixels: int) -> tuple[str, int, int]:
-    """(kind, height, width) from the header, after the media and pixel-count checks."""
-    kind = check_media(data, content_type)
-    h, w = image_size(data, kind)
-    if h < 1 or w < 1:
-        raise InvalidInput("image has no pixels", height=h, width=w)
-    if h * w > max_pixels:
-        raise PayloadTooLarge("image has too many pixels", height=h, width=w, max_pixels=max_pixels)
-    return kind, h, w
 
 
 def _decode_jpeg(data: bytes, channels: int, min_h: int, min_w: int) -> np.ndarray | None:

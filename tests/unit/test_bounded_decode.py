@@ -88,6 +88,24 @@ def test_a_plan_over_the_work_budget_is_413():
     assert err.value.fields["work_bytes"] > 64 << 20
 
 
+def test_a_size_seen_before_reuses_its_plan_and_a_refusal_is_never_kept():
+    """The plan is made once a size, format and target (the header is still read and checked
+    every time); a 413 is raised again, not remembered as a plan; the pixel limit is checked
+    before any plan is looked up."""
+    a = plan_decode(png_claiming(640, 480), "image/png", RESNET, 40_000_000, 512 << 20)
+    b = plan_decode(png_claiming(640, 480), None, RESNET, 40_000_000, 512 << 20)
+    assert a is b and (a.height, a.width) == (480, 640)
+    assert plan_decode(png_claiming(640, 480), None, DIGITS, 40_000_000, 512 << 20) != a
+    jpeg = encode_jpeg(np.zeros((48, 64, 3), np.uint8))
+    j = plan_decode(jpeg, "image/jpeg", RESNET, 40_000_000, 512 << 20)
+    assert j.kind == "jpeg" and (j.height, j.width) == (48, 64) and j is not a
+    for _ in range(2):
+        with pytest.raises(PayloadTooLarge, match="more memory"):
+            plan_decode(png_claiming(6000, 6000), None, RESNET, 40_000_000, 64 << 20)
+    with pytest.raises(PayloadTooLarge, match="too many pixels"):
+        plan_decode(png_claiming(640, 480), None, RESNET, 640 * 480 - 1, 512 << 20)
+
+
 def test_mislabelled_image_formats_are_415_and_junk_is_400():
     gif = b"GIF89a\x01\x00\x01\x00\x80\x00\x00\xff\xff\xff\x00\x00\x00!\xf9\x04\x01"
     for body in (gif, b"RIFF\x10\x00\x00\x00WEBPVP8 ", b"II*\x00\x08\x00\x00\x00"):
