@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from pipeline.coarse_timeout import within
 from pipeline.errors import ClientClosedRequest, PayloadTooLarge, RequestTimeout, UploadsFull
 from pipeline.protocol.validate import header_int
 
@@ -41,7 +42,8 @@ from pipeline.protocol.validate import header_int
 class UploadGate:
     """The bound on one replica's concurrent body reads and their deadlines. ``clock``: the
     seconds the deadlines are counted in (tests pass a virtual event loop's ``loop.time``,
-    which ``asyncio.timeout`` counts in too; ``time.monotonic`` is what a real loop uses)."""
+    which ``coarse_timeout.within`` counts in too; ``time.monotonic`` is what a real loop
+    uses)."""
 
     def __init__(
         self,
@@ -106,7 +108,7 @@ class UploadGate:
             try:
                 if wait <= 0:
                     raise asyncio.TimeoutError
-                async with asyncio.timeout(wait):  # (not wait_for: no task per read)
+                with within(wait):  # (one sweep a loop for all of them: coarse_timeout)
                     msg = await receive()
             except asyncio.TimeoutError:
                 if idle_s is None:

@@ -12,7 +12,6 @@ budget, deadline, priority, statistics book and answer.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.coalescer import Coalescer
+from pipeline.coarse_timeout import within
 from pipeline.errors import DeadlineExceeded, Unavailable
 from pipeline.protocol import encoded as triton_encoded
 from pipeline.protocol import triton, v2
@@ -108,10 +108,10 @@ class V2Core:
         timeout = self.cfg.ingress.request_timeout_s
         if deadline is not None:
             timeout = min(timeout, max(0.0, deadline - time.time()) + DEADLINE_GRACE_S)
-        try:  # (asyncio.timeout, not wait_for: no task per request)
-            async with asyncio.timeout(timeout):
+        try:  # (not wait_for: no task per request; one sweep a loop for all: coarse_timeout)
+            with within(timeout):
                 return await coro
-        except asyncio.TimeoutError:
+        except TimeoutError:
             if deadline is not None and timeout < self.cfg.ingress.request_timeout_s:
                 raise Unavailable(
                     "no answer from downstream by the request's deadline",
