@@ -251,9 +251,10 @@ def observe_stage(stage: str, model: str, ms: float, n: int = 1) -> None:
 def observe_items(stage: str, model: str, ms: list[float]) -> None:
     """Each item's own time in ``stage``."""
     tags = (("stage", stage), ("model", model))
-    for v in ms:
-        _put("stage", "observe", v, tags)
-    _put("stage_us", "inc", sum(ms) * 1e3, tags)
+    buf = _buffer or _buffered()
+    if buf is not None and ms:
+        buf.observe_each("stage", ms, tags)
+        buf.put("stage_us", "inc", sum(ms) * 1e3, tags)
 
 
 def observe_batch(model: str, size: int) -> None:

@@ -56,6 +56,20 @@ class Histograms:
             cell[-1] += value * n
             self._dirty.add(key)
 
+    def observe_each(self, name: str, values: list[float], tags: tuple = ()) -> None:
+        """One observation of each value (a batch's items, each its own): one lock."""
+        bounds = self.bounds[name]
+        slots = [bisect.bisect_left(bounds, v) for v in values]
+        key = (name, tags)
+        with self._lock:
+            cell = self._cells.get(key)
+            if cell is None:
+                cell = self._cells[key] = [0] * (len(bounds) + 1) + [0.0]
+            for i in slots:
+                cell[i] += 1
+            cell[-1] += sum(values)
+            self._dirty.add(key)
+
     def drain(self, sinks: dict[str, Any], every: bool = False) -> int:
         """Export the label sets observed since the last drain (``every``: all of them); the
         number of Ray calls."""
@@ -120,6 +134,9 @@ class Buffer:
     def observe(self, name: str, value: float, tags: tuple = (), n: int = 1) -> None:
         """``n`` observations of ``value`` (a batch's items, each the batch's time)."""
         self.histograms.observe(name, value, tags, n)
+
+    def observe_each(self, name: str, values: list[float], tags: tuple = ()) -> None:
+        self.histograms.observe_each(name, values, tags)
 
     def flush(self) -> int:
         """Hand every waiting record to its metric; the number of Ray calls made."""

@@ -174,6 +174,9 @@ class Collect:
     def observe(self, name, value, tags=(), n=1):
         self.records.extend([(name, "observe", value, tags)] * n)
 
+    def observe_each(self, name, values, tags=()):
+        self.records.extend((name, "observe", v, tags) for v in values)
+
 
 def test_stage_times_are_per_item_with_an_exact_total(monkeypatch):
     c = Collect()
@@ -289,3 +292,20 @@ def test_outside_serve_the_metrics_are_rays_own(monkeypatch):
     monkeypatch.setattr(metrics, "ray_metrics", Kinds(made))
     got = metrics._get()
     assert got is not None and ("Counter", "ferry_requests_total") in made
+
+
+def test_a_histogram_takes_a_batchs_values_at_once_as_it_takes_them_one_by_one():
+    """``observe_each`` (one lock for a batch's items) counts as ``observe`` per value:
+    the same buckets, count and exact sum."""
+    from pipeline.metrics_buffer import HISTOGRAMS, Histograms
+
+    values = [0.2, 1.0, 4.0, 4.0, 37.5, 1e6]
+    one, each = Histograms(), Histograms()
+    for v in values:
+        one.observe("stage", v, (("stage", "q"),))
+    each.observe_each("stage", values, (("stage", "q"),))
+    each.observe_each("stage", [], (("stage", "q"),))
+    assert one._cells == each._cells
+    cell = each._cells[("stage", (("stage", "q"),))]
+    assert sum(cell[:-1]) == len(values) and cell[-1] == sum(values)
+    assert len(cell) == len(HISTOGRAMS["stage"]) + 2
