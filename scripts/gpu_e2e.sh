@@ -3,7 +3,7 @@
 # benchmarks/results/e2e.json -- $OUT/e2e.json, whose new rows carry this run's label, so it is
 # the file to commit as it comes back (and $OUT/e2e.png its plot) -- with the run's log in
 # $OUT/e2e_log.txt (its tail printed), each process's GPU memory every 15 s in
-# $OUT/gpu_procs.txt, and the serve logs in $OUT/logs, with each system's
+# $OUT/gpu_procs.txt, the host's mean core clock and load every 15 s in $OUT/cpu_clock.txt, and the serve logs in $OUT/logs, with each system's
 # replicas' WARNING and ERROR lines beside them (replicas_<system>.log). Everything is bounded
 # by BUDGET_S (default 500 s: the device tool's calls end at 600): a system that no longer fits
 # is not started, a start-up waits no longer than the budget has left, and past it by 40 s the
@@ -40,12 +40,19 @@ cp benchmarks/results/e2e.json "$OUT/e2e.json"
 ( while sleep 15; do date +%T; nvidia-smi --query-compute-apps=pid,used_memory \
     --format=csv,noheader; done ) > "$OUT/gpu_procs.txt" 2>&1 &
 SMI=$!
+# the host's cores (sockets, NUMA nodes, threads a core) once, then every 15 s their mean
+# clock (MHz) and the load average: on 2026-12-07 the same Ferry cost 1.6 then 3.3 ms of
+# CPU an image in two calls on one machine while the peer's stayed -- a slower or shared
+# core shows here ($OUT/cpu_clock.txt)
+( lscpu | grep -E "^(Model name|Socket|Core|Thread|NUMA node|CPU\(s\)|CPU max MHz)"
+  while sleep 15; do echo "$(date +%T) $(awk '/MHz/ {s += $4; n++} END {if (n) printf "%.0f MHz mean of %d", s / n, n}' /proc/cpuinfo) load $(cut -d' ' -f1-3 /proc/loadavg)"; done ) > "$OUT/cpu_clock.txt" 2>&1 &
+CLOCK=$!
 timeout -k 20 $((BUDGET + 40)) python3 benchmarks/bench_e2e.py --workload "${WORKLOAD:-classify}" \
   --systems "$SYSTEMS" --budget-s "$BUDGET" --clients "${CLIENTS:-64,256,1024}" \
   --seconds "${SECONDS_PER_LEVEL:-6}" --warmup 2 ${CORPUS:+--corpus "$CORPUS"} \
   $(for s in ${SETS:-}; do echo --set "$s"; done) $([ "${MPS:-0}" = 1 ] && echo --mps) ${SPY:+--spy "$OUT/spy" --spy-clients "$SPY"} $([ "${SPY_NATIVE:-0}" = 1 ] && echo --spy-native) \
   --out "$OUT/e2e.json" --log-dir "$OUT/logs" > "$OUT/e2e_log.txt" 2>&1
-kill "$SMI" 2>/dev/null
+kill "$SMI" "$CLOCK" 2>/dev/null
 grep -v "^\s*$" "$OUT/e2e_log.txt" | tail -40
 if [ -d "$OUT/spy" ]; then  # the stacks as one file, and their summary
   python3 scripts/spy_top.py "$OUT/spy" --top 30 --match ServeReplica > "$OUT/spy_top.txt" 2>&1
