@@ -3,8 +3,9 @@
 # benchmarks/results/e2e.json -- $OUT/e2e.json, whose new rows carry this run's label, so it is
 # the file to commit as it comes back (and $OUT/e2e.png its plot) -- with the run's log in
 # $OUT/e2e_log.txt (its tail printed), each process's GPU memory every 15 s in
-# $OUT/gpu_procs.txt, the host's mean core clock and load every 15 s in $OUT/cpu_clock.txt, and the serve logs in $OUT/logs, with each system's
-# replicas' WARNING and ERROR lines beside them (replicas_<system>.log). Everything is bounded
+# $OUT/gpu_procs.txt, the host's mean core clock and load every 15 s in $OUT/cpu_clock.txt,
+# and the serve logs in $OUT/logs, with each system's replicas' WARNING and ERROR lines
+# beside them (replicas_<system>.log). Everything is bounded
 # by BUDGET_S (default 500 s: the device tool's calls end at 600): a system that no longer fits
 # is not started, a start-up waits no longer than the budget has left, and past it by 40 s the
 # run is sent SIGTERM (it stops the system under test, as a level's end does) and 20 s later
