@@ -81,7 +81,7 @@ class Within:
             sweeper = _SWEEPERS[loop] = _Sweeper(loop)
         task = asyncio.current_task()
         if task is None:
-            raise RuntimeError("within() is used in a task")
+            raise RuntimeError("within() needs to run in an asyncio task")
         self.task, self.sweeper, self.cancelling = task, sweeper, task.cancelling()
         self.when = loop.time() + self.seconds
         self.key = sweeper.add(self)

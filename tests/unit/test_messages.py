@@ -250,3 +250,17 @@ def test_preprocess_gpu_sends_where_send_to_says():
         assert e.value.fields["transport"] == "pigeon"
     finally:
         core.close()
+
+
+def test_an_answers_timings_name_the_stages_it_passed_in_order_and_add_up():
+    """``Timings.report`` (its stages spelled out for speed) follows ``STAGES``: the stages
+    passed, in that order, then ingress, coalesce, hops and total; hops is what no stage
+    took, never below zero."""
+    from pipeline.stages.messages import STAGES
+
+    full = Timings(1.0, 2.0, 3.0, 0.5, left_coalescer=10.0).report(5.0, 6.0, 20.0, 1e3)
+    assert list(full)[:4] == list(STAGES)
+    assert list(full)[4:] == ["ingress", "coalesce", "hops", "total"]
+    assert full["hops"] == pytest.approx(20.0 - 5.0 - (5.0 + 1.0 + 2.0 + 3.0 + 0.5))
+    part = Timings(queue=2.0, gpu=3.0).report(5.0, 5.0, 6.0, 1e3)
+    assert list(part)[:2] == ["queue", "gpu"] and part["hops"] == 0.0 and part["total"] == 1.0
