@@ -121,7 +121,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--corpus", default=None, help="corpora, each at every level (default: the workload's)"
     )
-    ap.add_argument("--clients", default="1,16,64,256,512,1024")
+    ap.add_argument(
+        "--clients",
+        default="1,16,64,256,512,1024",
+        help="the levels, in order; a level given again is measured again with the system "
+        "still up (64,256,64,256: its rows' repeat 2, listed apart in RESULTS.md)",
+    )
     ap.add_argument("--seconds", type=float, default=15)
     ap.add_argument("--warmup", type=float, default=2)
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
@@ -334,7 +339,9 @@ def run_system(
             print(f"   precision: {dtypes}", flush=True)
         for c in corpora:
             loadgen.run(url, c.bodies, "image/jpeg", 32, 4, warmup=1, extra_headers=headers)
+            seen: dict[int, int] = {}  # a level given again (--clients 64,256,64): its repeat
             for n in levels:
+                seen[n] = seen.get(n, 0) + 1
                 if not budget.fits(level_s + STOP_S):  # the level and the system's stop
                     print(f"   cut by --budget-s before {c.name} at {n} clients", flush=True)
                     return f"cut before {c.name} at {n} clients (--budget-s)"
@@ -348,8 +355,10 @@ def run_system(
                     row["mps_servers"] = mps
                 if starting != []:  # the level may have measured part of the app: say so
                     row["replicas_starting"] = starting or NOT_READ
+                if seen[n] > 1:  # the same system, up all along, at this level again (its
+                    row["repeat"] = seen[n]  # stage times in the row's stage_totals only)
                 rows.append(row)
-                if timings:
+                if timings and seen[n] == 1:
                     breakdown[f"{system}@{c.name}@{n}"] = timings
                 save()  # a run cut off keeps every level it measured
     finally:

@@ -41,6 +41,30 @@ def settled(rows: list[dict]) -> list[dict]:
     return [r for r in rows if not r.get("replicas_starting")]
 
 
+def firsts(rows: list[dict]) -> list[dict]:
+    """Each system's first measurement of a level: a level given again in one run (bench_e2e
+    ``--clients 64,256,64,256``: ``repeat`` 2, 3...) is listed apart (``repeat_lines``)."""
+    return [r for r in rows if not r.get("repeat")]
+
+
+def repeat_lines(rows: list[dict]) -> list[str]:
+    """A level measured again with its system still up: the first img/s, then each repeat's."""
+    out = []
+    for r in rows:
+        if r.get("repeat"):
+            first = next(
+                (f for f in firsts(rows) if (f["system"], f["clients"]) == (r["system"], r["clients"])
+                 and f.get("run") == r.get("run")),
+                None,
+            )  # fmt: skip
+            was = f"{first['img_s']:,.0f}" if first else "?"
+            out.append(
+                f"* `{r['system']}` at {r['clients']} clients again (repeat {r['repeat']}, "
+                f"the system up all along): {was} then {r['img_s']:,.0f} img/s."
+            )
+    return ["", *out] if out else []
+
+
 def peaks(rows: list[dict]) -> dict[str, float]:
     """Each system's best img/s over its rows, in the order the systems first appear."""
     peak: dict[str, float] = {}
@@ -149,7 +173,7 @@ def goals_of(rows: list[dict], corpus: str) -> list[str]:
 
 
 def e2e_section(e2e: dict) -> list[str]:
-    rows = e2e["rows"]
+    rows = firsts(e2e["rows"])
     lines = [f"Machine: {e2e['machine']}; {e2e['date']}. Method: {e2e['method']}.", ""]
     lines += [f"* corpus `{k}`: {v}." for k, v in e2e["corpora"].items()]
     lines += [f"* {k}: {v}." for k, v in e2e.get("runs", {}).items()]
@@ -174,6 +198,7 @@ def e2e_section(e2e: dict) -> list[str]:
             "",
         ]
         lines += level_table(part, clients, run_cell)
+        lines += repeat_lines([r for r in e2e["rows"] if r["corpus"] == corpus])
         if any(r.get("workload") == "image" for r in part):
             lines += image_lines(part, bd, corpus)
         if "ferry" in peak:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from benchmarks.report_base import load
-from benchmarks.report_e2e import peaks, ratio_text, same_run_ratio, settled
+from benchmarks.report_e2e import firsts, peaks, ratio_text, same_run_ratio, settled
 
 # Where a result's JSON has no ``commit``: the commit it was measured at, from its run notes
 # (e2e's ``runs``) or, where those name none, the commit that added the result ("added in":
@@ -34,7 +34,7 @@ def _run_of(doc: dict, row: dict) -> tuple[str, str]:
 def _e2e(doc: dict) -> list[tuple[str, ...]]:
     out: list[tuple[str, ...]] = []
     for corpus in ("chelsea", "photos"):
-        rows = settled([r for r in doc["rows"] if r["corpus"] == corpus])
+        rows = settled(firsts([r for r in doc["rows"] if r["corpus"] == corpus]))
         if not rows or not any(r["system"] == "ferry" for r in rows):
             continue
         peak = peaks(rows)

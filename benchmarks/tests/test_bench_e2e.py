@@ -340,3 +340,23 @@ def test_results_md_shows_the_gpu_and_jpeg_engines_busy_by_level_where_sampled()
     assert "| ferry | 0.86 / 0.20 | 0.50 / - |" in lines
     assert "| peer | - | not measured |" in lines
     assert report_e2e.gpu_lines([{"system": "ferry", "clients": 64}], [64]) == []
+
+
+def test_a_level_measured_again_keeps_the_first_in_the_tables_and_lists_the_repeat():
+    """``--clients 64,256,64``: the second 64-client row (``repeat`` 2) is no table cell,
+    peak or headline figure; RESULTS.md lists it beside the first."""
+    import copy
+    import json
+
+    path = os.path.join(os.path.dirname(report.__file__), "results", "e2e.json")
+    doc = json.load(open(path))
+    first = next(r for r in doc["rows"] if r["system"] == "ferry" and r["corpus"] == "chelsea")
+    again = {**copy.deepcopy(first), "repeat": 2, "img_s": 123456.0}
+    with_repeat = {**doc, "rows": [*doc["rows"], again]}
+    text = "\n".join(report.e2e_section(with_repeat))
+    assert text.count("123,456") == 1  # in its own line only: no cell, no peak
+    assert f"{first['img_s']:,.0f} then 123,456 img/s" in text
+    assert "(repeat 2, the system up all along)" in text
+    plain = [ln for ln in report.e2e_section(with_repeat) if "(repeat 2" not in ln]
+    assert [ln for ln in plain if ln] == [ln for ln in report.e2e_section(doc) if ln]
+    assert report_e2e.firsts(with_repeat["rows"]) == doc["rows"]
