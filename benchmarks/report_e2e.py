@@ -49,15 +49,15 @@ def firsts(rows: list[dict]) -> list[dict]:
 
 def repeat_lines(rows: list[dict]) -> list[str]:
     """A level measured again with its system still up: the first img/s, then each repeat's."""
+
+    def level(r: dict) -> tuple:
+        return r["system"], r["clients"], r.get("run")
+
+    first = {level(r): r["img_s"] for r in firsts(rows)}
     out = []
     for r in rows:
         if r.get("repeat"):
-            first = next(
-                (f for f in firsts(rows) if (f["system"], f["clients"]) == (r["system"], r["clients"])
-                 and f.get("run") == r.get("run")),
-                None,
-            )  # fmt: skip
-            was = f"{first['img_s']:,.0f}" if first else "?"
+            was = f"{first[level(r)]:,.0f}" if level(r) in first else "?"
             out.append(
                 f"* `{r['system']}` at {r['clients']} clients again (repeat {r['repeat']}, "
                 f"the system up all along): {was} then {r['img_s']:,.0f} img/s."

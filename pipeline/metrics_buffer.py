@@ -45,30 +45,31 @@ class Histograms:
         self._lock = threading.Lock()
 
     def observe(self, name: str, value: float, tags: tuple = (), n: int = 1) -> None:
-        bounds = self.bounds[name]
-        i = bisect.bisect_left(bounds, value)  # the first bucket whose le holds the value
-        key = (name, tags)
+        i = bisect.bisect_left(self.bounds[name], value)  # the first bucket whose le holds it
         with self._lock:
-            cell = self._cells.get(key)
-            if cell is None:
-                cell = self._cells[key] = [0] * (len(bounds) + 1) + [0.0]
+            cell = self._cell(name, tags)
             cell[i] += n
             cell[-1] += value * n
-            self._dirty.add(key)
 
     def observe_each(self, name: str, values: list[float], tags: tuple = ()) -> None:
         """One observation of each value (a batch's items, each its own): one lock."""
         bounds = self.bounds[name]
         slots = [bisect.bisect_left(bounds, v) for v in values]
-        key = (name, tags)
         with self._lock:
-            cell = self._cells.get(key)
-            if cell is None:
-                cell = self._cells[key] = [0] * (len(bounds) + 1) + [0.0]
+            cell = self._cell(name, tags)
             for i in slots:
                 cell[i] += 1
             cell[-1] += sum(values)
-            self._dirty.add(key)
+
+    def _cell(self, name: str, tags: tuple) -> list[float]:
+        """The running counts of (``name``, ``tags``): a count a bucket, then the sum; marked
+        to drain. Called under the lock."""
+        key = (name, tags)
+        cell = self._cells.get(key)
+        if cell is None:
+            cell = self._cells[key] = [0] * (len(self.bounds[name]) + 1) + [0.0]
+        self._dirty.add(key)
+        return cell
 
     def drain(self, sinks: dict[str, Any], every: bool = False) -> int:
         """Export the label sets observed since the last drain (``every``: all of them); the
