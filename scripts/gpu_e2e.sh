@@ -44,9 +44,10 @@ SMI=$!
 # the host's cores (sockets, NUMA nodes, threads a core) once, then every 15 s their mean
 # clock (MHz) and the load average: on 2026-12-07 the same Ferry cost 1.6 then 3.3 ms of
 # CPU an image in two calls on one machine while the peer's stayed -- a slower or shared
-# core shows here ($OUT/cpu_clock.txt)
+# core shows here ($OUT/cpu_clock.txt), and the host's CPU taken by the hypervisor
+# (steal: cumulative jiffies of all cores, from /proc/stat, beside user and system)
 ( lscpu | grep -E "^(Model name|Socket|Core|Thread|NUMA node|CPU\(s\)|CPU max MHz)"
-  while sleep 15; do echo "$(date +%T) $(awk '/MHz/ {s += $4; n++} END {if (n) printf "%.0f MHz mean of %d", s / n, n}' /proc/cpuinfo) load $(cut -d' ' -f1-3 /proc/loadavg)"; done ) > "$OUT/cpu_clock.txt" 2>&1 &
+  while sleep 15; do echo "$(date +%T) $(awk '/MHz/ {s += $4; n++} END {if (n) printf "%.0f MHz mean of %d", s / n, n}' /proc/cpuinfo) load $(cut -d' ' -f1-3 /proc/loadavg) $(awk '/^cpu / {print "steal", $9, "user", $2, "sys", $4}' /proc/stat)"; done ) > "$OUT/cpu_clock.txt" 2>&1 &
 CLOCK=$!
 timeout -k 20 $((BUDGET + 40)) python3 benchmarks/bench_e2e.py --workload "${WORKLOAD:-classify}" \
   --systems "$SYSTEMS" --budget-s "$BUDGET" --clients "${CLIENTS:-64,256,1024}" \
