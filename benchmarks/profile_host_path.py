@@ -33,6 +33,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--top", type=int, default=40)
+    ap.add_argument(
+        "--batch-wait", choices=("sleep", "spin"), default="spin", help="executor.batch_wait"
+    )
+    ap.add_argument("--no-profile", action="store_true", help="time the steps without cProfile")
     args = ap.parse_args(argv)
     gpu = cuda_available()
     ex = GpuExecutor(
@@ -42,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
             max_in_flight=H.IN_FLIGHT,
             compute_streams=H.IN_FLIGHT,
             pool_limit_fraction=0.3 if gpu else 0.05,
+            batch_wait=args.batch_wait,
         )
     )
     name = args.model if gpu else "digits"
@@ -56,20 +61,23 @@ def main(argv: list[str] | None = None) -> int:
     d.drain()
     t0, c0 = time.perf_counter(), time.thread_time()
     prof = cProfile.Profile()
-    prof.enable()
+    if not args.no_profile:
+        prof.enable()
     for _ in range(args.steps):
         d.step()
     d.drain()
     prof.disable()
     wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
     print(
-        f"{name} batch {args.batch}: {args.steps} steps under cProfile, "
+        f"{name} batch {args.batch} ({args.batch_wait}): {args.steps} steps"
+        f"{'' if args.no_profile else ' under cProfile'}, "
         f"{1e6 * wall / args.steps:.1f} us wall and {1e6 * cpu / args.steps:.1f} us CPU a step; "
         f"{facts()}"
     )
-    out = io.StringIO()
-    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.top)
-    print(out.getvalue())
+    if not args.no_profile:
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.top)
+        print(out.getvalue())
     ex.close()
     return 0
 
