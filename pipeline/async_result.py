@@ -29,10 +29,13 @@ _PENDING = object()
 class AsyncResult(Generic[T]):
     """A value that arrives later, from another thread. Thread-safe and awaitable."""
 
-    __slots__ = ("_cond", "_value", "_exc", "_callbacks", "label")
+    __slots__ = ("_lock", "_cond", "_value", "_exc", "_callbacks", "label")
 
     def __init__(self, label: str = "") -> None:
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        # made by the first thread that must block (most results are complete before anyone
+        # waits, or are completed by the thread that waits: a condition a result is ~2 us)
+        self._cond: threading.Condition | None = None
         self._value: Any = _PENDING
         self._exc: BaseException | None = None
         self._callbacks: list[Callable[[AsyncResult[T]], Any]] = []
@@ -59,7 +62,7 @@ class AsyncResult(Generic[T]):
         return self._finish(None, exc)
 
     def _finish(self, value: Any, exc: BaseException | None) -> bool:
-        with self._cond:
+        with self._lock:
             if self.done():
                 return False
             if exc is not None:
@@ -68,7 +71,8 @@ class AsyncResult(Generic[T]):
             else:
                 self._value = value
             callbacks, self._callbacks = self._callbacks, []
-            self._cond.notify_all()
+            if self._cond is not None:
+                self._cond.notify_all()
         for cb in callbacks:
             self._run_callback(cb)
         return True
@@ -87,8 +91,13 @@ class AsyncResult(Generic[T]):
         """Wait up to ``timeout`` seconds; True when the result is complete."""
         if self.done():  # (set before the waiters are told: no lock needed to see it)
             return True
-        with self._cond:
-            return self._cond.wait_for(self.done, timeout=timeout)
+        with self._lock:
+            if self.done():
+                return True
+            cond = self._cond
+            if cond is None:  # (under the lock, which the condition shares: made once)
+                cond = self._cond = threading.Condition(self._lock)
+            return cond.wait_for(self.done, timeout=timeout)
 
     def wait(self, timeout: float | None = None) -> T:
         """The value, or the commit's exception re-raised; ``TimeoutError`` after ``timeout``."""
@@ -110,7 +119,7 @@ class AsyncResult(Generic[T]):
 
     def add_done_callback(self, cb: Callable[[AsyncResult[T]], Any]) -> None:
         """Run ``cb(self)`` when complete -- at once, in this thread, if it already is."""
-        with self._cond:
+        with self._lock:
             if not self.done():
                 self._callbacks.append(cb)
                 return
