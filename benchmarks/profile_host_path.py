@@ -5,8 +5,11 @@ without a timeout) under cProfile, and the functions that took the most of it.
     python benchmarks/profile_host_path.py --model resnet18 --batch 1 --steps 3000
 
 On the GPU (torch engine, ``compute_streams`` = in flight); on the CPU it profiles the
-numpy path of the digits model. cProfile slows every Python call alike, so read the
-shares, not the microseconds.
+numpy path of the digits model, or with ``--model tiny`` a two-op ONNX classifier (a 4x4
+image pooled to 3 logits) whose compute is next to nothing: the executor's own Python a
+batch (prepare, commit, the finish), for A/B pairs of host-path changes with
+``--no-profile``. cProfile slows every Python call alike, so read the shares, not the
+microseconds.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import io
 import os
 import pstats
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -25,6 +29,24 @@ from benchmarks import bench_models_harness as H  # noqa: E402
 from pipeline.config import ExecutorConfig, ModelConfig  # noqa: E402
 from pipeline.device import cuda_available  # noqa: E402
 from pipeline.executor import GpuExecutor  # noqa: E402
+
+
+def tiny_onnx(folder: str) -> str:
+    """A two-node ONNX classifier, [batch, 3, 4, 4] pooled to [batch, 3] logits: next to no
+    compute a batch."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 4, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])
+    nodes = [
+        helper.make_node("GlobalAveragePool", ["x"], ["p"]),
+        helper.make_node("Flatten", ["p"], ["y"], axis=1),
+    ]
+    graph = helper.make_graph(nodes, "tiny", [x], [y])
+    path = os.path.join(folder, "tiny.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,8 +71,18 @@ def main(argv: list[str] | None = None) -> int:
             batch_wait=args.batch_wait,
         )
     )
-    name = args.model if gpu else "digits"
-    if gpu:
+    name = args.model if gpu or args.model == "tiny" else "digits"
+    tmp = tempfile.TemporaryDirectory()
+    if name == "tiny":
+        ex.load_entry(
+            ModelConfig(
+                name=name,
+                engine="onnx",
+                source=tiny_onnx(tmp.name),
+                input={"height": 4, "width": 4},
+            )
+        )
+    elif gpu:
         ex.load_entry(ModelConfig(name=name, engine="torch", source=name))
     else:
         ex.load_model(name, "digits")
@@ -79,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.top)
         print(out.getvalue())
     ex.close()
+    tmp.cleanup()
     return 0
 
 
