@@ -31,9 +31,10 @@ from pipeline.device import cuda_available  # noqa: E402
 from pipeline.executor import GpuExecutor  # noqa: E402
 
 
-def tiny_onnx(folder: str) -> str:
-    """A two-node ONNX classifier, [batch, 3, 4, 4] pooled to [batch, 3] logits: next to no
-    compute a batch."""
+def tiny_entry(folder: str) -> ModelConfig:
+    """A two-node ONNX classifier written into ``folder``, [batch, 3, 4, 4] pooled to
+    [batch, 3] logits (next to no compute a batch), as a model entry: a 4x4 image, pixels
+    scaled to [0, 1] and not normalised further, so its logits are each channel's mean."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -46,7 +47,8 @@ def tiny_onnx(folder: str) -> str:
     graph = helper.make_graph(nodes, "tiny", [x], [y])
     path = os.path.join(folder, "tiny.onnx")
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    return path
+    image = {"height": 4, "width": 4, "mean": (0.0,) * 3, "std": (1.0,) * 3}
+    return ModelConfig(name="tiny", engine="onnx", source=path, input=image)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,16 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     name = args.model if gpu or args.model == "tiny" else "digits"
-    tmp = tempfile.TemporaryDirectory()
-    if name == "tiny":
-        ex.load_entry(
-            ModelConfig(
-                name=name,
-                engine="onnx",
-                source=tiny_onnx(tmp.name),
-                input={"height": 4, "width": 4},
-            )
-        )
+    # the tiny model's file lives as long as the executor (a precision probe may reload it)
+    tmp = tempfile.TemporaryDirectory() if name == "tiny" else None
+    if tmp is not None:
+        ex.load_entry(tiny_entry(tmp.name))
     elif gpu:
         ex.load_entry(ModelConfig(name=name, engine="torch", source=name))
     else:
@@ -111,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.top)
         print(out.getvalue())
     ex.close()
-    tmp.cleanup()
+    if tmp is not None:
+        tmp.cleanup()
     return 0
 
 

@@ -6,20 +6,14 @@ from __future__ import annotations
 import numpy as np
 
 from benchmarks import profile_host_path as P
-from pipeline.config import ExecutorConfig, ModelConfig
+from pipeline.config import ExecutorConfig
 from pipeline.executor import GpuExecutor
 
 
 def test_tiny_model_answers_the_pooled_image(tmp_path):
     ex = GpuExecutor(ExecutorConfig(backend="numpy", buckets=(1, 4), pool_limit_fraction=0.01))
     try:
-        entry = ModelConfig(
-            name="tiny",
-            engine="onnx",
-            source=P.tiny_onnx(str(tmp_path)),
-            input={"height": 4, "width": 4, "mean": (0.0,) * 3, "std": (1.0,) * 3},
-        )
-        ex.load_entry(entry)
+        ex.load_entry(P.tiny_entry(str(tmp_path)))
         ex.warmup()
         u8 = np.random.default_rng(0).integers(0, 256, (3, 4, 4, 3), dtype=np.uint8)
         got = ex.infer("tiny", u8)
