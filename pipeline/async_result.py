@@ -19,6 +19,7 @@ from typing import Any, Generic, TypeVar
 
 from .device import Event
 from .errors import DeviceError, FerryError
+from .handoff import inbox_of, post_result
 from .threads import name_os_thread
 
 logger = logging.getLogger(__name__)
@@ -130,17 +131,11 @@ class AsyncResult(Generic[T]):
             return self.result()
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
+        inbox = inbox_of(loop)  # (the loop woken once for all results completed together)
 
         def transfer(r: AsyncResult[T]) -> None:
-            def settle() -> None:
-                if fut.cancelled():
-                    return
-                if r._exc is not None:
-                    fut.set_exception(r._exc)
-                else:
-                    fut.set_result(r._value)
-
-            loop.call_soon_threadsafe(settle)
+            exc = r._exc
+            post_result(inbox, fut, exc is None, r._value if exc is None else exc)
 
         self.add_done_callback(transfer)
         return (yield from fut.__await__())
@@ -221,7 +216,7 @@ def complete(
         event.synchronize()
         value = finish()
     except BaseException as exc:  # a CUDA error surfaces here, or the finishing step failed
-        err = exc if isinstance(exc, FerryError) else DeviceError(f"{type(exc).__name__}: {exc}")
+        err = device_error(exc)
         if on_error is not None:
             try:
                 on_error(err)
@@ -230,3 +225,9 @@ def complete(
         result.set_exception(err)
         return
     result.set_result(value)
+
+
+def device_error(exc: BaseException) -> FerryError:
+    """``exc`` as the error a device wait or its finishing step fails with: Ferry's own as
+    it is, any other (a CUDA error) as a ``DeviceError`` naming it."""
+    return exc if isinstance(exc, FerryError) else DeviceError(f"{type(exc).__name__}: {exc}")

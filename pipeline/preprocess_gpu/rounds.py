@@ -4,11 +4,28 @@ answer that sends an image back to the CPU, and rows whose device work may still
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from typing import Any
 
+from ..async_result import device_error
 from ..batch_scheduler import answered_error
 
 RETRY = object()  # a round's answer for a JPEG the GPU decoder refused: decode it on the CPU
+
+
+def waited(round_: Callable[..., tuple], *args: Any) -> tuple[list, float, float, Any]:
+    """``round_(*args)`` (``(answers, done, cpu_ms, call_ms)``, ``done`` a lane's ``Done``),
+    then the round's end on the device waited for in this thread -- a sleeping wait, as
+    the lane's watcher would -- with ``done`` replaced by the ms that wait took. A CUDA
+    error surfaces here and fails the round."""
+    answers, done, cpu_ms, call_ms = round_(*args)
+    t0 = time.perf_counter()
+    try:
+        done.event.synchronize()
+    except BaseException as exc:
+        raise device_error(exc) from None
+    return answers, (time.perf_counter() - t0) * 1e3, cpu_ms, call_ms
 
 
 class Jpeg:

@@ -34,14 +34,14 @@ from ..batching import Batch
 from ..config import PipelineConfig
 from ..device import Backend, Event, Stream, select_backend
 from ..errors import FerryError, ModelNotFound, QueueFull
+from ..handoff import Workers
 from ..imaging import encode_jpeg
 from ..memory import DevicePool, PinnedRing, make_pool
 from ..stages.messages import DeviceRows, Encoded, SendTo
-from ..threads import thread_pool
 from .fitter import GpuFitter
 from .lanes import Done, Lane, Lanes
 from .plan import runs_within
-from .rounds import RETRY, Jpeg, Landing, landed, split_jpegs
+from .rounds import RETRY, Jpeg, Landing, landed, split_jpegs, waited
 from .senders import Senders
 
 Items = list[Encoded]  # checked by the ingress: bytes, media type, the plan of its header
@@ -70,7 +70,7 @@ class PreprocessGpuCore:
         self.max_pixels = config.ingress.max_pixels
         first = self._decoder(config) if self.backend.is_cuda else None
         rounds = config.preprocess.decode_rounds if local else 1  # (rounds at once)
-        self.gpu_pool = thread_pool(rounds, "ferry-pre-gpu")
+        self.gpu_pool = Workers(rounds, "ferry-pre-gpu")
         t, ex = config.transport, config.executor
         self.pool = pool or make_pool(self.backend, ex.pool_limit_bytes, ex.pool_limit_fraction)
         self.ring = PinnedRing(self.backend, t.staging_slot_bytes, t.staging_slots)
@@ -141,7 +141,6 @@ class PreprocessGpuCore:
         want = config.preprocess.decoder
         if want == "cpu":
             return None
-
         if not gpu_decode.usable("preprocess.decoder", want, "JPEGs are decoded on CPU threads"):
             return None
         pre = config.preprocess
@@ -170,10 +169,7 @@ class PreprocessGpuCore:
             imgs, owner, errors = await self._decode(model, items)
             data = None
             if imgs:
-                loop = asyncio.get_running_loop()
-                env, keep, refused = await loop.run_in_executor(
-                    self.gpu_pool, self.make_and_send, model, imgs, to
-                )
+                env, keep, refused = await self.gpu_pool.run(self.make_and_send, model, imgs, to)
                 errors.update({owner[k]: e for k, e in refused.items()})
                 owner = [owner[k] for k in keep]
         ms = (time.perf_counter() - t0) * 1e3
@@ -230,7 +226,6 @@ class PreprocessGpuCore:
         the scheduler may start the next -- when the GPU has finished it, or, with
         ``overlap_rounds``, once it is enqueued and the round before it is done (two rounds
         at most on the device): its rows then come as ``Landing``s."""
-        loop = asyncio.get_running_loop()
         datas = [p.item for p in batch.items]
         # its parts as stage metrics: decode_wait an image, decode_host (of it the thread's
         # CPU, decode_cpu, and nvImageCodec's calls, decode_call) and decode_device a round
@@ -239,17 +234,19 @@ class PreprocessGpuCore:
         now = self.scheduler.clock()
         waits = [(now - p.enqueued) * 1e3 for p in batch.items]
         metrics.observe_items("decode_wait", batch.key, waits)
-        t0 = time.perf_counter()
-        answers, ready, cpu_ms, call_ms = await loop.run_in_executor(
-            self.gpu_pool, self._round, batch.key, datas
-        )
+        t0, overlap = time.perf_counter(), self.config.preprocess.overlap_rounds
+        # without overlap the thread waits for the round's end itself (``waited``): ready is
+        # then the ms of that wait, and the loop is handed the round once, complete
+        args = (self._round,) if overlap else (waited, self._round)
+        answers, ready, cpu_ms, call_ms = await self.gpu_pool.run(*args, batch.key, datas)
         t1 = time.perf_counter()
-        metrics.observe_stage("decode_host", batch.key, (t1 - t0) * 1e3)
+        device_ms = 0.0 if overlap else ready
+        metrics.observe_stage("decode_host", batch.key, (t1 - t0) * 1e3 - device_ms)
         metrics.observe_stage("decode_cpu", batch.key, cpu_ms)
         if call_ms is not None:  # (a round of host images only calls no decoder)
             metrics.observe_stage("decode_call", batch.key, call_ms)
-        if not self.config.preprocess.overlap_rounds:
-            await self._when_done(ready, batch.key, t1)
+        if not overlap:
+            metrics.observe_stage("decode_device", batch.key, device_ms)
             return answers
         done = asyncio.ensure_future(self._when_done(ready, batch.key, t1))
         done.add_done_callback(lambda f: f.cancelled() or f.exception())  # (seen: no warning)
@@ -324,14 +321,11 @@ class PreprocessGpuCore:
         ones, nvImageCodec images (on this device, in this stage's stream) for the rest."""
         jpegs, on_cpu = self._split(model, items)
         errors: dict[int, FerryError] = {}
-        loop = asyncio.get_running_loop()
         channels = self.targets[model].channels
         gpu = None
         if jpegs:
             datas = [j.data for _, j in jpegs]
-            gpu = loop.run_in_executor(
-                self.gpu_pool, self.decoder.decode, datas, channels, self.stream
-            )
+            gpu = self.gpu_pool.run(self.decoder.decode, datas, channels, self.stream)
         found: dict[int, Any] = {}
         if on_cpu:
             await self._decode_cpu(model, items, on_cpu, found, errors)

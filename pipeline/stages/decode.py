@@ -18,9 +18,9 @@ import numpy as np
 from pipeline import metrics
 from pipeline.config import PipelineConfig
 from pipeline.errors import FerryError, InvalidInput, ModelNotFound
+from pipeline.handoff import Workers
 from pipeline.imaging import DecodePlan, bound_decoder_scratch, decode, decode_unfitted
 from pipeline.models.repository import model_card
-from pipeline.threads import thread_pool
 
 from .messages import Encoded, HostRows
 
@@ -40,7 +40,7 @@ class PreprocessStage:
         self.max_work_bytes = config.ingress.max_image_work_bytes
         bound_decoder_scratch()  # freed decoder buffers go back to the system
         self.threads = config.preprocess.threads
-        self.pool = thread_pool(self.threads, "ferry-decode")
+        self.pool = Workers(self.threads, "ferry-decode")
         self._decode = decode if fitted else decode_unfitted
 
     def decode_one(
@@ -72,13 +72,9 @@ class PreprocessStage:
         call per thread, each decoding every ``threads``-th image, not one per image: a
         pool call and its wake-up of the event loop cost about as much CPU as decoding a
         small PNG."""
-        loop = asyncio.get_running_loop()
         k = min(len(items), max(1, self.threads))  # (no call for no items)
         shares = await asyncio.gather(
-            *(
-                loop.run_in_executor(self.pool, self._decode_share, model, items[i::k])
-                for i in range(k)
-            )
+            *(self.pool.run(self._decode_share, model, items[i::k]) for i in range(k))
         )
         done: list[Any] = [None] * len(items)
         for i, share in enumerate(shares):

@@ -34,8 +34,8 @@ from pipeline.config import PipelineConfig
 from pipeline.engines.epilogue import has_epilogue
 from pipeline.errors import FerryError, ModelNotFound, QueueFull
 from pipeline.executor import GpuExecutor
+from pipeline.handoff import Workers
 from pipeline.models.loading import LoadReport, ModelUnavailable
-from pipeline.threads import thread_pool
 
 from .inference_in import BatchReceiver
 from .inference_rows import RowOut, collect, concat, stack, waited_s
@@ -134,7 +134,9 @@ class InferenceStage:
             # max_wait_ms (RESULTS.md, "The GPU queue leaves at once when idle")
             dispatch_when_idle=True,
         )
-        self.submit_pool = thread_pool(config.executor.max_in_flight + 1, "ferry-submit")
+        self.submit_pool = Workers(config.executor.max_in_flight + 1, "ferry-submit")
+        # the answers of a call off the loop (a task's may wait on its device encode)
+        self.answer_pool = Workers(4, "ferry-answer")
         self.default_deadline_s = (
             None if b.default_deadline_ms is None else b.default_deadline_ms / 1e3
         )
@@ -182,17 +184,20 @@ class InferenceStage:
             p, rows, label=f"{key}[{len(rows)}]"
         )  # rows go straight to pinned memory
 
+    def _run_parts(self, key: str, rows: list[Any], top: int) -> Any:
+        """A batch's outputs, in a submit thread: its parts (``top`` rows at most, the
+        model's max batch) committed, then waited on here -- the thread sleeps on each
+        part's event and finishes it itself, so a batch costs the loop one hand-off out
+        and one back (no completion thread between)."""
+        parts = [self._submit(key, rows[i : i + top]) for i in range(0, len(rows), top)]
+        done = [r.wait() for r in parts]
+        return done[0] if len(done) == 1 else concat(done)
+
     async def _run_batch(self, batch: Batch) -> list[RowOut]:
         t0 = time.monotonic()
-        loop = asyncio.get_running_loop()
         rows = [p.item for p in batch.items]
         top = self.executor.buckets(split_key(batch.key)[0])[-1]  # the model's max_batch
-        parts = [
-            await loop.run_in_executor(self.submit_pool, self._submit, batch.key, rows[i : i + top])
-            for i in range(0, len(rows), top)
-        ]
-        done = [await r for r in parts]
-        logits = done[0] if len(done) == 1 else concat(done)
+        logits = await self.submit_pool.run(self._run_parts, batch.key, rows, top)
         t1 = time.monotonic()
         gpu_ms = (t1 - t0) * 1e3
         metrics.observe_stage("gpu", split_key(batch.key)[0], gpu_ms, len(batch))
@@ -311,7 +316,7 @@ class InferenceStage:
                 "this replica is not given an answerer: a Postprocess deployment answers"
             )
         logits = await self.logits(model, images, meta, feed)
-        return await asyncio.to_thread(self.answerer.run, model, logits, specs)
+        return await self.answer_pool.run(self.answerer.run, model, logits, specs)
 
     async def encoded(
         self, model: str, items: list[Encoded], meta: list[RequestMeta], specs: list[PostSpec]

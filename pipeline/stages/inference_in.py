@@ -8,7 +8,7 @@ import asyncio
 import logging
 from typing import Any
 
-from pipeline.threads import thread_pool
+from pipeline.handoff import Workers
 from pipeline.transport.base import choose_transport
 from pipeline.transport.nccl import NcclEndpoint
 from pipeline.transport.object_store import ObjectStoreReceiver
@@ -32,22 +32,20 @@ class BatchReceiver:
         }
         self.to = SendTo(kind)
         if kind == "nccl":
-
             self.endpoint = NcclEndpoint(backend.device_id, timeout_s=timeout_s)
             self.receivers["nccl"] = self.endpoint.receiver("preprocess->inference")
             self.to = SendTo(kind, self.endpoint.id, self.endpoint.gpu)
-        self.pool = thread_pool(4, "ferry-recv")
+        self.pool = Workers(4, "ferry-recv")
         logger.info("GPU preprocessing hands batches over by %s", kind)
 
     async def recv(self, envelope: Any) -> Any:
         """The batch an envelope stands for. NCCL receives are posted from a thread and
         polled from here: one waiting for an earlier envelope never holds a thread."""
-        loop = asyncio.get_running_loop()
         rx = self.receivers[envelope.transport]
         if envelope.transport != "nccl":
-            data, _ = await loop.run_in_executor(self.pool, rx.recv, envelope, self.timeout_s)
+            data, _ = await self.pool.run(rx.recv, envelope, self.timeout_s)
             return data
-        posted = await loop.run_in_executor(self.pool, rx.post, [envelope], self.timeout_s)
+        posted = await self.pool.run(rx.post, [envelope], self.timeout_s)
         pause = 5e-5
         while not posted.done():
             await asyncio.sleep(pause)
