@@ -141,10 +141,7 @@ def _stage_rate(
         run = lambda it: core.run("resnet50", it)  # noqa: E731
         return asyncio.run(_rate(run, items, seconds, in_flight, ready))
     finally:
-        if hasattr(core, "close"):
-            core.close()
-        else:  # the CPU stage
-            core.pool.shutdown()
+        core.close()
 
 
 def _items(name: str, batch: int) -> list:

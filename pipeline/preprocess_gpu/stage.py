@@ -391,4 +391,5 @@ class PreprocessGpuCore:
         for lane in self.lanes.all:
             lane.stream.synchronize()
             lane.watcher.close()
+        self.gpu_pool.close()
         self.ring.close()

@@ -103,3 +103,7 @@ class PreprocessStage:
     def check_health(self) -> None:
         """Healthy while the process lives: decoding holds no device and no queue of its own: a stuck decode shows as the
         caller's timeout, not here."""
+
+    def close(self) -> None:
+        """End the decode threads, once the decodes queued are done."""
+        self.pool.close()
