@@ -310,12 +310,15 @@ class InferenceStage:
         feed: str = "image",
     ) -> list[Answer | FerryError]:
         """The answers for a call's rows, one per request: the logits, then softmax and
-        top-k (or the v2 outputs) in a worker thread."""
+        top-k on the loop (a classify call's: no hand-off to pay for), or the v2 outputs and
+        the tasks' answers (large tensors, encodes that may wait on the device) in a thread."""
         if self.answerer is None:
             raise FerryError(
                 "this replica is not given an answerer: a Postprocess deployment answers"
             )
         logits = await self.logits(model, images, meta, feed)
+        if all(s.kind == "classify" for s in specs):  # softmax and top-k: here, no hand-off
+            return self.answerer.run(model, logits, specs)
         return await self.answer_pool.run(self.answerer.run, model, logits, specs)
 
     async def encoded(
