@@ -4,16 +4,20 @@
 # against its parent on the same machine, in the same minutes (two calls of one system on
 # one machine have differed by 1.5x; benchmarks/results/e2e_notes.md, 2026-12-07).
 #
-# Make the base tree here (ignored, so name it in the device tool's carry):
+# Make the base tree here (ignored, so name it in the device tool's carry; its tests/ stay:
+# bench_e2e imports the image workload's model from them):
 #   rm -rf .snap && mkdir .snap && git archive <commit> | tar -x -C .snap \
-#     && rm -rf .snap/tests .snap/docs .snap/benchmarks/results && mkdir -p .snap/benchmarks/results \
+#     && rm -rf .snap/docs .snap/benchmarks/results && mkdir -p .snap/benchmarks/results \
 #     && cp benchmarks/results/e2e.json .snap/benchmarks/results/
-# Then on the device (after activate.sh):
-#   BASE_COMMIT=<commit> FERRY_COMMIT=<commit> ORDER="base new base new" \
-#     CLIENTS=64,256 BUDGET_S=120 bash scripts/gpu_e2e_ab.sh ferry_torch_dyn
-# Each step is scripts/gpu_e2e.sh of its tree with OUT=$OUT/<i>_<side> (its e2e.json, log,
-# cpu_clock.txt) and its env (CORPUS, CLIENTS, BUDGET_S, SETS...); $OUT/ab.txt gets one
-# line a level: the step, the side, clients, img/s, p99 and server CPU ms an image.
+# Then on the device (after activate.sh; what travels is the working tree, uncommitted
+# changes included: commit first, so that FERRY_COMMIT names the code that ran):
+#   BASE_COMMIT=<commit> FERRY_COMMIT=<commit> ORDER="base new" CLIENTS=64,256 \
+#     BUDGET_S=200 bash scripts/gpu_e2e_ab.sh ferry_torch_dyn
+# BUDGET_S is each step's: a system starts only where its usual start-up, a level and its
+# stop fit (ferry_torch_dyn: about 180 s). Each step is scripts/gpu_e2e.sh of its tree with
+# OUT=$OUT/<i>_<side> and its env (CORPUS, CLIENTS, SETS...); $OUT/ab.txt gets one line a
+# level: the step, the side, clients, img/s, p99 and server CPU ms an image. The steps'
+# folders are packed into $OUT/steps.tgz at the end (the device tool brings back 8 files).
 set -u
 SYSTEM=${1:?"usage: bash scripts/gpu_e2e_ab.sh SYSTEM"}
 BASE=${BASE_DIR:-.snap}
@@ -44,3 +48,4 @@ for r in rows:
 EOF
 done
 cat "$OUT/ab.txt"
+(cd "$OUT" && tar czf steps.tgz [0-9]*_* && rm -rf [0-9]*_*)
