@@ -7,7 +7,8 @@ when ten finish together. On a replica that hands a round to a decode thread, a 
 submit thread and a device completion back, those wake-ups are a good share of its CPU an
 image. On the 2-core VM (2026-12-07) a round trip of a no-op cost 19-31 us of process CPU
 through ``run_in_executor`` with eight in flight and 50-54 us with one; through ``Workers``
-7-9 and 35-37 us.
+7-9 and 35-37 us. On an H100 (8 replicas of ``ferry_torch_dyn``, 256 clients) this module's
+hand-offs cut the server's CPU an image to 0.91x (``benchmarks/results/e2e_notes.md``).
 
 * ``LoopInbox``: callbacks posted from any thread, run on the loop in the order posted; the
   loop is woken once for all those posted before it drains them.
@@ -50,8 +51,9 @@ class LoopInbox:
         self._armed = True
         try:
             self.loop.call_soon_threadsafe(self._drain)
-        except RuntimeError:  # the loop is closed
+        except RuntimeError:  # the loop is closed: nothing posted to it will run
             self._items.clear()
+            self._armed = False
 
     def _drain(self) -> None:
         self._armed = False  # (before the reads: a post from now on schedules another drain)
@@ -102,7 +104,7 @@ def _call(fut: asyncio.Future, inbox: LoopInbox, fn: Callable[..., Any], args: t
         value, ok = fn(*args), True
     except BaseException as exc:  # handed to the caller, as an executor does
         value, ok = exc, False
-    inbox.post(_settle, fut, ok, value)
+    post_result(inbox, fut, ok, value)
 
 
 class Workers:
@@ -126,6 +128,8 @@ class Workers:
         it before a thread takes the call skips the call; a call already running runs to
         its end, its result dropped."""
         loop = asyncio.get_running_loop()
+        if self._closed:
+            raise RuntimeError(f"{self.prefix} workers are closed")
         if not self._threads:
             self._start()
         fut = loop.create_future()

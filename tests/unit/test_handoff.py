@@ -127,8 +127,21 @@ def test_posting_to_a_closed_loop_drops_the_callback():
     loop = asyncio.new_event_loop()
     box = LoopInbox(loop)
     loop.close()
-    box.post(print, "never")  # no error: the loop is gone, as asyncio drops a late result
-    assert not box._items
+    for _ in range(3):  # no error: the loop is gone, as asyncio drops a late result
+        box.post(print, "never")
+    assert not box._items and not box._armed
+
+
+def test_closed_workers_refuse_a_call_instead_of_leaving_it_unanswered():
+    workers = Workers(1, "ferry-t")
+
+    async def main():
+        await workers.run(int, "1")
+        workers.close()
+        with pytest.raises(RuntimeError, match="closed"):
+            workers.run(int, "2")
+
+    asyncio.run(main())
 
 
 def test_a_new_loop_in_the_thread_gets_its_own_inbox():
