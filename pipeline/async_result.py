@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
@@ -20,7 +19,7 @@ from typing import Any, Generic, TypeVar
 from .device import Event
 from .errors import DeviceError, FerryError
 from .handoff import inbox_of, post_result
-from .threads import name_os_thread
+from .threads import QueueThreads
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -145,17 +144,11 @@ class AsyncResult(Generic[T]):
         return f"AsyncResult({self.label!r}, {state})"
 
 
-class CompletionWatcher:
+class CompletionWatcher(QueueThreads):
     """One thread that turns device events into completed ``AsyncResult``s, in order."""
 
-    _STOP = object()
-
     def __init__(self, name: str = "ferry-completion") -> None:
-        self._q: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._name = name
-        self._lock = threading.Lock()
-        self._closed = False
+        super().__init__([name], complete)
 
     def watch(
         self,
@@ -167,40 +160,16 @@ class CompletionWatcher:
         """When ``event`` completes, ``result`` gets ``finish()`` (or its exception).
 
         An event that is already complete (the CPU backend's) is finished inline: the
-        CPU backend then needs no thread at all.
+        CPU backend then needs no thread at all. After ``close`` it raises
+        ``RuntimeError``.
         """
         if event.raw is None:
             complete(event, finish, result, on_error)
             return
-        # the thread object is made before the lock is taken: a collection started while it
-        # is held may finalize a batch lease that hands its event to this watcher, here
-        thread = None
-        if self._thread is None:
-            thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-        with self._lock:
-            closed = self._closed
-            if not closed and self._thread is None and thread is not None:
-                self._thread = thread
-                thread.start()  # (under the lock: close() never joins a thread not started)
-        if closed:
-            raise RuntimeError("completion watcher is closed")
-        self._q.put((event, finish, result, on_error))
-
-    def _run(self) -> None:
-        name_os_thread()
-        while True:
-            item = self._q.get()
-            if item is self._STOP:
-                return
-            complete(*item)
+        self.put((event, finish, result, on_error))
 
     def close(self, timeout: float = 10.0) -> None:
-        with self._lock:
-            self._closed = True
-            thread = self._thread
-        if thread is not None:
-            self._q.put(self._STOP)
-            thread.join(timeout)
+        super().close(timeout)
 
 
 def complete(

@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import queue
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .threads import name_os_thread
+from .threads import QueueThreads
 
 T = TypeVar("T")
 
@@ -107,62 +106,24 @@ def _call(fut: asyncio.Future, inbox: LoopInbox, fn: Callable[..., Any], args: t
     post_result(inbox, fut, ok, value)
 
 
-class Workers:
+class Workers(QueueThreads):
     """``count`` named threads (``prefix_N`` in Python and the OS, started at the first
     call) that run the calls of ``run`` in the order they come."""
-
-    _STOP = object()
 
     def __init__(self, count: int, prefix: str) -> None:
         if count < 1:
             raise ValueError(f"Workers needs at least one thread, got {count}")
+        super().__init__([f"{prefix}_{i}" for i in range(count)], _call)
         self.count = count
         self.prefix = prefix
-        self._q: queue.SimpleQueue = queue.SimpleQueue()
-        self._threads: list[threading.Thread] = []
-        self._lock = threading.Lock()
-        self._closed = False
 
     def run(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         """``fn(*args)`` on one of the threads, as a future of the running loop. Cancelling
         it before a thread takes the call skips the call; a call already running runs to
-        its end, its result dropped."""
+        its end, its result dropped. After ``close`` it raises ``RuntimeError``."""
         loop = asyncio.get_running_loop()
-        if self._closed:
+        if self.closed:
             raise RuntimeError(f"{self.prefix} workers are closed")
-        if not self._threads:
-            self._start()
         fut = loop.create_future()
-        self._q.put((fut, inbox_of(loop), fn, args))
+        self.put((fut, inbox_of(loop), fn, args))
         return fut
-
-    def _start(self) -> None:
-        with self._lock:
-            if self._closed:
-                raise RuntimeError(f"{self.prefix} workers are closed")
-            if self._threads:
-                return
-            for i in range(self.count):
-                t = threading.Thread(target=self._work, name=f"{self.prefix}_{i}", daemon=True)
-                t.start()
-                self._threads.append(t)
-
-    def _work(self) -> None:
-        name_os_thread()
-        get = self._q.get
-        while True:
-            item = get()
-            if item is self._STOP:
-                return
-            _call(*item)
-            del item  # (the thread keeps no reference to a call while it waits)
-
-    def close(self, timeout: float = 5.0) -> None:
-        """Let the threads finish the calls queued, then end them."""
-        with self._lock:
-            self._closed = True
-            threads = list(self._threads)
-        for _ in threads:
-            self._q.put(self._STOP)
-        for t in threads:
-            t.join(timeout)
