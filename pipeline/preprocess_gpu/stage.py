@@ -235,12 +235,17 @@ class PreprocessGpuCore:
         waits = [(now - p.enqueued) * 1e3 for p in batch.items]
         metrics.observe_items("decode_wait", batch.key, waits)
         t0, overlap = time.perf_counter(), self.config.preprocess.overlap_rounds
-        # without overlap the thread waits for the round's end itself (``waited``): ready is
-        # then the ms of that wait, and the loop is handed the round once, complete
-        args = (self._round,) if overlap else (waited, self._round)
-        answers, ready, cpu_ms, call_ms = await self.gpu_pool.run(*args, batch.key, datas)
+        if overlap:  # the round comes back enqueued, with the Done of its device end
+            answers, done_at, cpu_ms, call_ms = await self.gpu_pool.run(
+                self._round, batch.key, datas
+            )
+            device_ms = 0.0
+        else:  # the thread waits for the round's end itself (``waited``): the loop is
+            # handed the round once, complete, with the ms of that wait
+            answers, device_ms, cpu_ms, call_ms = await self.gpu_pool.run(
+                waited, self._round, batch.key, datas
+            )
         t1 = time.perf_counter()
-        device_ms = 0.0 if overlap else ready
         metrics.observe_stage("decode_host", batch.key, (t1 - t0) * 1e3 - device_ms)
         metrics.observe_stage("decode_cpu", batch.key, cpu_ms)
         if call_ms is not None:  # (a round of host images only calls no decoder)
@@ -248,7 +253,7 @@ class PreprocessGpuCore:
         if not overlap:
             metrics.observe_stage("decode_device", batch.key, device_ms)
             return answers
-        done = asyncio.ensure_future(self._when_done(ready, batch.key, t1))
+        done = asyncio.ensure_future(self._when_done(done_at, batch.key, t1))
         done.add_done_callback(lambda f: f.cancelled() or f.exception())  # (seen: no warning)
         # at most two rounds on the device: the next starts once the one before this is done
         last, self._last_round = self._last_round, done
