@@ -64,6 +64,20 @@ _LAST_STAGES: dict[str, Any] = {}
 they were of."""
 
 
+def per_image(rates: dict[str, float], img_s: float) -> dict[str, float]:
+    """A level's machine counters (``loadtest.cores.counter_rates``) with the kernel's cores
+    summed (system, irq, softirq) and each count a second also as a count an image."""
+    if not rates:
+        return {}
+    out = dict(rates)
+    kernel = sum(rates.get(k, 0.0) for k in ("system_cores", "irq_cores", "softirq_cores"))
+    out["kernel_cores"] = round(kernel, 3)
+    for k, v in rates.items():
+        if k.endswith("_per_s") and img_s > 0:
+            out[k[: -len("_per_s")] + "_per_img"] = round(v / img_s, 2)
+    return out
+
+
 def stage_means(now: dict[str, list[float]], before: dict[str, list[float]]) -> dict[str, float]:
     """Each stage's mean ms between two ``stage_totals`` readings of one system (the whole
     of ``now`` for a stage ``before`` lacks); a stage observed nothing between them is left
@@ -171,6 +185,7 @@ def measure(
     server_cores, threads, busy = span.cores, span.threads, span.busy
     _spied(spies, args.warmup + args.seconds)
     row = _row(system, w, c, n, args, r, replicas, busy, server_cores, threads, device.result())
+    row["machine"] = per_image(span.machine, r["img_s"])
     if headers:
         row["headers"] = headers
     if spies:  # py-spy ran on two replicas over this level (native: pausing them)
@@ -204,6 +219,15 @@ def measure(
         + (f" ({row['gpu_mem_error']})" if row.get("gpu_mem_error") else ""),
         flush=True,
     )
+    m = row["machine"]
+    if m:  # (the kernel's cores, switches and interrupts: a slow mode's machine-wide costs)
+        print(
+            f"      machine: user {m.get('user_cores')} / kernel {m.get('kernel_cores')} / "
+            f"steal {m.get('steal_cores')} cores; an image {m.get('ctxt_per_img')} context "
+            f"switches, {m.get('intr_per_img')} interrupts ({m.get('nvidia_intr_per_img')} "
+            "NVIDIA's)",
+            flush=True,
+        )
     for t in threads[:6]:
         print(f"      {t['cores']:6.2f} cores  {t['process']} / {t['thread']}", flush=True)
     if r.get("mean_timings_ms"):

@@ -118,25 +118,75 @@ def busiest(
     ]
 
 
+def machine_counters() -> dict[str, float]:
+    """The machine's cumulative counters, where Linux has them (else ``{}``): its CPU seconds
+    by kind over all cores (``/proc/stat``: user, system, irq, softirq, steal), context
+    switches, interrupts, and the interrupts of NVIDIA's devices (``/proc/interrupts``).
+    Two readings over a span (``counter_rates``) tell how the machine spent it beyond what
+    one process did: the kernel's share, interrupts an image, switches an image."""
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                key, _, rest = line.partition(" ")
+                if key == "cpu":
+                    v = [int(x) for x in rest.split()]
+                    for i, name in ((0, "user"), (2, "system"), (5, "irq"), (6, "softirq")):
+                        out[name + "_s"] = v[i] / tick
+                    out["steal_s"] = v[7] / tick if len(v) > 7 else 0.0
+                elif key in ("ctxt", "intr"):
+                    out[key] = float(rest.split()[0])
+    except (OSError, ValueError, IndexError):
+        return {}
+    try:
+        with open("/proc/interrupts") as f:
+            n = 0
+            for line in f:
+                if "nvidia" in line:
+                    n += sum(int(x) for x in line.split()[1:] if x.isdigit())
+            out["nvidia_intr"] = float(n)
+    except OSError:
+        pass
+    return out
+
+
+def counter_rates(before: dict[str, float], after: dict[str, float], wall_s: float) -> dict:
+    """Per second between two ``machine_counters`` readings: CPU seconds as cores
+    (``system_cores``, ...), counts as a rate (``ctxt_per_s``, ...)."""
+    out: dict[str, float] = {}
+    for k, v in after.items():
+        if k not in before:
+            continue
+        d = (v - before[k]) / max(wall_s, 1e-9)
+        name = k[:-2] + "_cores" if k.endswith("_s") else k + "_per_s"
+        out[name] = round(d, 3 if k.endswith("_s") else 0)
+    return out
+
+
 class ServerSpan:
     """What the processes of the run ``run_id`` (a ``serve run``: its Ray, Serve, HAProxy and
     replicas; a load generator outside it is not counted) and the machine spent from this
     object's making to ``end()``: ``wall_s``, ``cores`` (the run's CPU seconds over the
-    span), ``busy`` (the machine's busy cores, ``busy_cores_since``) and ``threads`` (the
-    run's busiest, ``busiest``). The server's cost of one load level, for every benchmark
+    span), ``busy`` (the machine's busy cores, ``busy_cores_since``), ``threads`` (the
+    run's busiest, ``busiest``) and ``machine`` (``counter_rates`` over the span: the
+    kernel's cores, context switches and interrupts a second). The server's cost of one load level, for every benchmark
     that reports one."""
 
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
         self._mark, _ = busy_cores_since()
         self._cpu0, self._threads0 = run_cpu_s(run_id), thread_cpu_s(run_id)
+        self._counters0 = machine_counters()
         self._t0 = time.monotonic()
         self.wall_s = self.cores = self.busy = 0.0  # (set by ``end``)
         self.threads: list[dict[str, Any]] = []
+        self.machine: dict[str, float] = {}
 
     def end(self, top: int = 12) -> ServerSpan:
         self.wall_s = max(time.monotonic() - self._t0, 1e-9)
         self.cores = (run_cpu_s(self.run_id) - self._cpu0) / self.wall_s
         self.threads = busiest(self._threads0, thread_cpu_s(self.run_id), self.wall_s, top)
         _, self.busy = busy_cores_since(self._mark)
+        self.machine = counter_rates(self._counters0, machine_counters(), self.wall_s)
         return self

@@ -116,6 +116,32 @@ def test_busy_cores_counts_a_spinning_thread():
     assert 0.6 <= cores <= (os.cpu_count() or 1) + 0.1
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="Linux's /proc counters")
+def test_machine_counters_see_a_busy_core_and_switches_and_count_them_an_image():
+    import threading
+    import time
+
+    from benchmarks.e2e_level import per_image
+    from loadtest.cores import counter_rates, machine_counters
+
+    before, t0 = machine_counters(), time.monotonic()
+    end = t0 + 0.4
+    while time.monotonic() < end:  # one core busy in user space...
+        pass
+    for _ in range(200):  # ...and threads that start and end: context switches
+        t = threading.Thread(target=time.sleep, args=(0,))
+        t.start()
+        t.join()
+    rates = counter_rates(before, machine_counters(), time.monotonic() - t0)
+    assert rates["user_cores"] + rates["system_cores"] >= 0.5
+    assert rates["ctxt_per_s"] >= 400 and rates["intr_per_s"] >= 0
+    m = per_image(rates, img_s=100.0)
+    assert m["ctxt_per_img"] == round(rates["ctxt_per_s"] / 100.0, 2)
+    kernel = rates["system_cores"] + rates["irq_cores"] + rates["softirq_cores"]
+    assert m["kernel_cores"] == round(kernel, 3)
+    assert per_image({}, 100.0) == {}
+
+
 def test_photos_corpus_is_distinct_real_photos_in_the_size_range():
     import simplejpeg
 
