@@ -15,6 +15,8 @@
 # SPY=256: py-spy on two replicas of each system over the 256-client levels ($OUT/spy.tgz, its
 # summary $OUT/spy_top.txt); SPY_NATIVE=1 adds the C/C++ frames (that level's figures then
 # include py-spy's pauses). A spied level's row says so ("spy": "sampled" or "native").
+# IDLE_SPIN=1: a nice-19 busy loop on every core for the call (no vCPU halts; a diagnostic of
+# Ferry's slow mode, benchmarks/results/e2e_notes.md 2026-12-07), said in $OUT/cpu_clock.txt.
 # MPS=1: every system as a client of one CUDA MPS server (rows named system+mps, each with the
 # servers MPS listed once the system was up; its logs in $OUT/mps_log).
 # SETS="preprocess.decode_rounds=3 ...": bench_e2e's --set for every Ferry system of the run
@@ -47,14 +49,27 @@ SMI=$!
 # core shows here ($OUT/cpu_clock.txt), and the host's CPU taken by the hypervisor
 # (steal: cumulative jiffies of all cores, from /proc/stat, beside user and system)
 ( lscpu | grep -E "^(Model name|Socket|Core|Thread|NUMA node|CPU\(s\)|CPU max MHz)"
+  # how an idle vCPU waits (a halted one costs the hypervisor an exit to wake: every hand-off
+  # between threads pays it where cores idle) -- the kernel's idle driver and governor
+  echo "cpuidle: $(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo none) /" \
+    "$(cat /sys/devices/system/cpu/cpuidle/current_governor_ro /sys/devices/system/cpu/cpuidle/current_governor 2>/dev/null | head -1)" \
+    "cmdline: $(tr ' ' '\n' < /proc/cmdline | grep -E '^(idle|nohz|isolcpus|intel_idle)' | tr '\n' ' ')"
   while sleep 15; do echo "$(date +%T) $(awk '/MHz/ {s += $4; n++} END {if (n) printf "%.0f MHz mean of %d", s / n, n}' /proc/cpuinfo) load $(cut -d' ' -f1-3 /proc/loadavg) $(awk '/^cpu / {print "steal", $9, "user", $2, "sys", $4}' /proc/stat)"; done ) > "$OUT/cpu_clock.txt" 2>&1 &
 CLOCK=$!
+# IDLE_SPIN=1: a busy loop at nice 19 on every core for the whole call, so that no vCPU
+# halts while the systems run (a diagnostic: their figures then include what the loops take,
+# about 1/70 of a core each under CFS where work is waiting)
+SPINS=""
+if [ "${IDLE_SPIN:-0}" = 1 ]; then
+  for _ in $(seq "$(nproc)"); do nice -n 19 bash -c 'while :; do :; done' & SPINS="$SPINS $!"; done
+  echo "IDLE_SPIN: $(nproc) busy loops at nice 19 for the whole call" | tee -a "$OUT/cpu_clock.txt"
+fi
 timeout -k 20 $((BUDGET + 40)) python3 benchmarks/bench_e2e.py --workload "${WORKLOAD:-classify}" \
   --systems "$SYSTEMS" --budget-s "$BUDGET" --clients "${CLIENTS:-64,256,1024}" \
   --seconds "${SECONDS_PER_LEVEL:-6}" --warmup 2 ${CORPUS:+--corpus "$CORPUS"} \
   $(for s in ${SETS:-}; do echo --set "$s"; done) $([ "${MPS:-0}" = 1 ] && echo --mps) ${SPY:+--spy "$OUT/spy" --spy-clients "$SPY"} $([ "${SPY_NATIVE:-0}" = 1 ] && echo --spy-native) \
   --out "$OUT/e2e.json" --log-dir "$OUT/logs" > "$OUT/e2e_log.txt" 2>&1
-kill "$SMI" "$CLOCK" 2>/dev/null
+kill "$SMI" "$CLOCK" $SPINS 2>/dev/null
 grep -v "^\s*$" "$OUT/e2e_log.txt" | tail -40
 if [ -d "$OUT/spy" ]; then  # the stacks as one file, and their summary
   python3 scripts/spy_top.py "$OUT/spy" --top 30 --match ServeReplica > "$OUT/spy_top.txt" 2>&1
