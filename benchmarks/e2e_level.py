@@ -186,6 +186,10 @@ def measure(
     _spied(spies, args.warmup + args.seconds)
     row = _row(system, w, c, n, args, r, replicas, busy, server_cores, threads, device.result())
     row["machine"] = per_image(span.machine, r["img_s"])
+    img_s = max(r["img_s"], 1e-9)  # the run's threads that switched most, and an image
+    row["switches"] = [
+        {**t, "per_img": round(t["switches_per_s"] / img_s, 3)} for t in span.switches
+    ]
     if headers:
         row["headers"] = headers
     if spies:  # py-spy ran on two replicas over this level (native: pausing them)
@@ -230,6 +234,8 @@ def measure(
         )
     for t in threads[:6]:
         print(f"      {t['cores']:6.2f} cores  {t['process']} / {t['thread']}", flush=True)
+    for t in row["switches"][:4]:
+        print(f"      {t['per_img']:6.2f} switches an image  {t['process']} / {t['thread']}")
     if r.get("mean_timings_ms"):
         print(f"      stages (mean ms): {r['mean_timings_ms']}", flush=True)
     if counts:

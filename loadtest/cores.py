@@ -64,29 +64,39 @@ def thread_cpu_s(run_id: str) -> dict[tuple[str, str], float]:
     thread name): where a server's cores go -- ``("ray::ServeReplica:ferry:Ingress",
     "ferry-submit")``. Threads that ended since are not counted (take the difference of two
     readings over a span in which the thread set is steady)."""
+    return _by_thread(run_id, process_threads_cpu_s)
+
+
+def thread_switches(run_id: str) -> dict[tuple[str, str], float]:
+    """Context switches so far (voluntary and not) of every thread of the run's processes,
+    summed by (process kind, thread name), as ``thread_cpu_s``: each is a thread put to
+    sleep and woken again, so their count an image is the hand-offs a request costs."""
+    return _by_thread(run_id, process_threads_switches)
+
+
+def _by_thread(run_id: str, read: Any) -> dict[tuple[str, str], float]:
     from loadtest import procs
 
     out: dict[tuple[str, str], float] = {}
     for pid, cmd in procs.marked(run_id).items():
         label = _label(pid, cmd)
-        for name, s in process_threads_cpu_s(pid, cmd).items():
-            out[(label, name)] = out.get((label, name), 0.0) + s
+        for name, v in read(pid, cmd).items():
+            out[(label, name)] = out.get((label, name), 0.0) + v
     return out
 
 
-def process_threads_cpu_s(pid: int, cmd: str = "") -> dict[str, float]:
-    """CPU seconds so far of the threads of one process, summed by thread name (``cmd``: its
+def _threads(pid: int, cmd: str) -> list[tuple[str, str, str]]:
+    """``(name, tid, the rest of its stat line)`` of each thread of one process (``cmd``: its
     command line, whose program names its unnamed threads). A thread started without a name
     of its own (a native library's, or Python's) carries the process title it was started
     under, as the main thread does: the main thread is "main", the others "unnamed"
     (nvImageCodec's workers, Ray's)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out: dict[str, float] = {}
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return out
+        return []
     program = os.path.basename(cmd.split(" ", 1)[0]) if cmd else ""
+    out = []
     for tid in tids:
         try:
             with open(f"/proc/{pid}/task/{tid}/stat") as f:
@@ -96,8 +106,35 @@ def process_threads_cpu_s(pid: int, cmd: str = "") -> dict[str, float]:
         name = head.split("(", 1)[1]
         if name.startswith("ray::") or name == program:
             name = "main" if tid == str(pid) else "unnamed"
+        out.append((name, tid, rest))
+    return out
+
+
+def process_threads_cpu_s(pid: int, cmd: str = "") -> dict[str, float]:
+    """CPU seconds so far of the threads of one process, summed by thread name
+    (``_threads``' names)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for name, _, rest in _threads(pid, cmd):
         fields = rest.split()
         out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def process_threads_switches(pid: int, cmd: str = "") -> dict[str, float]:
+    """Context switches so far of the threads of one process, summed by thread name."""
+    out: dict[str, float] = {}
+    for name, tid, _ in _threads(pid, cmd):
+        n = 0
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                for line in f:
+                    key, _, value = line.partition(":")
+                    if key.endswith("ctxt_switches"):  # voluntary_ and nonvoluntary_
+                        n += int(value)
+        except (OSError, ValueError):
+            continue
+        out[name] = out.get(name, 0.0) + n
     return out
 
 
@@ -106,13 +143,15 @@ def busiest(
     after: dict[tuple[str, str], float],
     wall_s: float,
     top: int = 12,
+    unit: str = "cores",
 ) -> list[dict[str, Any]]:
-    """The ``top`` (process kind, thread name) pairs by cores used between two readings of
-    ``thread_cpu_s``, busiest first: ``[{"process", "thread", "cores"}]``."""
+    """The ``top`` (process kind, thread name) pairs by what grew between two readings of
+    ``thread_cpu_s`` (cores used) or ``thread_switches`` (``unit="switches_per_s"``),
+    greatest first: ``[{"process", "thread", unit}]``, a second over ``wall_s``."""
     used = {k: after[k] - before.get(k, 0.0) for k in after}
     ranked = sorted(used.items(), key=lambda kv: -kv[1])[:top]
     return [
-        {"process": p, "thread": t, "cores": round(s / max(wall_s, 1e-9), 3)}
+        {"process": p, "thread": t, unit: round(s / max(wall_s, 1e-9), 3)}
         for (p, t), s in ranked
         if s > 0
     ]
@@ -169,24 +208,29 @@ class ServerSpan:
     replicas; a load generator outside it is not counted) and the machine spent from this
     object's making to ``end()``: ``wall_s``, ``cores`` (the run's CPU seconds over the
     span), ``busy`` (the machine's busy cores, ``busy_cores_since``), ``threads`` (the
-    run's busiest, ``busiest``) and ``machine`` (``counter_rates`` over the span: the
-    kernel's cores, context switches and interrupts a second). The server's cost of one load level, for every benchmark
+    run's busiest, ``busiest``), ``switches`` (its threads that switched most a second) and
+    ``machine`` (``counter_rates`` over the span: the kernel's cores, context switches and
+    interrupts a second). The server's cost of one load level, for every benchmark
     that reports one."""
 
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
         self._mark, _ = busy_cores_since()
         self._cpu0, self._threads0 = run_cpu_s(run_id), thread_cpu_s(run_id)
+        self._switches0 = thread_switches(run_id)
         self._counters0 = machine_counters()
         self._t0 = time.monotonic()
         self.wall_s = self.cores = self.busy = 0.0  # (set by ``end``)
         self.threads: list[dict[str, Any]] = []
         self.machine: dict[str, float] = {}
+        self.switches: list[dict[str, Any]] = []
 
     def end(self, top: int = 12) -> ServerSpan:
         self.wall_s = max(time.monotonic() - self._t0, 1e-9)
         self.cores = (run_cpu_s(self.run_id) - self._cpu0) / self.wall_s
         self.threads = busiest(self._threads0, thread_cpu_s(self.run_id), self.wall_s, top)
+        switches = thread_switches(self.run_id)
+        self.switches = busiest(self._switches0, switches, self.wall_s, top, "switches_per_s")
         _, self.busy = busy_cores_since(self._mark)
         self.machine = counter_rates(self._counters0, machine_counters(), self.wall_s)
         return self

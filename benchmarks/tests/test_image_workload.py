@@ -257,7 +257,7 @@ def test_a_level_asks_for_jpegs_of_each_frames_size_and_its_row_says_image(monke
 
     monkeypatch.setattr(cores, "run_cpu_s", lambda run_id: 0.0)
     monkeypatch.setattr(cores, "thread_cpu_s", lambda run_id: {})
-    monkeypatch.setattr(cores, "busiest", lambda a, b, wall, top=12: [])
+    monkeypatch.setattr(cores, "busiest", lambda a, b, wall, top=12, unit="cores": [])
     monkeypatch.setattr(cores, "busy_cores_since", lambda mark=None: (None, 1.5))
     args = argparse.Namespace(workload="image", seconds=2.0, warmup=1.0, mps=False)
     c = corpus_of("frames720")

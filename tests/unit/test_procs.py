@@ -189,3 +189,39 @@ def test_the_main_thread_and_threads_without_a_name_are_told_apart():
     finally:
         procs.stop(run, grace_s=5)
         proc.wait(10)
+
+
+def test_a_runs_switches_by_thread_name_the_thread_that_slept_and_woke():
+    from loadtest.cores import busiest, thread_switches
+
+    run = procs.new_run_id("switches")
+    # a named thread sleeps and wakes 400 times (a hand-off's cost: each is a context
+    # switch), then sleeps on; the main thread sleeps once
+    hops = (
+        "import ctypes, threading, time\n"
+        "def work():\n"
+        "    assert ctypes.CDLL(None).prctl(15, b'hopper', 0, 0, 0) == 0  # PR_SET_NAME\n"
+        "    for _ in range(400): time.sleep(0.0005)\n"
+        "    time.sleep(60)\n"
+        "threading.Thread(target=work, daemon=True).start()\n"
+        "time.sleep(60)"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", hops], env={**os.environ, procs.MARK: run}, stderr=subprocess.PIPE
+    )
+    try:
+        after: dict = {}
+        for _ in range(1200):  # until its 400 wake-ups are counted (however slow the box)
+            after = thread_switches(run)
+            if sum(v for (_, t), v in after.items() if t == "hopper") >= 400:
+                break
+            if proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        top = busiest({}, after, wall_s=2.0, unit="switches_per_s")
+        assert top and top[0]["thread"] == "hopper", (top, after)
+        assert top[0]["switches_per_s"] >= 200  # 400 or more over the 2 s given
+    finally:
+        procs.stop(run, grace_s=5)
+        proc.wait(10)
