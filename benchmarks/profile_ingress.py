@@ -6,6 +6,7 @@ requests take) in one event loop, under cProfile over ``--seconds``.
     python benchmarks/profile_ingress.py [--config benchmarks/configs/cpu_one_process.yaml]
         [--clients 128] [--seconds 10] [--top 40] [--image auto|digit|chelsea]
     python benchmarks/profile_ingress.py --system ferry_torch_dyn [--set preprocess.threads=2]
+    python benchmarks/profile_ingress.py --gpu-path [--config ...]   # the GPU form's rounds, on the CPU
 
 ``--system``: a Ferry system of ``bench_e2e.py`` (its config with its sets, and ``--set``s
 after them), as one of its replicas runs it -- on the GPU machine, the GPU path's loop.
@@ -58,6 +59,35 @@ def threads_cpu_s() -> dict[str, float]:
     with open("/proc/self/cmdline", "rb") as f:
         cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
     return process_threads_cpu_s(os.getpid(), cmd)
+
+
+def gpu_path_on_cpu() -> None:
+    """Build the inference stage's decoder as the GPU one-process form does -- the local GPU
+    preprocess core (``pipeline.preprocess_gpu``: each image an item of its scheduler's next
+    round, the round on a ``ferry-pre-gpu`` thread, the rows handed to the inference
+    scheduler) -- on the executor's CPU backend, its JPEGs decoded on CPU threads (no
+    nvImageCodec): the GPU path's hand-offs and loop work, measurable on a machine without
+    a GPU."""
+    from pipeline.preprocess_gpu.stage import PreprocessGpuCore
+    from pipeline.stages import build as stages_build
+    from pipeline.stages.decode import PreprocessStage
+
+    class Local:
+        def __init__(self, config: Any, executor: Any) -> None:
+            cpu = PreprocessStage(config, fitted=False)
+            backend, pool = executor.backend, executor.pool
+            self.core = PreprocessGpuCore(config, cpu, local=True, pool=pool, backend=backend)
+
+        async def run(self, model: str, items: list) -> Any:
+            return await self.core.process(model, items)
+
+        def check_health(self) -> None:
+            pass
+
+        def close(self) -> None:
+            self.core.close()
+
+    stages_build.local_decoder = Local
 
 
 def build(config_path: str) -> tuple[Any, str]:
@@ -154,7 +184,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--image", default="auto", choices=["auto", "digit", "chelsea"])
     ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument(
+        "--gpu-path",
+        action="store_true",
+        help="the GPU one-process form's decode rounds and hand-offs on the CPU backend "
+        "(gpu_path_on_cpu): its loop and threads' cost a request without a GPU",
+    )
     args = ap.parse_args(argv)
+    if args.gpu_path:
+        gpu_path_on_cpu()
     if args.system:
         config = system_config(args.system, args.set)
         try:
