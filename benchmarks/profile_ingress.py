@@ -13,7 +13,8 @@ after them), as one of its replicas runs it -- on the GPU machine, the GPU path'
 
 Prints the answers a second, the event loop thread's CPU a request (``time.thread_time``: the
 decode and submit threads are apart), every thread's CPU a request by name (the process's
-whole host cost: the decode rounds, the submit and completion threads, nvImageCodec's) and
+whole host cost: the decode rounds, the submit and completion threads, nvImageCodec's), every
+thread's context switches a request (each a sleep and a wake-up: the hand-offs) and
 the functions that took most of the loop's thread. The
 loop runs every request's ASGI path, the coalescer, the scheduler's and the completion's
 callbacks: what a replica's event loop runs beside Serve's own HTTP and request handling
@@ -52,13 +53,15 @@ def system_config(name: str, sets: list[str]) -> str:
     return serve_config(name, spec, parse_sets(sets))
 
 
-def threads_cpu_s() -> dict[str, float]:
-    """CPU seconds so far of this process's threads, by name."""
-    from loadtest.cores import process_threads_cpu_s
+def threads_cpu_s(switches: bool = False) -> dict[str, float]:
+    """CPU seconds so far of this process's threads, by name (``switches``: their context
+    switches instead)."""
+    from loadtest.cores import process_threads_cpu_s, process_threads_switches
 
     with open("/proc/self/cmdline", "rb") as f:
         cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-    return process_threads_cpu_s(os.getpid(), cmd)
+    read = process_threads_switches if switches else process_threads_cpu_s
+    return read(os.getpid(), cmd)
 
 
 def gpu_path_on_cpu() -> None:
@@ -147,6 +150,7 @@ async def drive(app: Any, path: str, body: bytes, ctype: str, clients: int, seco
     stop = time.perf_counter() + 1.0 + seconds
     start = [0.0, 0.0]
     threads0: dict[str, float] = {}
+    switches0: dict[str, float] = {}
 
     async def client() -> None:
         while time.perf_counter() < stop:
@@ -158,6 +162,7 @@ async def drive(app: Any, path: str, body: bytes, ctype: str, clients: int, seco
         await asyncio.sleep(1.0)
         start[0], start[1] = time.perf_counter(), time.thread_time()
         threads0.update(threads_cpu_s())
+        switches0.update(threads_cpu_s(switches=True))
 
     await asyncio.gather(clock(), *(client() for _ in range(clients)))
     wall, cpu = time.perf_counter() - start[0], time.thread_time() - start[1]
@@ -171,6 +176,11 @@ async def drive(app: Any, path: str, body: bytes, ctype: str, clients: int, seco
         "loop_cpu_ms_per_request": cpu * 1e3 / n,
         "process_cpu_ms_per_request": sum(used.values()) * 1e3 / n,
         "threads_cpu_ms_per_request": {k: v for k, v in by_thread.items() if v > 0},
+        "switches_per_request": {
+            k: round((v - switches0.get(k, 0.0)) / n, 3)
+            for k, v in sorted(threads_cpu_s(switches=True).items(), key=lambda kv: -kv[1])
+            if v - switches0.get(k, 0.0) > 0
+        },
     }
 
 
