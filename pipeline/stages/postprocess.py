@@ -15,6 +15,7 @@ from pipeline.errors import FerryError, InvalidInput, NonFiniteOutput
 from pipeline.models.repository import model_card
 from pipeline.ops import SOFTMAX, TOPK
 from pipeline.ops.base import eager
+from pipeline.ops.softmax import softmax_rows, top_k_rows
 from pipeline.tasks.answers import KINDS, Made, TaskContext, answer_tasks
 from pipeline.tasks.spec import anchors_of
 from pipeline.threads import thread_pool
@@ -107,13 +108,16 @@ class PostprocessStage:
         made = self._task_answers(logits, specs, rows_of, bad)
         ranked = logits.data is not None and logits.data.ndim == 2
         if ranked and any(s.kind in ("classify", "v2") for s in specs):  # (softmax: rank 2)
-            (probs,) = eager(SOFTMAX, logits.data)
+            # on the host, the ops' kernels called as they are (no plan, stream or buffers
+            # made a call: on the loop, a call's answers are its own cost)
+            host = isinstance(logits.data, np.ndarray) and logits.data.dtype.kind == "f"
+            (probs,) = (softmax_rows(logits.data),) if host else eager(SOFTMAX, logits.data)
             # one top-k over every row, as deep as the deepest request asks (the order is a
             # stable sort, so a shallower request's top-k is a prefix of it)
             kmax = max((s.top_k for s in specs if s.kind == "classify"), default=0)
             if kmax:
                 kmax = min(kmax, classes)
-                vals, idx = eager(TOPK, probs, k=kmax)
+                vals, idx = top_k_rows(probs, kmax) if host else eager(TOPK, probs, k=kmax)
                 vals, idx = vals.tolist(), idx.tolist()
         out: list[Answer | FerryError] = []
         for r, spec in enumerate(specs):

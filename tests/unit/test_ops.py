@@ -283,14 +283,18 @@ def test_reshape_view_and_checks():
         RESHAPE.prepare(TensorSpec((2, 3, 4), "float32"), shape=(5, -1))
 
 
-@pytest.mark.parametrize("k", [1, 5, 64])
+@pytest.mark.parametrize("k", [1, 5, 8, 9, 64])
 def test_topk_of_wide_rows_is_the_stable_sorts_prefix(k):
-    # 1000 classes take the partition path; coarse values force ties at the k-th key in some
-    # rows (those take the full sort), NaN and -inf rows test the ends of the order
+    # 1000 classes take the argmin passes (k <= 8) or the partition path; coarse values force
+    # ties at the k-th key in some rows (those take the full sort), NaN, -inf and +inf test
+    # the ends of the order
     x = np.round(rng.standard_normal((64, 1000)) * 3).astype(np.float32)
     x[1] = np.nan
     x[2, ::3] = np.nan
     x[3] = -np.inf
+    x[8, ::2] = -np.inf
+    x[8, 1::4] = np.nan
+    x[9, 10:20] = np.inf
     x[4:8] = rng.standard_normal((4, 1000)).astype(np.float32)  # no ties
     vals, idx = eager(TOPK, x, k=k)
     key = np.where(np.isnan(x), np.inf, -x)
