@@ -94,11 +94,15 @@ def softmax_rows(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     return y
 
 
-def top_k_rows(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def top_k_rows(x: np.ndarray, k: int, own: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """The ``k`` largest of each row of the host matrix ``x`` and their columns, in the
     stable order (ties by column, NaN last): ``TOPK``'s host kernel, callable without an
-    op's plan where the caller has checked ``x`` and ``1 <= k <= min(classes, 64)``."""
+    op's plan where the caller has checked ``x`` and ``1 <= k <= min(classes, 64)``.
+    ``own``: no other thread reads ``x`` meanwhile, so a small ``k`` of finite rows may be
+    found in ``x`` itself (``_top_few_in_place``: it is as it was on return)."""
     x = x.astype(np.float32, copy=False)
+    if own and k <= _FEW and x.shape[1] > 64 and np.isfinite(x).all():
+        return _top_few_in_place(x, k)
     key = np.where(np.isnan(x), np.inf, -x)  # NaN sorts last
     order = _top_k_stable(key, k)
     return np.take_along_axis(x, order, axis=1), order.astype(np.int32)
@@ -154,6 +158,30 @@ def _top_few(key: np.ndarray, k: int) -> np.ndarray:
         order[:, j] = col
         work[rows, col] = np.inf
     return order
+
+
+def _top_few_in_place(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``top_k_rows`` of a finite ``x`` by ``k`` passes of ``argmax`` (the first of equal
+    maxima: the stable order) on ``x`` itself, each column taken set to -inf for the passes
+    after it and given back its value at the end: no copy of ``x``, whose temporaries of a
+    few hundred KB a call cost the loop more than the passes (page faults, on the 2-core VM
+    0.58 ms for 64 rows of 1,000 classes where the passes took 0.1)."""
+    n = x.shape[0]
+    rows = np.arange(n)
+    order = np.empty((n, k), dtype=np.intp)
+    vals = np.empty((n, k), dtype=np.float32)
+    taken = 0
+    try:
+        for j in range(k):
+            col = np.argmax(x, axis=1)
+            order[:, j] = col
+            vals[:, j] = x[rows, col]
+            x[rows, col] = -np.inf
+            taken += 1
+    finally:
+        for j in range(taken):
+            x[rows, order[:, j]] = vals[:, j]
+    return vals, order.astype(np.int32)
 
 
 def _top_k_stable(key: np.ndarray, k: int) -> np.ndarray:

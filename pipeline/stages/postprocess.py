@@ -117,7 +117,9 @@ class PostprocessStage:
             kmax = max((s.top_k for s in specs if s.kind == "classify"), default=0)
             if kmax:
                 kmax = min(kmax, classes)
-                vals, idx = top_k_rows(probs, kmax) if host else eager(TOPK, probs, k=kmax)
+                vals, idx = (
+                    top_k_rows(probs, kmax, own=True) if host else eager(TOPK, probs, k=kmax)
+                )
                 vals, idx = vals.tolist(), idx.tolist()
         out: list[Answer | FerryError] = []
         for r, spec in enumerate(specs):

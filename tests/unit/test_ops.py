@@ -383,3 +383,20 @@ def test_slice_with_a_step():
     x = rng.standard_normal((2, 7, 3)).astype(np.float32)
     (y,) = eager(SLICE, x, axis=1, start=1, stop=7, step=2)
     np.testing.assert_array_equal(y, np.stack([x[:, 1], x[:, 3], x[:, 5]], axis=1))
+
+
+@pytest.mark.parametrize("k", [1, 5, 8, 9])
+def test_top_k_rows_of_an_owned_matrix_is_the_stable_sorts_prefix_and_leaves_it_as_it_was(k):
+    from pipeline.ops.softmax import softmax_rows, top_k_rows
+
+    x = np.round(rng.standard_normal((64, 1000)) * 3).astype(np.float32)  # ties
+    x[4:8] = softmax_rows(rng.standard_normal((4, 1000)))
+    for m in (x, np.where(np.arange(1000) % 7 == 0, np.nan, x).astype(np.float32)):
+        before = m.copy()  # (the second has NaN: the general path, NaN last)
+        vals, idx = top_k_rows(m, k, own=True)
+        key = np.where(np.isnan(before), np.inf, -before)
+        want = np.argsort(key, axis=1, kind="stable")[:, :k]
+        np.testing.assert_array_equal(idx, want)
+        np.testing.assert_array_equal(vals, np.take_along_axis(before, want, axis=1))
+        assert idx.dtype == np.int32 and vals.dtype == np.float32
+        np.testing.assert_array_equal(m, before)  # given back as it was
