@@ -3,10 +3,12 @@ an orphan re-parented to init included, and nothing of another run touched."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -119,10 +121,36 @@ def test_a_child_that_ends_with_this_process_is_not_an_orphan(monkeypatch):
         child.wait(10)
 
 
+@contextlib.contextmanager
+def _child(prefix: str, script: str) -> Iterator[tuple[str, subprocess.Popen]]:
+    """A Python child running ``script``, marked as a run of its own; stopped at the end."""
+    run = procs.new_run_id(prefix)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], env={**os.environ, procs.MARK: run}, stderr=subprocess.PIPE
+    )
+    try:
+        yield run, proc
+    finally:
+        procs.stop(run, grace_s=5)
+        proc.wait(10)
+
+
+def _until(read: Callable[[], dict], done: Callable[[dict], bool], proc: subprocess.Popen) -> dict:
+    """``read()`` again until ``done`` says its reading is complete (however slow the box:
+    up to a minute), the child still alive."""
+    got: dict = {}
+    for _ in range(1200):
+        got = read()
+        if done(got) or proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+    return got
+
+
 def test_a_runs_cpu_by_thread_names_the_thread_that_spent_it():
     from loadtest.cores import busiest, thread_cpu_s
 
-    run = procs.new_run_id("threads")
     # a named OS thread (as Ferry's pools name theirs) spins for half a second of CPU, then
     # sleeps (alive, so its CPU can still be read)
     spin = (
@@ -135,34 +163,18 @@ def test_a_runs_cpu_by_thread_names_the_thread_that_spent_it():
         "threading.Thread(target=work, daemon=True).start()\n"
         "time.sleep(60)"
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", spin],
-        env={**os.environ, procs.MARK: run},
-        stderr=subprocess.PIPE,
-    )
-    try:
-        after: dict = {}
-        for _ in range(1200):  # until its half second is spent (however slow the box)
-            after = thread_cpu_s(run)
-            # (/proc counts whole clock ticks: 0.5 s of CPU may read 0.49)
-            if sum(v for (_, t), v in after.items() if t == "spinner") >= 0.4:
-                break
-            if proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+    with _child("threads", spin) as (run, proc):
+        # (/proc counts whole clock ticks: 0.5 s of CPU may read 0.49)
+        spun = lambda got: sum(v for (_, t), v in got.items() if t == "spinner") >= 0.4  # noqa: E731
+        after = _until(lambda: thread_cpu_s(run), spun, proc)
         top = busiest({}, after, wall_s=1.0)  # everything since the child started
         assert top and top[0]["thread"] == "spinner", (top, after)
         assert top[0]["process"] == os.path.basename(sys.executable)
-    finally:
-        procs.stop(run, grace_s=5)
-        proc.wait(10)
 
 
 def test_the_main_thread_and_threads_without_a_name_are_told_apart():
     from loadtest.cores import thread_cpu_s
 
-    run = procs.new_run_id("threads")
     # the main thread spins 0.4 s of CPU, then a thread without a name of its own (as a
     # native library's workers: it carries the process's name) spins 0.4 s
     spin = (
@@ -174,27 +186,15 @@ def test_the_main_thread_and_threads_without_a_name_are_told_apart():
         "threading.Thread(target=lambda: (burn(), time.sleep(60)), daemon=True).start()\n"
         "time.sleep(60)"
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", spin], env={**os.environ, procs.MARK: run}, stderr=subprocess.PIPE
-    )
-    try:
-        by: dict = {}
-        for _ in range(1200):
-            by = {t: v for (_, t), v in thread_cpu_s(run).items()}
-            if by.get("main", 0) >= 0.3 and by.get("unnamed", 0) >= 0.3 or proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-        assert by.get("main", 0) >= 0.3 and by.get("unnamed", 0) >= 0.3, by
-    finally:
-        procs.stop(run, grace_s=5)
-        proc.wait(10)
+    with _child("threads", spin) as (run, proc):
+        both = lambda by: by.get("main", 0) >= 0.3 and by.get("unnamed", 0) >= 0.3  # noqa: E731
+        by = _until(lambda: {t: v for (_, t), v in thread_cpu_s(run).items()}, both, proc)
+        assert both(by), by
 
 
 def test_a_runs_switches_by_thread_name_the_thread_that_slept_and_woke():
     from loadtest.cores import busiest, thread_switches
 
-    run = procs.new_run_id("switches")
     # a named thread sleeps and wakes 400 times (a hand-off's cost: each is a context
     # switch), then sleeps on; the main thread sleeps once
     hops = (
@@ -206,22 +206,9 @@ def test_a_runs_switches_by_thread_name_the_thread_that_slept_and_woke():
         "threading.Thread(target=work, daemon=True).start()\n"
         "time.sleep(60)"
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", hops], env={**os.environ, procs.MARK: run}, stderr=subprocess.PIPE
-    )
-    try:
-        after: dict = {}
-        for _ in range(1200):  # until its 400 wake-ups are counted (however slow the box)
-            after = thread_switches(run)
-            if sum(v for (_, t), v in after.items() if t == "hopper") >= 400:
-                break
-            if proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+    with _child("switches", hops) as (run, proc):
+        woke = lambda got: sum(v for (_, t), v in got.items() if t == "hopper") >= 400  # noqa: E731
+        after = _until(lambda: thread_switches(run), woke, proc)
         top = busiest({}, after, wall_s=2.0, unit="switches_per_s")
         assert top and top[0]["thread"] == "hopper", (top, after)
         assert top[0]["switches_per_s"] >= 200  # 400 or more over the 2 s given
-    finally:
-        procs.stop(run, grace_s=5)
-        proc.wait(10)
