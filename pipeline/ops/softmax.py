@@ -98,11 +98,12 @@ def top_k_rows(x: np.ndarray, k: int, own: bool = False) -> tuple[np.ndarray, np
     """The ``k`` largest of each row of the host matrix ``x`` and their columns, in the
     stable order (ties by column, NaN last): ``TOPK``'s host kernel, callable without an
     op's plan where the caller has checked ``x`` and ``1 <= k <= min(classes, 64)``.
-    ``own``: no other thread reads ``x`` meanwhile, so a small ``k`` of finite rows may be
-    found in ``x`` itself (``_top_few_in_place``: it is as it was on return)."""
+    ``own``: no other thread reads ``x`` meanwhile, so a small ``k`` of finite rows is
+    found in ``x`` itself (``_top_few_in_place``: it is as it was on return), else in a
+    copy."""
     x = x.astype(np.float32, copy=False)
-    if own and k <= _FEW and x.shape[1] > 64 and np.isfinite(x).all():
-        return _top_few_in_place(x, k)
+    if k <= _FEW and x.shape[1] > 64 and np.isfinite(x).all():
+        return _top_few_in_place(x if own else x.copy(), k)
     key = np.where(np.isnan(x), np.inf, -x)  # NaN sorts last
     order = _top_k_stable(key, k)
     return np.take_along_axis(x, order, axis=1), order.astype(np.int32)
@@ -139,25 +140,9 @@ class Softmax(Op):
 
 
 _FEW = 8
-"""Up to this ``k``, ``_top_few`` (k passes of argmin) beats a partition of whole rows: on
-the 2-core VM, 64 rows of 1,000 classes at k=5 took 0.61 ms through the partition."""
-
-
-def _top_few(key: np.ndarray, k: int) -> np.ndarray:
-    """The first ``k`` columns of the stable ascending order of ``key`` (float32, no NaN:
-    ``TopK`` maps NaN to +inf) by ``k`` passes of ``argmin``, which returns the first of
-    equal minima -- the stable sort's tie order. In a float64 copy the +inf keys become
-    one finite value above every float32 (still equal to one another), so that a column
-    taken can be put out of reach at +inf."""
-    work = key.astype(np.float64)
-    work[work == np.inf] = np.finfo(np.float64).max
-    rows = np.arange(key.shape[0])
-    order = np.empty((key.shape[0], k), dtype=np.intp)
-    for j in range(k):
-        col = np.argmin(work, axis=1)
-        order[:, j] = col
-        work[rows, col] = np.inf
-    return order
+"""Up to this ``k``, finite rows of more than 64 classes take ``_top_few_in_place`` (k passes
+of argmax) instead of a partition of whole rows: on the 2-core VM, 64 rows of 1,000 classes
+at k=5 took 0.61 ms through the partition."""
 
 
 def _top_few_in_place(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -192,8 +177,6 @@ def _top_k_stable(key: np.ndarray, k: int) -> np.ndarray:
     n, c = key.shape
     if k >= c or c <= 64:
         return np.argsort(key, axis=1, kind="stable")[:, :k]
-    if k <= _FEW:
-        return _top_few(key, k)
     kth = np.partition(key, k - 1, axis=1)[:, k - 1 : k]
     below = key <= kth  # k columns per row unless the k-th key is tied (or all NaN rows)
     exact = below.sum(axis=1) == k

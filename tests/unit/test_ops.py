@@ -285,7 +285,7 @@ def test_reshape_view_and_checks():
 
 @pytest.mark.parametrize("k", [1, 5, 8, 9, 64])
 def test_topk_of_wide_rows_is_the_stable_sorts_prefix(k):
-    # 1000 classes take the argmin passes (k <= 8) or the partition path; coarse values force
+    # 1000 classes with NaN take the partition path; coarse values force
     # ties at the k-th key in some rows (those take the full sort), NaN, -inf and +inf test
     # the ends of the order
     x = np.round(rng.standard_normal((64, 1000)) * 3).astype(np.float32)
@@ -385,15 +385,16 @@ def test_slice_with_a_step():
     np.testing.assert_array_equal(y, np.stack([x[:, 1], x[:, 3], x[:, 5]], axis=1))
 
 
+@pytest.mark.parametrize("own", [True, False])
 @pytest.mark.parametrize("k", [1, 5, 8, 9])
-def test_top_k_rows_of_an_owned_matrix_is_the_stable_sorts_prefix_and_leaves_it_as_it_was(k):
+def test_top_k_rows_of_an_owned_matrix_is_the_stable_sorts_prefix_and_leaves_it_as_it_was(k, own):
     from pipeline.ops.softmax import softmax_rows, top_k_rows
 
     x = np.round(rng.standard_normal((64, 1000)) * 3).astype(np.float32)  # ties
     x[4:8] = softmax_rows(rng.standard_normal((4, 1000)))
     for m in (x, np.where(np.arange(1000) % 7 == 0, np.nan, x).astype(np.float32)):
         before = m.copy()  # (the second has NaN: the general path, NaN last)
-        vals, idx = top_k_rows(m, k, own=True)
+        vals, idx = top_k_rows(m, k, own=own)
         key = np.where(np.isnan(before), np.inf, -before)
         want = np.argsort(key, axis=1, kind="stable")[:, :k]
         np.testing.assert_array_equal(idx, want)
