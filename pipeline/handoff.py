@@ -122,8 +122,6 @@ class Workers(QueueThreads):
         it before a thread takes the call skips the call; a call already running runs to
         its end, its result dropped. After ``close`` it raises ``RuntimeError``."""
         loop = asyncio.get_running_loop()
-        if self.closed:
-            raise RuntimeError(f"{self.prefix} workers are closed")
         fut = loop.create_future()
-        self.put((fut, inbox_of(loop), fn, args))
+        self.put((fut, inbox_of(loop), fn, args))  # (closed: put raises, fut is dropped)
         return fut

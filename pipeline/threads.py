@@ -62,10 +62,6 @@ class QueueThreads:
         self._lock = threading.Lock()
         self._closed = False
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def put(self, item: tuple) -> None:
         """Queue ``item`` for a thread; after ``close`` it raises ``RuntimeError``."""
         if not self._threads or self._closed:
