@@ -148,20 +148,28 @@ def _until(read: Callable[[], dict], done: Callable[[dict], bool], proc: subproc
     return got
 
 
+def _named_thread(name: str, work: str) -> str:
+    """A child's script: a thread named ``name`` in the OS (as Ferry's pools name theirs)
+    runs ``work`` (lines indented by four), then it and the main thread sleep on, alive, so
+    what the thread spent can still be read."""
+    return (
+        "import ctypes, threading, time\n"
+        "def work():\n"
+        f"    assert ctypes.CDLL(None).prctl(15, b'{name}', 0, 0, 0) == 0  # PR_SET_NAME\n"
+        f"    {work}\n"
+        "    time.sleep(60)\n"
+        "threading.Thread(target=work, daemon=True).start()\n"
+        "time.sleep(60)"
+    )
+
+
 def test_a_runs_cpu_by_thread_names_the_thread_that_spent_it():
     from loadtest.cores import busiest, thread_cpu_s
 
     # a named OS thread (as Ferry's pools name theirs) spins for half a second of CPU, then
     # sleeps (alive, so its CPU can still be read)
-    spin = (
-        "import ctypes, threading, time\n"
-        "def work():\n"
-        "    assert ctypes.CDLL(None).prctl(15, b'spinner', 0, 0, 0) == 0  # PR_SET_NAME\n"
-        "    t = time.thread_time()\n"
-        "    while time.thread_time() - t < 0.5: pass\n"
-        "    time.sleep(60)\n"
-        "threading.Thread(target=work, daemon=True).start()\n"
-        "time.sleep(60)"
+    spin = _named_thread(
+        "spinner", "t = time.thread_time()\n    while time.thread_time() - t < 0.5: pass"
     )
     with _child("threads", spin) as (run, proc):
         # (/proc counts whole clock ticks: 0.5 s of CPU may read 0.49)
@@ -197,15 +205,7 @@ def test_a_runs_switches_by_thread_name_the_thread_that_slept_and_woke():
 
     # a named thread sleeps and wakes 400 times (a hand-off's cost: each is a context
     # switch), then sleeps on; the main thread sleeps once
-    hops = (
-        "import ctypes, threading, time\n"
-        "def work():\n"
-        "    assert ctypes.CDLL(None).prctl(15, b'hopper', 0, 0, 0) == 0  # PR_SET_NAME\n"
-        "    for _ in range(400): time.sleep(0.0005)\n"
-        "    time.sleep(60)\n"
-        "threading.Thread(target=work, daemon=True).start()\n"
-        "time.sleep(60)"
-    )
+    hops = _named_thread("hopper", "for _ in range(400): time.sleep(0.0005)")
     with _child("switches", hops) as (run, proc):
         woke = lambda got: sum(v for (_, t), v in got.items() if t == "hopper") >= 400  # noqa: E731
         after = _until(lambda: thread_switches(run), woke, proc)
