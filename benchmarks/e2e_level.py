@@ -229,7 +229,9 @@ def measure(
             f"      machine: user {m.get('user_cores')} / kernel {m.get('kernel_cores')} / "
             f"steal {m.get('steal_cores')} cores; an image {m.get('ctxt_per_img')} context "
             f"switches, {m.get('intr_per_img')} interrupts ({m.get('nvidia_intr_per_img')} "
-            "NVIDIA's)",
+            f"NVIDIA's), {m.get('tcp_in_segs_per_img')} TCP segments in / "
+            f"{m.get('tcp_out_segs_per_img')} out, {m.get('tcp_opens_per_img')} connections "
+            f"opened / {m.get('tcp_accepts_per_img')} accepted",
             flush=True,
         )
     for t in threads[:6]:

@@ -160,7 +160,8 @@ def busiest(
 def machine_counters() -> dict[str, float]:
     """The machine's cumulative counters, where Linux has them (else ``{}``): its CPU seconds
     by kind over all cores (``/proc/stat``: user, system, irq, softirq, steal), context
-    switches, interrupts, and the interrupts of NVIDIA's devices (``/proc/interrupts``).
+    switches, interrupts, the interrupts of NVIDIA's devices (``/proc/interrupts``) and TCP's
+    connections and segments (``/proc/net/snmp``).
     Two readings over a span (``counter_rates``) tell how the machine spent it beyond what
     one process did: the kernel's share, interrupts an image, switches an image."""
     out: dict[str, float] = {}
@@ -187,7 +188,31 @@ def machine_counters() -> dict[str, float]:
             out["nvidia_intr"] = float(n)
     except OSError:
         pass
+    out.update(_tcp_counters())
     return out
+
+
+_TCP = {
+    "ActiveOpens": "tcp_opens",
+    "PassiveOpens": "tcp_accepts",
+    "InSegs": "tcp_in_segs",
+    "OutSegs": "tcp_out_segs",
+    "RetransSegs": "tcp_retrans",
+}
+
+
+def _tcp_counters() -> dict[str, float]:
+    """The machine's TCP counters (``/proc/net/snmp``): connections opened and accepted,
+    segments in and out, retransmitted. An image's segments and connections tell whether a
+    slower level sends its answers in more pieces or over new connections (the load
+    generator's and HAProxy's CPU a request grow then, though neither runs Ferry's code)."""
+    try:
+        with open("/proc/net/snmp") as f:
+            rows = [line.split() for line in f if line.startswith("Tcp:")]
+        names, values = rows[0][1:], rows[1][1:]
+        return {_TCP[k]: float(v) for k, v in zip(names, values, strict=True) if k in _TCP}
+    except (OSError, IndexError, ValueError):
+        return {}
 
 
 def counter_rates(before: dict[str, float], after: dict[str, float], wall_s: float) -> dict:

@@ -142,6 +142,31 @@ def test_machine_counters_see_a_busy_core_and_switches_and_count_them_an_image()
     assert per_image({}, 100.0) == {}
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/net/snmp"), reason="Linux's TCP counters")
+def test_machine_counters_count_tcp_connections_and_segments():
+    import socket
+
+    from loadtest.cores import machine_counters
+
+    server = socket.create_server(("127.0.0.1", 0))
+    before = machine_counters()
+    for _ in range(20):  # twenty connections, each a request and an answer
+        c = socket.create_connection(server.getsockname())
+        s, _ = server.accept()
+        c.sendall(b"x" * 100)
+        assert s.recv(100)
+        s.sendall(b"y" * 100)
+        assert c.recv(100)
+        c.close()
+        s.close()
+    server.close()
+    after = machine_counters()
+    assert after["tcp_opens"] - before["tcp_opens"] >= 20
+    assert after["tcp_accepts"] - before["tcp_accepts"] >= 20
+    assert after["tcp_in_segs"] - before["tcp_in_segs"] >= 20 * 4  # SYN, ACK, data, FIN at least
+    assert after["tcp_out_segs"] - before["tcp_out_segs"] >= 20 * 4
+
+
 def test_photos_corpus_is_distinct_real_photos_in_the_size_range():
     import simplejpeg
 
