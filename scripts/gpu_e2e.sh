@@ -54,7 +54,10 @@ SMI=$!
   echo "cpuidle: $(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo none) /" \
     "$(cat /sys/devices/system/cpu/cpuidle/current_governor_ro /sys/devices/system/cpu/cpuidle/current_governor 2>/dev/null | head -1)" \
     "cmdline: $(tr ' ' '\n' < /proc/cmdline | grep -E '^(idle|nohz|isolcpus|intel_idle)' | tr '\n' ' ')"
-  while sleep 15; do echo "$(date +%T) $(awk '/MHz/ {s += $4; n++} END {if (n) printf "%.0f MHz mean of %d", s / n, n}' /proc/cpuinfo) load $(cut -d' ' -f1-3 /proc/loadavg) $(awk '/^cpu / {print "steal", $9, "user", $2, "sys", $4}' /proc/stat)"; done ) > "$OUT/cpu_clock.txt" 2>&1 &
+  # and the machine's six busiest processes over half a second, whoever runs them (a process
+  # outside the run -- a compile worker left behind, a daemon -- is in no row's CPU)
+  while sleep 15; do echo "$(date +%T) $(awk '/MHz/ {s += $4; n++} END {if (n) printf "%.0f MHz mean of %d", s / n, n}' /proc/cpuinfo) load $(cut -d' ' -f1-3 /proc/loadavg) $(awk '/^cpu / {print "steal", $9, "user", $2, "sys", $4}' /proc/stat)"
+    top -b -n 2 -d 0.5 -w 150 -o %CPU 2>/dev/null | awk '/^top -/ {n++} n == 2' | sed -n '8,13p'; done ) > "$OUT/cpu_clock.txt" 2>&1 &
 CLOCK=$!
 # IDLE_SPIN=1: a busy loop at nice 19 on every core for the whole call, so that no vCPU
 # halts while the systems run (a diagnostic: their figures then include what the loops take,
