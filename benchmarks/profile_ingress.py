@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     print({k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()})
     if prof is not None:
         buf = io.StringIO()
-        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(args.top)
+        pstats.Stats(prof, stream=buf).sort_stats(os.environ.get("PROFILE_SORT", "tottime")).print_stats(args.top)
         print(buf.getvalue())
     return 0 if out["bad"] == 0 else 1
 
