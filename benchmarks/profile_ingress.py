@@ -19,7 +19,8 @@ the functions that took most of the loop's thread. The
 loop runs every request's ASGI path, the coalescer, the scheduler's and the completion's
 callbacks: what a replica's event loop runs beside Serve's own HTTP and request handling
 (``profile_pipeline.py --bare`` measures that floor). cProfile slows every Python call alike:
-read the shares; ``--no-profile`` gives the unprofiled CPU a request.
+read the shares; ``--no-profile`` gives the unprofiled CPU a request. ``PROFILE_SORT=cumulative``
+lists the functions by their time with their callees (``tottime`` by default).
 """
 
 from __future__ import annotations
@@ -228,7 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     print({k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()})
     if prof is not None:
         buf = io.StringIO()
-        pstats.Stats(prof, stream=buf).sort_stats(os.environ.get("PROFILE_SORT", "tottime")).print_stats(args.top)
+        pstats.Stats(prof, stream=buf).sort_stats(
+            os.environ.get("PROFILE_SORT", "tottime")
+        ).print_stats(args.top)
         print(buf.getvalue())
     return 0 if out["bad"] == 0 else 1
 
