@@ -234,8 +234,8 @@ class ServerSpan:
     object's making to ``end()``: ``wall_s``, ``cores`` (the run's CPU seconds over the
     span), ``busy`` (the machine's busy cores, ``busy_cores_since``), ``threads`` (the
     run's busiest, ``busiest``), ``switches`` (its threads that switched most a second) and
-    ``machine`` (``counter_rates`` over the span: the kernel's cores, context switches and
-    interrupts a second). The server's cost of one load level, for every benchmark
+    ``machine`` (``counter_rates`` over the span: the kernel's cores, context switches,
+    interrupts and TCP's connections and segments a second). The server's cost of one load level, for every benchmark
     that reports one."""
 
     def __init__(self, run_id: str) -> None:
