@@ -69,6 +69,7 @@ from benchmarks.e2e_systems import (  # noqa: E402
     WORKLOADS,
     apply_sets,
     corpus_of,
+    direct_port,
     parse_sets,
     row_name,
     serve_config,
@@ -99,9 +100,14 @@ def stop(proc: subprocess.Popen | None) -> None:
     time.sleep(3)
 
 
-def port_taken(port: int = 8000) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
+def port_taken(*extra: int | None) -> bool:
+    """Whether Serve's port 8000, or any of ``extra`` (a system's own listener: the next
+    system's replicas would share it, ``SO_REUSEPORT``), answers a connection."""
+    for port in (8000, *(p for p in extra if p)):
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return True
+    return False
 
 
 def _exit_on_term(signum: int, frame: Any) -> None:
@@ -297,21 +303,22 @@ def run_system(
     if not budget.fits(spec["up_s"] + STOP_S + level_s):  # its start-up, a level, its stop
         print(f"   not started: {budget.left():.0f} s left of --budget-s", flush=True)
         return f"not started ({budget.left():.0f} s of the budget left)"
-    if port_taken():  # something left from an earlier run would answer for this system
+    own_port = direct_port(spec, args.sets)
+    if port_taken(own_port):  # something left from an earlier run would answer for this system
         stop(None)
         deadline = time.time() + 60  # a run cut by `timeout` may still be shutting down
-        while port_taken() and time.time() < deadline:
+        while port_taken(own_port) and time.time() < deadline:
             time.sleep(2)
-        if port_taken():
-            print(f"{name} not run: port 8000 is still taken after 60 s", flush=True)
-            return "not run: port 8000 still taken after 60 s"
+        if port_taken(own_port):
+            print(f"{name} not run: port 8000 or {own_port} still taken after 60 s", flush=True)
+            return "not run: its ports still taken after 60 s"
     t0 = time.time()
     config = serve_config(name, spec, args.sets)
     log = os.path.join(log_dir, f"serve_{name}.log")
     proc = start_app(config, log, {**spec["env"], **ray_probe.EXPORT_ENV})  # (every system)
     collect = spec["kind"] == "ferry" or w.answers_jpeg  # the image peer times its batches
     try:
-        url, first = url_of(spec), corpora[0].bodies[0]
+        url, first = url_of(spec, args.sets), corpora[0].bodies[0]
         own = spec.get("headers") or {}  # the system's own request headers (``_nowatch``)
         headers = {**JPEG, **w.headers(), **own}
 

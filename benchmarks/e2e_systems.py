@@ -31,6 +31,8 @@ from loadtest.corpus import Corpus, corpus
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "benchmarks", "configs")
 BASE = "http://127.0.0.1:8000"
+DIRECT_PORT = 8080
+"""The port of the systems that take their load on Ferry's own listener (``_direct``)."""
 # HAProxy in front of the replicas; Serve's throughput-optimized mode: gRPC between
 # deployments and user code on the replica's own event loop (on the 2-core machine: 17-23%
 # more img/s, a third less ingress CPU per request; RESULTS.md)
@@ -241,6 +243,12 @@ SYSTEMS: dict[str, dict[str, Any]] = {
     "ferry_torch_r2": _ferry_torch(**{"preprocess.decode_rounds": 2}),
     # that with ten buckets from one dynamic compile: a batch of 9 runs at 12, not 32
     "ferry_torch_dyn": _ferry_torch(TORCH_DYN, **{"preprocess.decode_rounds": 2}),
+    # that with the load on Ferry's own listener in each replica (ingress.direct_port,
+    # deployments/direct.py): no HAProxy, no Serve request path (profile_pipeline.json
+    # direct_listener: 0.59-0.68x the CPU a request on the 2-core VM)
+    "ferry_torch_dyn_direct": _ferry_torch(
+        TORCH_DYN, **{"preprocess.decode_rounds": 2, "ingress.direct_port": DIRECT_PORT}
+    ),
     "ferry_nowatch": {**_ferry("ferry_e2e.yaml"), **NOWATCH},
     "ferry_4rep": _ferry(
         "ferry_e2e.yaml",
@@ -395,6 +403,22 @@ def serve_config(name: str, spec: dict[str, Any], sets: dict[str, Any] | None = 
     return path
 
 
-def url_of(spec: dict[str, Any]) -> str:
-    """The URL a system's load goes to (its workload's route)."""
-    return WORKLOADS[spec["workload"]].url(spec)
+def direct_port(spec: dict[str, Any], sets: dict[str, Any] | None = None) -> int | None:
+    """A Ferry system's own listener's port (``ingress.direct_port``: its config's, else a
+    set's, the run's ``--set`` last); None where it has none (a peer, or Serve's port only)."""
+    if spec["kind"] != "ferry":
+        return None
+    merged = {**spec.get("sets", {}), **(sets or {})}
+    if "ingress.direct_port" in merged:
+        return merged["ingress.direct_port"]
+    with open(spec["config"]) as f:
+        pipeline = yaml.safe_load(f)["applications"][0]["args"]["config"]
+    return (pipeline.get("ingress") or {}).get("direct_port")
+
+
+def url_of(spec: dict[str, Any], sets: dict[str, Any] | None = None) -> str:
+    """The URL a system's load goes to (its workload's route): through Ferry's own listener
+    where the system has one (``direct_port``), else through Serve's port."""
+    url = WORKLOADS[spec["workload"]].url(spec)
+    port = direct_port(spec, sets)
+    return url if port is None else url.replace(BASE, f"http://127.0.0.1:{port}", 1)

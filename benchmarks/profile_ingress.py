@@ -20,7 +20,8 @@ loop runs every request's ASGI path, the coalescer, the scheduler's and the comp
 callbacks: what a replica's event loop runs beside Serve's own HTTP and request handling
 (``profile_pipeline.py --bare`` measures that floor). cProfile slows every Python call alike:
 read the shares; ``--no-profile`` gives the unprofiled CPU a request. ``PROFILE_SORT=cumulative``
-lists the functions by their time with their callees (``tottime`` by default).
+lists the functions by their time with their callees (``tottime`` by default);
+``PROFILE_CALLERS=<regex>`` adds who called the functions it matches.
 """
 
 from __future__ import annotations
@@ -232,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         pstats.Stats(prof, stream=buf).sort_stats(
             os.environ.get("PROFILE_SORT", "tottime")
         ).print_stats(args.top)
+        if os.environ.get("PROFILE_CALLERS"):
+            pstats.Stats(prof, stream=buf).print_callers(os.environ["PROFILE_CALLERS"])
         print(buf.getvalue())
     return 0 if out["bad"] == 0 else 1
 

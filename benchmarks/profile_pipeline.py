@@ -255,7 +255,10 @@ def main() -> int:
     serve.run(app, name="ferry", route_prefix="/", logging_config=raw.get("logging_config"))
     image = image_of(args.model, args.image)
     body, ct = request_body(image)
-    url = f"http://127.0.0.1:{args.port}/v1/models/{args.model}/{args.route}"
+    # a config with Ferry's own listener (ingress.direct_port) is driven through it
+    direct = None if args.bare else raw["applications"][0]["args"]["config"].get("ingress", {})
+    port = (direct or {}).get("direct_port") or args.port
+    url = f"http://127.0.0.1:{port}/v1/models/{args.model}/{args.route}"
     loadgen.run(url, body, ct, 4, 2, warmup=0.5)  # warm
     pids = ray_processes()
     idle0 = cpu_times(pids)
@@ -289,6 +292,7 @@ def main() -> int:
         **({"headers": extra} if extra else {}),
         "model": args.model,
         "route": args.route,
+        "port": port,
         "image": image,
         "load": res,
         "wall_s": round(wall, 2),

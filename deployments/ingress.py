@@ -14,6 +14,7 @@ inference stage in this very process (``one_process``). The
 image's decode plan travels with its bytes, so no stage reads its header again.
 """
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -46,6 +47,7 @@ from pipeline.stages.messages import (
 )
 
 from . import drain, load_board, triton_stats
+from .direct import DirectListener
 from .grpc_service import GrpcInference
 from .grpc_stream import GrpcStream
 from .http_errors import request_id_of, unwrap
@@ -132,10 +134,33 @@ class Ingress(TritonRoutes, TaskRoutes, V2Core, GrpcInference, GrpcStream):  # (
         outside FastAPI's routes (``FerryApp``'s classify path, ``RequestMetrics``) find it."""
         app = self.app
         app.state.ingress = self
+        port = self.cfg.ingress.direct_port
+        if port is not None and getattr(self, "direct", None) is None:
+            # Ferry's own listener on the same app, on this loop (deployments/direct.py)
+            self.direct = DirectListener(app, self.cfg.ingress.direct_host, port).start()
         return app
 
+    def __del__(self) -> Any:
+        """Serve stops this replica: its own listener (``ingress.direct_port``), if any, stops
+        accepting -- the port's other replicas take the new connections -- and what this
+        returns in the event loop, which Serve awaits, ends once the listener's open requests
+        are answered (Serve's drain counts only the requests of its own path)."""
+        direct = getattr(self, "direct", None)
+        if direct is None:
+            return None
+        direct.close()
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # (collected outside a loop: nothing to wait in)
+            return None
+        return direct.closed()
+
     def check_health(self) -> None:
-        """In ``one_process`` this replica owns the GPU: its inference stage's health."""
+        """In ``one_process`` this replica owns the GPU: its inference stage's health. And
+        its own listener (``ingress.direct_port``), where it has one, must still listen."""
+        direct = getattr(self, "direct", None)
+        if direct is not None:
+            direct.check()
         check = getattr(self.down, "check_health", None)
         if check is not None:
             check()

@@ -12,6 +12,7 @@ import yaml
 from benchmarks import e2e_merge, report, report_base, report_e2e
 from benchmarks.bench_e2e import SYSTEMS, apply_sets, parse_sets, row_name, serve_config
 from benchmarks.common import run_no
+from benchmarks.e2e_systems import url_of
 from pipeline.config import PipelineConfig
 
 FERRY_SYSTEMS = {  # system -> (its ingress replicas, its inference replicas)
@@ -44,6 +45,7 @@ FERRY_SYSTEMS = {  # system -> (its ingress replicas, its inference replicas)
     "ferry_r2": (8, None),  # ferry with two decode rounds at once a replica
     "ferry_torch_r2": (8, None),  # the same with ResNet-50 on the torch engine
     "ferry_torch_dyn": (8, None),  # that, ResNet-50 compiled once (compile: dynamic), ten buckets
+    "ferry_torch_dyn_direct": (8, None),  # that, its load on Ferry's own listener (port 8080)
     "ferry_nowatch": (8, None),  # ferry, its requests with Serve's disconnect watch off
 }
 
@@ -68,6 +70,13 @@ def test_the_systems_are_ferrys_placements_and_the_peers():
         assert "headers" not in watched
         assert unwatched["headers"] == {"x-request-disconnect-disabled": "?1"}
         assert {k: v for k, v in unwatched.items() if k != "headers"} == watched
+    # the listener A/B: the load goes to Ferry's own port where the system has one
+    assert url_of(SYSTEMS["ferry_torch_dyn_direct"]).startswith("http://127.0.0.1:8080/v1/")
+    assert url_of(SYSTEMS["ferry_torch_dyn"]).startswith("http://127.0.0.1:8000/v1/")
+    assert url_of(SYSTEMS["ferry_torch_dyn"], {"ingress.direct_port": 9001}).startswith(
+        "http://127.0.0.1:9001/v1/"
+    )
+    assert url_of(SYSTEMS["rayserve_expert_8"]) == "http://127.0.0.1:8000/classify"
 
 
 @pytest.mark.parametrize("system", FERRY_SYSTEMS)
@@ -92,16 +101,17 @@ def test_benchmark_serve_configs_validate(system):
     assert cfg.preprocess.stream_priority == ("high" if high else "normal")
     swi = system in ("ferry_swi05", "ferry_torch_swi05")
     assert cfg.ingress_deployment.switch_interval_ms == (0.5 if swi else None)
-    r2 = system in ("ferry_r2", "ferry_torch_r2", "ferry_torch_dyn")
+    assert cfg.ingress.direct_port == (8080 if system.endswith("_direct") else None)
+    r2 = system in ("ferry_r2", "ferry_torch_r2", "ferry_torch_dyn", "ferry_torch_dyn_direct")
     assert cfg.preprocess.decode_rounds == (2 if r2 else 1)
     engines = {m.engine for m in cfg.models}
     assert engines == ({"torch"} if system in ("ferry_torch", "ferry_torch_kept", "ferry_image",
                                                "ferry_torch_prio", "ferry_torch_swi05",
                                                "ferry_torch_r2", "ferry_image_sleep",
-                                               "ferry_torch_dyn",
+                                               "ferry_torch_dyn", "ferry_torch_dyn_direct",
                                                "ferry_image_enc16")
                        else {"native"})  # fmt: skip
-    dyn = system == "ferry_torch_dyn"
+    dyn = system in ("ferry_torch_dyn", "ferry_torch_dyn_direct")
     assert {m.compile for m in cfg.models} == {"dynamic" if dyn else "static"}
     assert cfg.executor.arenas == ("kept" if system.endswith("_kept") else "pooled")
     keep = 256 << 20 if system == "ferry_keep256" else 0

@@ -61,6 +61,15 @@ class IngressConfig(Strict):
     closes."""
     body_timeout_s: float = Field(30.0, gt=0.0, le=3600.0)
     """A request body not complete this long after its first read gets 408."""
+    direct_port: int | None = Field(None, ge=1, le=65535)
+    """Ferry's own HTTP listener (``deployments/direct.py``): every ingress replica also
+    serves the whole app on this port of its node, bound with ``SO_REUSEPORT`` so that the
+    node's ingress replicas share it (the kernel spreads connections over them). A request
+    to it skips Serve's proxy (HAProxy) and Serve's request handling in the replica: less
+    CPU a request (``profile_pipeline.json``, ``direct_listener``); Serve's port answers as
+    before. ``None`` (the default): Serve's port only."""
+    direct_host: str = "0.0.0.0"
+    """The address ``direct_port`` listens on (``127.0.0.1``: this machine only)."""
 
 
 class PreprocessConfig(Strict):

@@ -5,7 +5,9 @@ v1 and v2, with the deployments its form names and hop timings only where a hop 
 
 from __future__ import annotations
 
+import errno
 import os
+import socket
 
 import httpx
 import numpy as np
@@ -14,7 +16,18 @@ import pytest
 from pipeline.imaging import encode_jpeg, encode_png
 from pipeline.models import digits
 from pipeline.transport.local_hop import hop_dir
-from tests.integration.helpers import BASE, classify_many, cpu_config, deploy, photos, undeploy
+from tests.integration.helpers import (
+    BASE,
+    PORT,
+    classify_many,
+    cpu_config,
+    deploy,
+    photos,
+    undeploy,
+)
+
+DIRECT_PORT = PORT + 7  # Ferry's own listener (ingress.direct_port) beside Serve's PORT
+DIRECT = f"http://127.0.0.1:{DIRECT_PORT}"
 
 pytestmark = pytest.mark.integration
 
@@ -56,18 +69,28 @@ def _answers(base: str) -> dict:
     }
 
 
-def _answers_of(placement: str) -> tuple[dict, set]:
-    """Deploy the CPU config in this placement, collect its answers and deployments."""
+def _answers_of(placement: str, direct: bool = False) -> tuple[dict, set]:
+    """Deploy the CPU config in this placement, collect its answers and deployments; with
+    ``direct``, through Ferry's own listener too (``ingress.direct_port``: ``direct`` in the
+    answers, and whether its port refused connections once the app was deleted)."""
     from ray import serve
 
-    cfg = cpu_config(placement=placement)  # (the queue budget off, as in every cpu_config)
+    over = {"ingress": {"direct_port": DIRECT_PORT, "direct_host": "127.0.0.1"}} if direct else {}
+    cfg = cpu_config(placement=placement, **over)  # (the queue budget off, as in every cpu_config)
     deploy(cfg, name=placement)
     try:
         answers = _answers(BASE)
         answers["sockets"] = _hop_sockets(placement)
+        if direct:
+            answers["direct"] = _answers(DIRECT)
+            ready = httpx.get(DIRECT + "/v2/health/ready", timeout=30)  # a route of FastAPI's
+            answers["direct_ready"] = (ready.status_code, ready.json())
         return answers, set(serve.status().applications[placement].deployments)
     finally:
         undeploy(placement)
+        if direct:
+            with socket.socket() as s:
+                answers["direct_after"] = s.connect_ex(("127.0.0.1", DIRECT_PORT))
 
 
 def _hop_sockets(app: str) -> list[str]:
@@ -83,7 +106,8 @@ def test_every_cpu_placement_answers_as_the_four_stage_one(ray_cluster):
     # decode and answers in the inference replica: one Serve hop per coalesced group
     split, deployments_split = _answers_of("split")
     # the whole pipeline in the ingress replica: no Serve hop at all
-    one, deployments_one = _answers_of("one_process")
+    # (and through Ferry's own listener beside Serve's port, deployments/direct.py)
+    one, deployments_one = _answers_of("one_process", direct=True)
     assert deployments_plain == {"Ingress", "Preprocess", "Inference", "Postprocess"}
     assert deployments_split == {"Ingress", "Inference"}
     assert deployments_one == {"Ingress"}
@@ -103,3 +127,9 @@ def test_every_cpu_placement_answers_as_the_four_stage_one(ray_cluster):
     # ... and where there is no such call, no hop is stamped
     assert "hop_in" not in one["timings"] and "hop_out" not in one["timings"]
     assert "hop_in" not in plain["timings"]  # answered by the Postprocess deployment
+    # Ferry's own listener answers as Serve's port does, every route; gone with the app
+    d = one["direct"]
+    assert np.array_equal(d["pred"], one["pred"]) and d["top"] == one["top"]
+    assert np.allclose(d["v2"], one["v2"], rtol=1e-5, atol=1e-5)
+    assert one["direct_ready"] == (200, {"ready": True})
+    assert one["direct_after"] == errno.ECONNREFUSED

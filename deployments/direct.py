@@ -1,0 +1,110 @@
+"""Ferry's own HTTP listener in each ingress replica (``ingress.direct_port``), beside Serve's.
+
+A request through Serve's HTTP path crosses HAProxy (or Serve's proxy) and then Serve's
+request handling in the replica (its request context, router bookkeeping and metrics) before
+the app sees it: on the 2-core development machine Serve's floor -- a replica that reads the
+body and answers a fixed JSON -- costs 0.2-0.27 ms of CPU a request across HAProxy, its
+manager and the replica (``benchmarks/results/profile_pipeline.json``, ``serve_floor``), as
+much as Ferry's own work a request. With ``direct_port``
+set, every ingress replica also runs uvicorn on its own event loop -- the loop Serve runs the
+app's code on, so the replica's state (coalescers, inboxes) stays one loop's -- serving the
+very ASGI app Serve serves (``FerryApp``, with this replica in its state: every route, its
+errors, auth and metrics), on a socket bound with ``SO_REUSEPORT``: the node's ingress
+replicas share the port and the kernel spreads new connections over them (by a hash of the
+connection's addresses: a handful of long-lived connections may land unevenly).
+
+What Serve's path does that this one does not: Serve's own request metrics
+(``serve_num_http_requests``; Ferry's ``ferry_requests_total`` counts both paths), its
+per-request routing to the least loaded replica (here a connection stays on the replica that
+accepted it), and its proxy's health view: a replica Serve stops closes its listener first
+(``close``), and a connection still open to it gets answers until it ends. Two applications
+that name the same port on one node would share it (``SO_REUSEPORT`` joins sockets of the
+same user): give each its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from typing import Any
+
+import uvicorn
+
+logger = logging.getLogger(__name__)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server without its signal handlers: the replica's process is Ray's."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Any:
+        yield
+
+
+def bind(host: str, port: int, backlog: int = 2048) -> socket.socket:
+    """A listening TCP socket on (``host``, ``port``) that other processes of this user may
+    bind too (``SO_REUSEPORT``); an ``OSError`` naming the port where it is taken otherwise."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        raise OSError(
+            exc.errno, f"ingress.direct_port: cannot listen on {host}:{port}: {exc.strerror}"
+        ) from None
+    return sock
+
+
+class DirectListener:
+    """uvicorn serving ``app`` on a shared port, in the running event loop."""
+
+    def __init__(self, app: Any, host: str, port: int, keep_alive_s: float = 5.0) -> None:
+        self.sock = bind(host, port)  # here, not in the task: a taken port fails the replica
+        self.port = self.sock.getsockname()[1]
+        config = uvicorn.Config(
+            app,
+            lifespan="off",  # (Serve ran the app's lifespan)
+            log_level="warning",
+            access_log=False,
+            proxy_headers=False,  # (no proxy in front: no X-Forwarded-* to trust, a layer less)
+            timeout_keep_alive=keep_alive_s,
+            timeout_graceful_shutdown=10,
+        )
+        self.server = _Server(config)
+        self.task: asyncio.Task | None = None
+
+    def start(self) -> DirectListener:
+        """Serve from now on, on the running loop (the loop Serve runs the app's code on)."""
+        self.task = asyncio.get_running_loop().create_task(self._serve())
+        return self
+
+    async def _serve(self) -> None:
+        try:
+            await self.server.serve(sockets=[self.sock])
+        except Exception:  # a crash here leaves Serve's path working: say it, do not hide it
+            logger.exception("ingress.direct_port %d: the listener stopped", self.port)
+            raise
+
+    def close(self) -> None:
+        """Stop accepting (within uvicorn's tick, 0.1 s: the port's other replicas take the new
+        connections) and end the open ones once their requests are answered (uvicorn's
+        graceful shutdown, at most 10 s)."""
+        self.server.should_exit = True
+
+    def check(self) -> None:
+        """Raise where the listener ended though nobody closed it (Serve's health check: the
+        replica is replaced, its port's other replicas serve meanwhile)."""
+        if self.task is not None and self.task.done() and not self.server.should_exit:
+            raise RuntimeError(f"ingress.direct_port {self.port}: the listener has stopped")
+
+    async def closed(self) -> None:
+        """After ``close``: until the listener has ended (its open requests answered)."""
+        if self.task is not None:
+            await asyncio.wait({self.task})
