@@ -249,6 +249,21 @@ SYSTEMS: dict[str, dict[str, Any]] = {
     "ferry_torch_dyn_direct": _ferry_torch(
         TORCH_DYN, **{"preprocess.decode_rounds": 2, "ingress.direct_port": DIRECT_PORT}
     ),
+    # HTTP in 8 CPU replicas on Ferry's own listener, the GPU in 2 owners of ResNet-50
+    # compiled once (torch engine, compile: dynamic) fed over the local hop, every JPEG on
+    # the hardware engines: bigger GPU batches than 8 owners make (ferry_hop2 lost to ferry
+    # on 2026-12-05 by its owners' hybrid decode on the CPU, e2e_notes.md run7)
+    "ferry_torch_hop2_direct": _ferry(
+        "ferry_e2e_split.yaml",
+        startup_s=600,
+        up_s=UP_S["ferry_torch_dyn"],
+        sets={
+            **HOP2,
+            "models": [TORCH_DYN],
+            "preprocess.gpu_decode_backend": "hardware",
+            "ingress.direct_port": DIRECT_PORT,
+        },
+    ),
     "ferry_nowatch": {**_ferry("ferry_e2e.yaml"), **NOWATCH},
     "ferry_4rep": _ferry(
         "ferry_e2e.yaml",

@@ -46,6 +46,7 @@ FERRY_SYSTEMS = {  # system -> (its ingress replicas, its inference replicas)
     "ferry_torch_r2": (8, None),  # the same with ResNet-50 on the torch engine
     "ferry_torch_dyn": (8, None),  # that, ResNet-50 compiled once (compile: dynamic), ten buckets
     "ferry_torch_dyn_direct": (8, None),  # that, its load on Ferry's own listener (port 8080)
+    "ferry_torch_hop2_direct": (8, 2),  # 8 HTTP replicas (own listener), 2 torch GPU owners
     "ferry_nowatch": (8, None),  # ferry, its requests with Serve's disconnect watch off
 }
 
@@ -93,7 +94,7 @@ def test_benchmark_serve_configs_validate(system):
     assert cfg.executor.host_wait == ("sleep" if sleeps else "auto")
     assert cfg.preprocess.threads == {"ferry_t1": 1, "ferry_t2": 2}.get(system, 4)
     assert cfg.preprocess.encoder_threads == (16 if system == "ferry_image_enc16" else None)
-    hw = system in ("ferry_hw", "ferry_hw60", "ferry_hop2_hw")
+    hw = system in ("ferry_hw", "ferry_hw60", "ferry_hop2_hw", "ferry_torch_hop2_direct")
     assert cfg.preprocess.gpu_decode_backend == ("hardware" if hw else "auto")
     assert cfg.preprocess.gpu_decode_hw_load == (0.6 if system == "ferry_hw60" else 1.0)
     assert cfg.preprocess.overlap_rounds == (system == "ferry_overlap")
@@ -109,9 +110,10 @@ def test_benchmark_serve_configs_validate(system):
                                                "ferry_torch_prio", "ferry_torch_swi05",
                                                "ferry_torch_r2", "ferry_image_sleep",
                                                "ferry_torch_dyn", "ferry_torch_dyn_direct",
+                                               "ferry_torch_hop2_direct",
                                                "ferry_image_enc16")
                        else {"native"})  # fmt: skip
-    dyn = system in ("ferry_torch_dyn", "ferry_torch_dyn_direct")
+    dyn = system in ("ferry_torch_dyn", "ferry_torch_dyn_direct", "ferry_torch_hop2_direct")
     assert {m.compile for m in cfg.models} == {"dynamic" if dyn else "static"}
     assert cfg.executor.arenas == ("kept" if system.endswith("_kept") else "pooled")
     keep = 256 << 20 if system == "ferry_keep256" else 0
