@@ -31,8 +31,87 @@ import socket
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 logger = logging.getLogger(__name__)
+
+
+class GuardedHttp(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the two bounds HAProxy puts before Serve's path (which
+    uvicorn alone lacks): a request's head -- its line and headers -- must be complete within
+    ``head_timeout_s`` of the connection or of its first byte, else 408 and the connection
+    closes (a client that connects and sends nothing, or its headers a byte at a time, holds
+    no connection for long); and it may be at most ``max_head_bytes``, else 400 and the
+    connection closes (no header grows a replica's memory). The body's own bounds are the
+    ingress's (``uploads.py``: idle and total time, size)."""
+
+    head_timeout_s = 10.0
+    max_head_bytes = 64 << 10
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self._head_bytes = self._head_raw = 0
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._arm()
+
+    def _arm(self) -> None:
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_late)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        if not self.transport.is_closing():
+            self.transport.write(LATE)
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        # a head still incomplete after these bytes: they all count against its bound (the
+        # parser holds a header's partial value until it ends, so the parsed count is late)
+        if self._head_timer is not None and not self.transport.is_closing():
+            self._head_raw += len(data)
+            if self._head_raw > self.max_head_bytes:
+                self.send_400_response(f"Request head over {self.max_head_bytes} bytes.")
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_bytes = self._head_raw = 0
+        self._arm()  # (a kept-alive connection's next request: its head's own deadline)
+
+    def on_url(self, url: bytes) -> None:
+        self._count(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value))
+        super().on_header(name, value)
+
+    def _count(self, n: int) -> None:
+        self._head_bytes += n
+        if self._head_bytes > self.max_head_bytes:  # the parser stops: uvicorn's 400, closed
+            raise ValueError(f"request head over {self.max_head_bytes} bytes")
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+
+_LATE_BODY = b'{"error":"the request head did not arrive in time","type":"RequestTimeout"}'
+LATE = (
+    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+    b"content-length: %d\r\n\r\n%s" % (len(_LATE_BODY), _LATE_BODY)
+)
+"""What a connection whose request head is late gets before it closes (the body's own 408s
+are Ferry's ``RequestTimeout``, from ``uploads.py``)."""
 
 
 class _Server(uvicorn.Server):
@@ -65,11 +144,21 @@ def bind(host: str, port: int, backlog: int = 2048) -> socket.socket:
 class DirectListener:
     """uvicorn serving ``app`` on a shared port, in the running event loop."""
 
-    def __init__(self, app: Any, host: str, port: int, keep_alive_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        app: Any,
+        host: str,
+        port: int,
+        keep_alive_s: float = 5.0,
+        head_timeout_s: float = GuardedHttp.head_timeout_s,
+        max_head_bytes: int = GuardedHttp.max_head_bytes,
+    ) -> None:
         self.sock = bind(host, port)  # here, not in the task: a taken port fails the replica
         self.port = self.sock.getsockname()[1]
+        bounds = {"head_timeout_s": head_timeout_s, "max_head_bytes": max_head_bytes}
         config = uvicorn.Config(
             app,
+            http=type("GuardedHttp", (GuardedHttp,), bounds),
             lifespan="off",  # (Serve ran the app's lifespan)
             log_level="warning",
             access_log=False,

@@ -75,3 +75,68 @@ def test_the_listener_serves_in_the_running_loop_then_closes_its_port():
     texts, refused = asyncio.run(main())
     assert texts == [f"/v1/x{i} {i}" for i in range(5)]
     assert refused == errno.ECONNREFUSED
+
+
+async def _exchange(port: int, send: bytes, pause_s: float = 0.0) -> bytes:
+    """What the listener answers ``send`` (after ``pause_s``) until it closes the connection."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    await asyncio.sleep(pause_s)
+    writer.write(send)
+    await writer.drain()
+    out = await asyncio.wait_for(reader.read(), 10)  # to EOF: the server closed
+    writer.close()
+    return out
+
+
+def test_a_late_or_oversized_request_head_is_answered_and_its_connection_closed():
+    async def main() -> dict[str, bytes]:
+        listener = DirectListener(
+            _app, "127.0.0.1", 0, head_timeout_s=0.3, max_head_bytes=4096
+        ).start()
+        p = listener.port
+        try:
+            return {
+                # connects and sends nothing; sends half a head; a head too large
+                "silent": await _exchange(p, b""),
+                "partial": await _exchange(p, b"POST /v1/x HTTP/1.1\r\nhost: a\r\nx-a: "),
+                "large": await _exchange(
+                    p, b"GET /v1/x HTTP/1.1\r\nx-big: " + b"a" * 8192 + b"\r\n\r\n"
+                ),
+                # one header value that never ends: refused before it is whole
+                "endless": await _exchange(p, b"GET /v1/x HTTP/1.1\r\nx-big: " + b"a" * 8192),
+                # a whole request after the deadline of the connection's first head: too late
+                "slow_start": await _exchange(p, _post(b"/v1/y", close=True), 0.5),
+                # a request, a pause past the head deadline (within the keep-alive), another:
+                # both answered (each head its own deadline, from its first byte)
+                "kept": await _kept(p),
+            }
+        finally:
+            listener.close()
+            await asyncio.wait_for(listener.closed(), 10)
+
+    out = asyncio.run(main())
+    for k in ("silent", "partial"):
+        assert out[k].startswith(b"HTTP/1.1 408 "), out[k][:80]
+        assert out[k].endswith(b'"type":"RequestTimeout"}'), out[k][-80:]
+    for k in ("large", "endless"):
+        assert out[k].startswith(b"HTTP/1.1 400 "), out[k][:80]
+    assert out["slow_start"].startswith(b"HTTP/1.1 408 ")
+    assert out["kept"].count(b"HTTP/1.1 200 ") == 2 and b"/v1/b 2" in out["kept"]
+
+
+def _post(path: bytes, close: bool = False) -> bytes:
+    return b"POST %s HTTP/1.1\r\ncontent-length: 2\r\n%s\r\nzz" % (
+        path,
+        b"connection: close\r\n" if close else b"",
+    )
+
+
+async def _kept(port: int) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(_post(b"/v1/a"))
+    first = await asyncio.wait_for(reader.readuntil(b"/v1/a 2"), 10)
+    await asyncio.sleep(0.5)
+    writer.write(_post(b"/v1/b", close=True))
+    rest = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    return first + rest
