@@ -245,7 +245,7 @@ SYSTEMS: dict[str, dict[str, Any]] = {
     "ferry_torch_dyn": _ferry_torch(TORCH_DYN, **{"preprocess.decode_rounds": 2}),
     # that with the load on Ferry's own listener in each replica (ingress.direct_port,
     # deployments/direct.py): no HAProxy, no Serve request path (profile_pipeline.json
-    # direct_listener: 0.59-0.68x the CPU a request on the 2-core VM)
+    # direct_listener: 0.52-0.65x the CPU a request on the 2-core VM)
     "ferry_torch_dyn_direct": _ferry_torch(
         TORCH_DYN, **{"preprocess.decode_rounds": 2, "ingress.direct_port": DIRECT_PORT}
     ),
