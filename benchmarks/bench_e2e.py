@@ -62,20 +62,17 @@ from benchmarks.common import (  # noqa: E402
     today,
     write_json,
 )
-from benchmarks.e2e_level import measure, precisions  # noqa: E402
-from benchmarks.e2e_merge import kept, merged  # noqa: E402
-from benchmarks.e2e_systems import (  # noqa: E402
-    SYSTEMS,
-    WORKLOADS,
+from benchmarks.e2e_configs import (  # noqa: E402
     apply_sets,
-    corpus_of,
     direct_port,
     parse_sets,
     row_name,
     serve_config,
-    systems_of,
     url_of,
 )
+from benchmarks.e2e_level import measure, precisions  # noqa: E402
+from benchmarks.e2e_merge import kept, merged  # noqa: E402
+from benchmarks.e2e_systems import SYSTEMS, WORKLOADS, corpus_of, systems_of  # noqa: E402
 from benchmarks.image_workload import export_unet  # noqa: E402
 from benchmarks.mps import mps_server  # noqa: E402
 from benchmarks.mps import servers as mps_servers  # noqa: E402

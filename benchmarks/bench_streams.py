@@ -40,7 +40,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.common import Budget, commit, machine, table, today, write_json  # noqa: E402
-from benchmarks.e2e_systems import FERRY_ENV, peer_app  # noqa: E402
+from benchmarks.e2e_configs import peer_app  # noqa: E402
+from benchmarks.e2e_systems import FERRY_ENV  # noqa: E402
 from loadtest import streams  # noqa: E402
 from loadtest.cores import ServerSpan  # noqa: E402
 from loadtest.run import end_local_ray, start_app, wait_ready, wait_settled  # noqa: E402

@@ -10,7 +10,8 @@ import os
 from typing import Any
 
 from benchmarks.common import commit, gpu_name, run_no, today
-from benchmarks.e2e_systems import SYSTEMS, WORKLOADS, row_name
+from benchmarks.e2e_configs import row_name
+from benchmarks.e2e_systems import SYSTEMS, WORKLOADS
 from loadtest.corpus import Corpus
 
 WRITTEN = ("machine", "date", "corpora", "runs", "method", "rows", "ferry_breakdown")

@@ -47,7 +47,8 @@ from benchmarks.profile_pipeline import image_of, request_body  # noqa: E402
 def system_config(name: str, sets: list[str]) -> str:
     """A temporary copy of the Ferry system ``name``'s config (``bench_e2e``'s, its sets and
     ``sets`` applied), for the caller to delete."""
-    from benchmarks.e2e_systems import SYSTEMS, parse_sets, serve_config
+    from benchmarks.e2e_configs import parse_sets, serve_config
+    from benchmarks.e2e_systems import SYSTEMS
 
     spec = SYSTEMS[name]
     if spec["kind"] != "ferry":

@@ -234,7 +234,8 @@ def main() -> int:
     from ray import serve
 
     from benchmarks import loadgen
-    from benchmarks.e2e_systems import FERRY_ENV, apply_sets, parse_sets
+    from benchmarks.e2e_configs import apply_sets, parse_sets
+    from benchmarks.e2e_systems import FERRY_ENV
     from deployments.app import build_app
     from loadtest.cores import busy_cores_since
 

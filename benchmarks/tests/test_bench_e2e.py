@@ -12,7 +12,7 @@ import yaml
 from benchmarks import e2e_merge, report, report_base, report_e2e
 from benchmarks.bench_e2e import SYSTEMS, apply_sets, parse_sets, row_name, serve_config
 from benchmarks.common import run_no
-from benchmarks.e2e_systems import url_of
+from benchmarks.e2e_configs import url_of
 from pipeline.config import PipelineConfig
 
 FERRY_SYSTEMS = {  # system -> (its ingress replicas, its inference replicas)

@@ -17,7 +17,8 @@ import yaml
 
 from benchmarks import bench_e2e, loadgen
 from benchmarks import image_workload as iw
-from benchmarks.e2e_systems import SYSTEMS, WORKLOADS, corpus_of, serve_config, url_of
+from benchmarks.e2e_configs import serve_config, url_of
+from benchmarks.e2e_systems import SYSTEMS, WORKLOADS, corpus_of
 from benchmarks.loadgen import answer_error, jpeg_size, server_timing
 from pipeline.imaging import encode_jpeg
 
