@@ -187,6 +187,7 @@ class Ingress(TritonRoutes, TaskRoutes, V2Core, GrpcInference, GrpcStream):  # (
                 budget_s=self.cfg.batching.policy_for(model).budget_s,
                 retry_after_s=self.cfg.batching.retry_after_s,
                 on_reject=metrics.count_rejected,
+                held=lambda: self.drain.in_flight,  # (the requests in this replica's handlers)
             )
         return c
 

@@ -105,6 +105,37 @@ def test_coalescer_dispatches_at_once_when_idle_and_windows_under_load():
     virtual_time.run(main())
 
 
+def test_the_replicas_only_request_leaves_at_once_however_soon_after_the_last_group():
+    """One client sending request after request: each is the only one the replica holds
+    (``held``), so it never waits the window the last group left within; with another
+    request held (under load), it does."""
+
+    async def main():
+        down = GatedDownstream()
+        down.gate.set()
+        loop = asyncio.get_running_loop()
+        held = [1]
+        c = Coalescer(
+            down, window_s=5.0, max_items=100, dispatch_when_idle=True, held=lambda: held[0]
+        )
+        t0 = loop.time()
+        for i in range(3):  # back to back: each within the window of the one before
+            assert await c.submit(i) == i
+        assert down.calls == [[0], [1], [2]] and loop.time() == t0  # no window waited
+        held[0] = 2  # another request in the replica's handlers: it may join the group
+        nxt = asyncio.ensure_future(c.submit(3))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert down.calls == [[0], [1], [2]]  # waits for its window, as under load
+        frame = asyncio.ensure_future(c.submit_frame(9))
+        held[0] = 1
+        await asyncio.sleep(0)
+        assert await nxt == 3 and await frame == 9
+        assert down.calls[-1] == [9, 3]  # (the window's group; a stream's frame first)
+
+    virtual_time.run(main())
+
+
 def test_one_request_of_many_items_is_admitted_as_a_unit():
     """A v2 request of 1,024 images on a warm coalescer, nothing else queued: its own images
     are not queue ahead of one another (they were: the last 192 were refused or dropped,
