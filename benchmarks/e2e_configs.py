@@ -63,15 +63,21 @@ def peer_app(module: str, args: dict[str, Any], route_prefix: str, port: int = 8
     }
 
 
+def _ferry_config(spec: dict[str, Any], sets: dict[str, Any] | None) -> dict[str, Any]:
+    """A Ferry system's Serve config: its file with its own sets, then the run's."""
+    with open(spec["config"]) as f:
+        cfg = yaml.safe_load(f)
+    pipeline = cfg["applications"][0]["args"]["config"]
+    if spec.get("naive"):
+        pipeline["executor"]["mode"] = "naive"
+    apply_sets(pipeline, {**spec.get("sets", {}), **(sets or {})})
+    return cfg
+
+
 def serve_config(name: str, spec: dict[str, Any], sets: dict[str, Any] | None = None) -> str:
     """The file ``serve run`` gets for ``spec``: a temporary YAML, for the caller to delete."""
     if spec["kind"] == "ferry":
-        with open(spec["config"]) as f:
-            cfg = yaml.safe_load(f)
-        pipeline = cfg["applications"][0]["args"]["config"]
-        if spec.get("naive"):
-            pipeline["executor"]["mode"] = "naive"
-        apply_sets(pipeline, {**spec.get("sets", {}), **(sets or {})})
+        cfg = _ferry_config(spec, sets)
     else:
         cfg = peer_app(spec["module"], spec["args"], WORKLOADS[spec["workload"]].peer_path)
     fd, path = tempfile.mkstemp(prefix=f"{name}_", suffix=".yaml")
@@ -80,17 +86,17 @@ def serve_config(name: str, spec: dict[str, Any], sets: dict[str, Any] | None = 
     return path
 
 
+def own_port(pipeline: dict[str, Any]) -> int | None:
+    """A Ferry config's own listener's port (``ingress.direct_port``), None without one."""
+    return (pipeline.get("ingress") or {}).get("direct_port")
+
+
 def direct_port(spec: dict[str, Any], sets: dict[str, Any] | None = None) -> int | None:
-    """A Ferry system's own listener's port (``ingress.direct_port``: its config's, else a
-    set's, the run's ``--set`` last); None where it has none (a peer, or Serve's port only)."""
+    """A Ferry system's own listener's port, in the config ``serve_config`` writes for it
+    (the run's ``sets`` too); None where it has none (a peer, or Serve's port only)."""
     if spec["kind"] != "ferry":
         return None
-    merged = {**spec.get("sets", {}), **(sets or {})}
-    if "ingress.direct_port" in merged:
-        return merged["ingress.direct_port"]
-    with open(spec["config"]) as f:
-        pipeline = yaml.safe_load(f)["applications"][0]["args"]["config"]
-    return (pipeline.get("ingress") or {}).get("direct_port")
+    return own_port(_ferry_config(spec, sets)["applications"][0]["args"]["config"])
 
 
 def url_of(spec: dict[str, Any], sets: dict[str, Any] | None = None) -> str:

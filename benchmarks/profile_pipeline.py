@@ -234,7 +234,7 @@ def main() -> int:
     from ray import serve
 
     from benchmarks import loadgen
-    from benchmarks.e2e_configs import apply_sets, parse_sets
+    from benchmarks.e2e_configs import apply_sets, own_port, parse_sets
     from benchmarks.e2e_systems import FERRY_ENV
     from deployments.app import build_app
     from loadtest.cores import busy_cores_since
@@ -257,8 +257,8 @@ def main() -> int:
     image = image_of(args.model, args.image)
     body, ct = request_body(image)
     # a config with Ferry's own listener (ingress.direct_port) is driven through it
-    direct = None if args.bare else raw["applications"][0]["args"]["config"].get("ingress", {})
-    port = (direct or {}).get("direct_port") or args.port
+    direct = None if args.bare else own_port(raw["applications"][0]["args"]["config"])
+    port = direct or args.port
     url = f"http://127.0.0.1:{port}/v1/models/{args.model}/{args.route}"
     loadgen.run(url, body, ct, 4, 2, warmup=0.5)  # warm
     pids = ray_processes()

@@ -127,6 +127,7 @@ class Ingress(TritonRoutes, TaskRoutes, V2Core, GrpcInference, GrpcStream):  # (
             self.down.status, board and board.read, lambda: self.drain.draining
         )
         self.readiness.start()  # (as the drain's)
+        self.direct: DirectListener | None = None  # Ferry's own listener, once the app is built
 
     def __serve_build_asgi_app__(self) -> Any:
         """The app this replica serves (Serve calls this after the constructor): Serve's
@@ -135,7 +136,7 @@ class Ingress(TritonRoutes, TaskRoutes, V2Core, GrpcInference, GrpcStream):  # (
         app = self.app
         app.state.ingress = self
         port = self.cfg.ingress.direct_port
-        if port is not None and getattr(self, "direct", None) is None:
+        if port is not None and self.direct is None:
             # Ferry's own listener on the same app, on this loop (deployments/direct.py)
             self.direct = DirectListener(app, self.cfg.ingress.direct_host, port).start()
         return app
@@ -145,7 +146,7 @@ class Ingress(TritonRoutes, TaskRoutes, V2Core, GrpcInference, GrpcStream):  # (
         accepting -- the port's other replicas take the new connections -- and what this
         returns in the event loop, which Serve awaits, ends once the listener's open requests
         are answered (Serve's drain counts only the requests of its own path)."""
-        direct = getattr(self, "direct", None)
+        direct = getattr(self, "direct", None)  # (a constructor that failed set none)
         if direct is None:
             return None
         direct.close()
@@ -158,9 +159,8 @@ class Ingress(TritonRoutes, TaskRoutes, V2Core, GrpcInference, GrpcStream):  # (
     def check_health(self) -> None:
         """In ``one_process`` this replica owns the GPU: its inference stage's health. And
         its own listener (``ingress.direct_port``), where it has one, must still listen."""
-        direct = getattr(self, "direct", None)
-        if direct is not None:
-            direct.check()
+        if self.direct is not None:
+            self.direct.check()
         check = getattr(self.down, "check_health", None)
         if check is not None:
             check()

@@ -77,6 +77,10 @@ def test_the_systems_are_ferrys_placements_and_the_peers():
     assert url_of(SYSTEMS["ferry_torch_dyn"], {"ingress.direct_port": 9001}).startswith(
         "http://127.0.0.1:9001/v1/"
     )
+    # (a set of the whole section too, as serve run gets it)
+    assert url_of(SYSTEMS["ferry_torch_dyn"], {"ingress": {"direct_port": 9002}}).startswith(
+        "http://127.0.0.1:9002/v1/"
+    )
     assert url_of(SYSTEMS["rayserve_expert_8"]) == "http://127.0.0.1:8000/classify"
 
 
