@@ -77,9 +77,12 @@ def main() -> None:
     keep = ("Model name", "Thread(s) per core", "Core(s) per socket", "Socket(s)", "CPU(s)")
     topo = [line for line in lscpu.splitlines() if line.startswith(keep)]
     sib = [c for c in siblings(0) if c != 0]
-    other = next(c for c in sorted(os.sched_getaffinity(0)) if c != 0 and c not in sib)
+    # (a machine of one core, or whose other CPUs are all core 0's siblings, has no such case)
+    other = next((c for c in sorted(os.sched_getaffinity(0)) if c != 0 and c not in sib), None)
     beside(None, args.seconds / 2)  # (a warm-up: the first timing of a process runs slow)
-    cases = {"alone": None, "beside_other_core": other}
+    cases: dict[str, int | None] = {"alone": None}
+    if other is not None:
+        cases["beside_other_core"] = other
     if sib:
         cases["beside_sibling"] = sib[0]
     rates: dict[str, list[float]] = {k: [] for k in cases}
