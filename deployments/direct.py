@@ -141,8 +141,32 @@ def bind(host: str, port: int, backlog: int = 2048) -> socket.socket:
     return sock
 
 
+class Ongoing:
+    """An ASGI wrapper that lets at most ``limit`` requests into ``app`` at once, as Serve's
+    ``max_ongoing_requests`` does on its own path: the others wait, their bodies unread (uvicorn
+    stops reading a connection whose unread body passes 64 KiB), as HAProxy queues
+    the requests a replica has no slot for. Without it a burst of large uploads on this port
+    would all be read into the replica's memory at once."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app, self.limit = app, limit
+        self.slots = asyncio.Semaphore(limit)
+        self.inside = 0  # (requests in the app now; ``most``: the most at once so far)
+        self.most = 0
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        async with self.slots:
+            self.inside += 1
+            self.most = max(self.most, self.inside)
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                self.inside -= 1
+
+
 class DirectListener:
-    """uvicorn serving ``app`` on a shared port, in the running event loop."""
+    """uvicorn serving ``app`` on a shared port, in the running event loop, at most
+    ``max_ongoing`` requests in it at once (``Ongoing``; None: no bound)."""
 
     def __init__(
         self,
@@ -152,12 +176,14 @@ class DirectListener:
         keep_alive_s: float = 5.0,
         head_timeout_s: float = GuardedHttp.head_timeout_s,
         max_head_bytes: int = GuardedHttp.max_head_bytes,
+        max_ongoing: int | None = None,
     ) -> None:
         self.sock = bind(host, port)  # here, not in the task: a taken port fails the replica
         self.port = self.sock.getsockname()[1]
+        self.ongoing = None if max_ongoing is None else Ongoing(app, max_ongoing)
         bounds = {"head_timeout_s": head_timeout_s, "max_head_bytes": max_head_bytes}
         config = uvicorn.Config(
-            app,
+            app if self.ongoing is None else self.ongoing,
             http=type("GuardedHttp", (GuardedHttp,), bounds),
             lifespan="off",  # (Serve ran the app's lifespan)
             log_level="warning",

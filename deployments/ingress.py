@@ -138,7 +138,13 @@ class Ingress(TritonRoutes, TaskRoutes, V2Core, GrpcInference, GrpcStream):  # (
         port = self.cfg.ingress.direct_port
         if port is not None and self.direct is None:
             # Ferry's own listener on the same app, on this loop (deployments/direct.py)
-            self.direct = DirectListener(app, self.cfg.ingress.direct_host, port).start()
+            # (at most max_ongoing_requests in the app from this port, as from Serve's)
+            self.direct = DirectListener(
+                app,
+                self.cfg.ingress.direct_host,
+                port,
+                max_ongoing=self.cfg.ingress_deployment.max_ongoing_requests,
+            ).start()
         return app
 
     def __del__(self) -> Any:

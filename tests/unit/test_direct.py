@@ -140,3 +140,51 @@ async def _kept(port: int) -> bytes:
     rest = await asyncio.wait_for(reader.read(), 10)
     writer.close()
     return first + rest
+
+
+def test_at_most_max_ongoing_requests_are_in_the_app_and_the_others_wait_unread():
+    """Serve's per-replica cap on its own path holds on this one: 6 uploads of 1 MiB against
+    a cap of 2 -- two in the app at a time, the others' bodies not yet read, every one
+    answered in the end."""
+    size = 1 << 20
+    read: list[int] = []  # the body bytes the app has read, request by request
+    gate = asyncio.Event()
+
+    async def slow_app(scope, receive, send):
+        n = 0
+        while True:
+            m = await receive()
+            n += len(m.get("body", b""))
+            if not m.get("more_body"):
+                break
+        read.append(n)
+        await gate.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": str(n).encode()})
+
+    async def main() -> tuple[list[int], list[int], int, int]:
+        listener = DirectListener(slow_app, "127.0.0.1", 0, max_ongoing=2).start()
+        base = f"http://127.0.0.1:{listener.port}"
+        try:
+            async with httpx.AsyncClient(timeout=30) as c:
+                calls = [
+                    asyncio.ensure_future(c.post(f"{base}/v1/u{i}", content=b"u" * size))
+                    for i in range(6)
+                ]
+                while len(read) < 2:
+                    await asyncio.sleep(0.01)
+                for _ in range(20):  # the others have sent what the socket takes: no third in
+                    await asyncio.sleep(0.02)
+                held = list(read)
+                inside = listener.ongoing.inside
+                gate.set()
+                answers = await asyncio.gather(*calls)
+            return held, [int(r.text) for r in answers], inside, listener.ongoing.most
+        finally:
+            listener.close()
+            await asyncio.wait_for(listener.closed(), 10)
+
+    held, answered, inside, most = asyncio.run(main())
+    assert held == [size, size] and inside == 2
+    assert answered == [size] * 6
+    assert most == 2
