@@ -188,3 +188,60 @@ def test_at_most_max_ongoing_requests_are_in_the_app_and_the_others_wait_unread(
     assert held == [size, size] and inside == 2
     assert answered == [size] * 6
     assert most == 2
+
+
+def _data_segments_in(sock) -> int:
+    """The data-carrying TCP segments this socket has received (Linux's ``tcp_info``
+    ``tcpi_data_segs_in``, at byte 152)."""
+    import struct
+
+    return struct.unpack_from("I", sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256), 152)[
+        0
+    ]
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_INFO"), reason="Linux's tcp_info")
+def test_an_answer_leaves_in_one_segment_and_a_large_one_whole():
+    """uvicorn writes a response's head and its body apart; the listener's transport joins
+    the writes of one loop step, so each small answer is one TCP segment to the client (two
+    without it), a large body comes whole, and a closing connection gets all it was sent."""
+    big = 300 << 10
+
+    async def app(scope, receive, send):
+        while (await receive()).get("more_body"):
+            pass
+        n = big if scope["path"] == "/big" else 2
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-length", str(n).encode())],
+            }
+        )
+        await send({"type": "http.response.body", "body": b"b" * n})
+
+    async def main() -> tuple[list[int], bytes, bytes]:
+        listener = DirectListener(app, "127.0.0.1", 0).start()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", listener.port)
+            sock = writer.get_extra_info("socket")
+            segments = []
+            for path in (b"/a", b"/b"):  # one kept-alive connection, two answers
+                writer.write(_post(path))
+                await asyncio.wait_for(reader.readuntil(b"\r\n\r\nbb"), 10)
+                await asyncio.sleep(0.05)  # (nothing more is on its way)
+                segments.append(_data_segments_in(sock))
+            writer.write(_post(b"/big", close=True))
+            whole = await asyncio.wait_for(reader.read(), 10)  # to EOF: closed after it
+            writer.close()
+            late = await _exchange(listener.port, b"GET /v1/x HTTP/1.1\r\nx-big: " + b"a" * 99999)
+            return segments, whole, late
+        finally:
+            listener.close()
+            await asyncio.wait_for(listener.closed(), 10)
+
+    segments, whole, late = asyncio.run(main())
+    assert segments == [1, 2]
+    head, _, body = whole.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ") and body == b"b" * big
+    assert late.startswith(b"HTTP/1.1 400 ")  # written, then closed: flushed before the close
