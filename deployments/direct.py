@@ -50,7 +50,6 @@ class GuardedHttp(HttpToolsProtocol):
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
-        self.transport = Corked(transport, self.loop)  # (its flow control keeps the socket's)
         self._head_bytes = self._head_raw = 0
         self._head_timer: asyncio.TimerHandle | None = None
         self._arm()
@@ -104,51 +103,6 @@ class GuardedHttp(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
-
-
-class Corked:
-    """A connection's transport whose writes within one step of the event loop leave as one:
-    uvicorn writes a response's status line and headers, then its body, each at once -- two
-    sends, two TCP segments and two wake-ups of the client for every answer. Here the first
-    write of a step is held until the step ends (``call_soon``) and what follows it in the
-    same step joins it: Ferry's answers, sent whole in one step, leave in one segment. A
-    close flushes first; a write of 64 KiB or more goes at once, after what is held (a large
-    body is not copied to be joined), and so does what is held once it reaches 64 KiB."""
-
-    __slots__ = ("_t", "_loop", "_held", "_size")
-    FLUSH_AT = 64 << 10
-
-    def __init__(self, transport: Any, loop: asyncio.AbstractEventLoop) -> None:
-        self._t, self._loop = transport, loop
-        self._held: list[bytes] | None = None
-        self._size = 0
-
-    def write(self, data: bytes) -> None:
-        if len(data) >= self.FLUSH_AT:
-            self._flush()
-            if not self._t.is_closing():
-                self._t.write(data)
-            return
-        if self._held is None:
-            self._held, self._size = [data], len(data)
-            self._loop.call_soon(self._flush)
-        else:
-            self._held.append(data)
-            self._size += len(data)
-        if self._size >= self.FLUSH_AT:
-            self._flush()
-
-    def _flush(self) -> None:
-        held, self._held = self._held, None
-        if held is not None and not self._t.is_closing():
-            self._t.write(held[0] if len(held) == 1 else b"".join(held))
-
-    def close(self) -> None:
-        self._flush()
-        self._t.close()
-
-    def __getattr__(self, name: str) -> Any:  # the rest is the transport's own
-        return getattr(self._t, name)
 
 
 _LATE_BODY = b'{"error":"the request head did not arrive in time","type":"RequestTimeout"}'
