@@ -1,5 +1,7 @@
 """`serve run serve_config.gpu.yaml` exactly as shipped, with the two Serve variables its header
-names: it becomes ready, answers classify and v2 for both models, and takes a burst of clients."""
+names: it becomes ready, answers classify and v2 for both models, and takes a burst of clients
+-- on Serve's port, and on Ferry's own listener's too where the config sets
+``ingress.direct_port``."""
 
 from __future__ import annotations
 
@@ -11,6 +13,19 @@ import pytest
 pytestmark = pytest.mark.gpu
 URL = "http://127.0.0.1:8000"
 ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
+
+
+def _direct_port() -> int | None:
+    import yaml
+
+    with open("serve_config.gpu.yaml") as f:
+        app = yaml.safe_load(f)["applications"][0]
+    return (app["args"]["config"].get("ingress") or {}).get("direct_port")
+
+
+DIRECT = _direct_port()
+URLS = [URL] + ([f"http://127.0.0.1:{DIRECT}"] if DIRECT else [])
+"""Serve's port, and the replicas' own where the shipped config has them listen."""
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +86,8 @@ def test_classify_and_v2_answer_for_both_models(shipped):
     assert r.json()["outputs"][0]["shape"][0] == 4
 
 
-def test_a_burst_of_256_clients_is_answered_without_errors(shipped):
+@pytest.mark.parametrize("base", URLS)
+def test_a_burst_of_256_clients_is_answered_without_errors(shipped, base):
     import httpx
     import skimage.data
 
@@ -80,7 +96,7 @@ def test_a_burst_of_256_clients_is_answered_without_errors(shipped):
     jpeg = encode_jpeg(skimage.data.chelsea())
 
     async def main():
-        async with httpx.AsyncClient(base_url=URL, timeout=120) as c:
+        async with httpx.AsyncClient(base_url=base, timeout=120) as c:
             return await asyncio.gather(
                 *(
                     c.post(
