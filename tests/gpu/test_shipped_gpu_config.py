@@ -6,6 +6,7 @@ names: it becomes ready, answers classify and v2 for both models, and takes a bu
 from __future__ import annotations
 
 import asyncio
+import os
 
 import numpy as np
 import pytest
@@ -18,7 +19,8 @@ ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
 def _direct_port() -> int | None:
     import yaml
 
-    with open("serve_config.gpu.yaml") as f:
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "serve_config.gpu.yaml")) as f:
         app = yaml.safe_load(f)["applications"][0]
     return (app["args"]["config"].get("ingress") or {}).get("direct_port")
 
