@@ -149,7 +149,7 @@ class Ongoing:
     would all be read into the replica's memory at once."""
 
     def __init__(self, app: Any, limit: int) -> None:
-        self.app, self.limit = app, limit
+        self.app = app
         self.slots = asyncio.Semaphore(limit)
         self.inside = 0  # (requests in the app now; ``most``: the most at once so far)
         self.most = 0

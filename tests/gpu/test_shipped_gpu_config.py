@@ -17,12 +17,15 @@ ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
 
 
 def _direct_port() -> int | None:
+    """The shipped config's ``ingress.direct_port``, as Ferry's config model reads it."""
     import yaml
+
+    from pipeline.config import PipelineConfig
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     with open(os.path.join(root, "serve_config.gpu.yaml")) as f:
         app = yaml.safe_load(f)["applications"][0]
-    return (app["args"]["config"].get("ingress") or {}).get("direct_port")
+    return PipelineConfig.model_validate(app["args"]["config"]).ingress.direct_port
 
 
 DIRECT = _direct_port()
