@@ -109,7 +109,9 @@ SMOKE="$OUT/smoke"; mkdir -p "$SMOKE"
 # one device, and the shipped form (8 replicas, each a pool of 0.113 of the device and every
 # bucket to 256 warmed) holds most of an 80 GB H100 by itself: on one, on 2026-12-05, two
 # lanes' cudaMalloc failed while the e2e smoke's replicas warmed up. The shipped config
-# itself is tested on its own in part 1 (tests/gpu/test_shipped_gpu_config.py).
+# itself is tested on its own in part 1 (tests/gpu/test_shipped_gpu_config.py). The smokes
+# test the scripts, not the engines: the small form's models are on the native engine (no
+# torch.compile in each replica, minutes of a lane's time) and it listens on Serve's port only.
 SMALL="$SMOKE/serve_config.gpu.small.yaml"
 python3 - serve_config.gpu.yaml "$SMALL" <<'PY'
 import sys, yaml
@@ -118,6 +120,8 @@ for app in cfg["applications"]:
     c = app["args"]["config"]
     c["executor"]["buckets"] = [1, 8, 32]
     c["ingress_deployment"]["replicas_per_gpu"] = 2
+    c["ingress"].pop("direct_port", None)
+    c["models"] = [{"name": m["name"], "arch": m.get("arch") or m["source"]} for m in c["models"]]
 yaml.safe_dump(cfg, open(sys.argv[2], "w"), sort_keys=False)
 PY
 [ -s "$SMALL" ] || echo "FAILED making $SMALL from serve_config.gpu.yaml: the smokes that use it fail too" >> "$RESULT"

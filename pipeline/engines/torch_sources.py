@@ -74,7 +74,9 @@ def _torchvision(entry: Any) -> tuple[Any, bool, bool]:
         import torchvision  # optional: torchvision
     except ModuleNotFoundError:
         raise InvalidInput(
-            "a torchvision architecture name needs torchvision", source=entry.source
+            "a torchvision architecture name needs torchvision",
+            source=entry.source,
+            hint="pip install 'ferry[torchvision]'",
         ) from None
     names = torchvision.models.list_models(module=torchvision.models)
     if entry.source not in names:

@@ -123,3 +123,42 @@ def test_cluster_yaml_names_cuda_images_and_the_throughput_setting():
         assert starts and all(f"{k}={v}" in c for c in starts for k, v in SERVE_ENV.items())
     (worker_setup,) = raw["worker_setup_commands"]
     assert "cuda12" in worker_setup and "gpu-decode-cu12" in worker_setup
+
+
+def _extras(command: str) -> set[str]:
+    """The extras a ``pip install '.[a,b]'`` (or ``-e '.[a,b]'``) command names."""
+    return set(re.search(r"'\.\[([^\]]+)\]'", command).group(1).split(","))
+
+
+def test_the_image_and_the_cluster_install_what_the_shipped_gpu_configs_engines_need():
+    """A model on the torch engine needs torch (and torchvision for an architecture name);
+    the image and cluster.yaml's GPU workers must install that extra, or the shipped config
+    fails at its first replica's load."""
+    gpu = yaml.safe_load(_text("serve_config.gpu.yaml"))
+    cfg = PipelineConfig.model_validate(gpu["applications"][0]["args"]["config"])
+    need = set()
+    for m in cfg.models:
+        if m.engine == "torch":
+            need.add("torchvision" if m.source_file is None and ":" not in m.source else "torch")
+        elif m.engine == "onnx":
+            need.add("onnx")
+    assert need  # the shipped config's ResNet-50 is on the torch engine
+    (pip,) = [i for i in _dockerfile() if "pip install" in i]
+    (worker_setup,) = yaml.safe_load(_text("cluster.yaml"))["worker_setup_commands"]
+    for command in (pip, worker_setup):
+        assert need <= _extras(command), command
+
+
+def test_the_gpu_pods_and_the_image_expose_the_shipped_configs_listener_port():
+    gpu = yaml.safe_load(_text("serve_config.gpu.yaml"))
+    cfg = PipelineConfig.model_validate(gpu["applications"][0]["args"]["config"])
+    port = cfg.ingress.direct_port
+    assert port is not None and port != gpu["http_options"]["port"]
+    (expose,) = [i for i in _dockerfile() if i.startswith("EXPOSE ")]
+    assert str(port) in expose.split()[1:]
+    spec = _rayservice()["spec"]["rayClusterConfig"]
+    for g in spec["workerGroupSpecs"]:  # the replicas (GPU shares) run on the worker pods
+        (c,) = g["template"]["spec"]["containers"]
+        ports = {p["containerPort"]: p["name"] for p in c["ports"]}
+        assert ports.get(port) == "direct"
+        assert len(set(ports)) == len(c["ports"])  # no port named twice (8080: Ray's metrics)
