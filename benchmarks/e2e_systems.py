@@ -261,6 +261,11 @@ SYSTEMS: dict[str, dict[str, Any]] = {
             "ingress.direct_port": DIRECT_PORT,
         },
     ),
+    # serve_config.gpu.yaml as it ships (``ferry_torch_dyn_direct``'s form, on its port 8001,
+    # with the digits model beside ResNet-50): the figures the README quotes are this config's
+    "ferry_shipped": _ferry(
+        os.path.join(ROOT, "serve_config.gpu.yaml"), startup_s=600, up_s=UP_S["ferry_torch_dyn"]
+    ),
     "ferry_nowatch": {**_ferry("ferry_e2e.yaml"), **NOWATCH},
     "ferry_4rep": _ferry(
         "ferry_e2e.yaml",

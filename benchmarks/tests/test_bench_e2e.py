@@ -13,6 +13,7 @@ from benchmarks import e2e_merge, report, report_base, report_e2e
 from benchmarks.bench_e2e import SYSTEMS, apply_sets, parse_sets, row_name, serve_config
 from benchmarks.common import run_no
 from benchmarks.e2e_configs import url_of
+from benchmarks.e2e_systems import ROOT
 from pipeline.config import PipelineConfig
 
 FERRY_SYSTEMS = {  # system -> (its ingress replicas, its inference replicas)
@@ -48,6 +49,7 @@ FERRY_SYSTEMS = {  # system -> (its ingress replicas, its inference replicas)
     "ferry_torch_dyn_direct": (8, None),  # that, its load on Ferry's own listener (port 8080)
     "ferry_torch_hop2_direct": (8, 2),  # 8 HTTP replicas (own listener), 2 torch GPU owners
     "ferry_nowatch": (8, None),  # ferry, its requests with Serve's disconnect watch off
+    "ferry_shipped": (8, None),  # serve_config.gpu.yaml as it ships
 }
 
 
@@ -84,7 +86,19 @@ def test_the_systems_are_ferrys_placements_and_the_peers():
     assert url_of(SYSTEMS["rayserve_expert_8"]) == "http://127.0.0.1:8000/classify"
 
 
-@pytest.mark.parametrize("system", FERRY_SYSTEMS)
+def test_the_shipped_system_serves_the_shipped_gpu_config_unchanged():
+    """``ferry_shipped`` is serve_config.gpu.yaml as a user runs it, its load on the
+    config's own listener: what the README quotes of the shipped form is measured."""
+    with open(os.path.join(ROOT, "serve_config.gpu.yaml")) as f:
+        shipped = yaml.safe_load(f)
+    assert _served("ferry_shipped") == shipped
+    port = shipped["applications"][0]["args"]["config"]["ingress"]["direct_port"]
+    assert (
+        url_of(SYSTEMS["ferry_shipped"]) == f"http://127.0.0.1:{port}/v1/models/resnet50/classify"
+    )
+
+
+@pytest.mark.parametrize("system", [s for s in FERRY_SYSTEMS if s != "ferry_shipped"])
 def test_benchmark_serve_configs_validate(system):
     """Each Ferry system of bench_e2e.py, as the file it hands `serve run`."""
     from ray.serve.schema import ServeDeploySchema
