@@ -50,6 +50,7 @@ FERRY_SYSTEMS = {  # system -> (its ingress replicas, its inference replicas)
     "ferry_torch_hop2_direct": (8, 2),  # 8 HTTP replicas (own listener), 2 torch GPU owners
     "ferry_nowatch": (8, None),  # ferry, its requests with Serve's disconnect watch off
     "ferry_shipped": (8, None),  # serve_config.gpu.yaml as it ships
+    "ferry_shipped_b1": (8, None),  # that, one batch in flight a replica, one decode round
 }
 
 
@@ -96,9 +97,15 @@ def test_the_shipped_system_serves_the_shipped_gpu_config_unchanged():
     assert (
         url_of(SYSTEMS["ferry_shipped"]) == f"http://127.0.0.1:{port}/v1/models/resnet50/classify"
     )
+    # its one-batch variant: the same file but for the two keys it sets
+    b1 = _served("ferry_shipped_b1")
+    pipeline = shipped["applications"][0]["args"]["config"]
+    pipeline["executor"]["max_in_flight"] = 1
+    pipeline["preprocess"]["decode_rounds"] = 1
+    assert b1 == shipped
 
 
-@pytest.mark.parametrize("system", [s for s in FERRY_SYSTEMS if s != "ferry_shipped"])
+@pytest.mark.parametrize("system", [s for s in FERRY_SYSTEMS if not s.startswith("ferry_shipped")])
 def test_benchmark_serve_configs_validate(system):
     """Each Ferry system of bench_e2e.py, as the file it hands `serve run`."""
     from ray.serve.schema import ServeDeploySchema
