@@ -97,9 +97,10 @@ def level_batches(
     stages_before: dict[str, list[float]],
 ) -> dict[str, float]:
     """The model batches and decode rounds between two readings of one system (its
-    executors' counts and stage totals, since each replica started): batches, their mean
-    items, the padding rows' share of the rows run, and images a decode round (one
-    ``decode_wait`` an image, one ``decode_host`` a round). What a reading lacks is left out."""
+    executors' counts and stage totals, since each replica started; a peer's
+    ``serve_batch_counts``): batches, their mean items, the padding rows' share of the rows
+    run, a ``@serve.batch``'s mean wait, and images a decode round (one ``decode_wait`` an
+    image, one ``decode_host`` a round). What a reading lacks is left out."""
     out: dict[str, float] = {}
     d = {
         k: counts[k] - before.get(k, 0.0)
@@ -109,6 +110,9 @@ def level_batches(
     if d.get("batches", 0) > 0 and "items" in d:
         out["batches"] = d["batches"]
         out["mean_batch"] = round(d["items"] / d["batches"], 2)
+        if "wait_ms" in counts:  # a @serve.batch's mean wait for its requests
+            wait = counts["wait_ms"] - before.get("wait_ms", 0.0)
+            out["mean_batch_wait_ms"] = round(wait / d["batches"], 3)
         if "padded_items" in d and d["items"] + d["padded_items"] > 0:
             out["padding_share"] = round(d["padded_items"] / (d["items"] + d["padded_items"]), 3)
     images, rounds = (
@@ -202,6 +206,10 @@ def measure(
     counts = ray_probe.executor_counts()
     if counts:
         row["executor_counts"] = counts
+    else:  # a peer: its @serve.batch batches, from Ray Serve's own histograms
+        counts = ray_probe.serve_batch_counts()
+        if counts:
+            row["serve_batch_counts"] = counts
     stages = ray_probe.stage_totals()
     if stages:
         row["stage_totals"] = stages

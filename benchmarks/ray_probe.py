@@ -178,6 +178,26 @@ def stage_totals(targets: list[str] | None = None) -> dict[str, list[float]]:
     return out
 
 
+_SERVE_BATCH = {
+    "ray_serve_actual_batch_size_count": "batches",
+    "ray_serve_actual_batch_size_sum": "items",
+    "ray_serve_batch_wait_time_ms_sum": "wait_ms",
+}
+
+
+def serve_batch_counts(targets: list[str] | None = None) -> dict[str, float]:
+    """Ray Serve's own ``@serve.batch`` histograms (a peer's batches), summed over replicas
+    and functions: ``batches``, ``items`` in them, and ``wait_ms`` (each batch's wait for
+    its requests, summed) since each replica started, as last exported; {} where no
+    replica runs a ``@serve.batch`` function (Ferry's own batches: ``executor_counts``)."""
+    out: dict[str, float] = {}
+    for name, _lab, v in scrape("ray_serve_", targets):
+        key = _SERVE_BATCH.get(name)
+        if key is not None:
+            out[key] = out.get(key, 0.0) + v
+    return out
+
+
 def executor_counts(targets: list[str] | None = None) -> dict[str, float]:
     """The Ferry replicas' executor counts (``ray_ferry_executor_{batches,items,padded_items,
     graph_replays,eager_runs,captures}``), summed over replicas: since each started, as last

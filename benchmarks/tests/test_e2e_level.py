@@ -145,3 +145,62 @@ def test_level_batches_are_the_batches_and_rounds_between_two_readings():
         "batches": 2.0,
         "mean_batch": 2.5,
     }
+
+
+def test_a_peers_batches_are_read_from_serves_own_batch_histograms():
+    """``ray_probe.serve_batch_counts`` over a real HTTP metrics endpoint serving the lines a
+    Ray 2.60 replica with a ``@serve.batch`` function exported (seen on this machine), two
+    replicas; then ``level_batches`` of two such readings."""
+    import http.server
+    import threading
+
+    from benchmarks import ray_probe
+    from benchmarks.e2e_level import level_batches
+
+    def lines(replica: str, batches: float, items: float, wait: float) -> str:
+        lab = f'application="peer",deployment="Peer",function_name="classify",replica="{replica}"'
+        return (
+            "# HELP ray_serve_actual_batch_size The size of each batch.\n"
+            f'ray_serve_actual_batch_size_bucket{{{lab},le="8.0"}} {batches}\n'
+            f"ray_serve_actual_batch_size_count{{{lab}}} {batches}\n"
+            f"ray_serve_actual_batch_size_sum{{{lab}}} {items}\n"
+            f"ray_serve_batch_wait_time_ms_count{{{lab}}} {batches}\n"
+            f"ray_serve_batch_wait_time_ms_sum{{{lab}}} {wait}\n"
+            f"ray_serve_batches_processed_total{{{lab}}} {batches}\n"
+            f"ray_ferry_executor_batches{{{lab}}} 999\n"  # (not Serve's: left out)
+        )
+
+    body = {"text": lines("a", 10, 35, 20) + lines("b", 6, 29, 12)}
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            data = body["text"].encode()
+            self.send_response(200)
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        target = [f"127.0.0.1:{srv.server_address[1]}"]
+        first = ray_probe.serve_batch_counts(target)
+        assert first == {"batches": 16.0, "items": 64.0, "wait_ms": 32.0}
+        body["text"] = lines("a", 30, 195, 60) + lines("b", 26, 189, 52)
+        now = ray_probe.serve_batch_counts(target)
+        # a Ferry replica exports its own batches, no @serve.batch's: nothing read
+        body["text"] = 'ray_ferry_executor_batches{replica="a"} 40\n'
+        assert ray_probe.serve_batch_counts(target) == {}
+        assert ray_probe.executor_counts(target) == {"batches": 40.0}
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    # 40 batches of 320 items between the readings, 80 ms of waits
+    assert level_batches(now, first, {}, {}) == {
+        "batches": 40.0,
+        "mean_batch": 8.0,
+        "mean_batch_wait_ms": 2.0,
+    }
