@@ -13,7 +13,7 @@ from benchmarks import e2e_merge, report, report_base, report_e2e
 from benchmarks.bench_e2e import SYSTEMS, apply_sets, parse_sets, row_name, serve_config
 from benchmarks.common import run_no
 from benchmarks.e2e_configs import url_of
-from benchmarks.e2e_systems import ROOT
+from benchmarks.e2e_systems import SHIPPED
 from pipeline.config import PipelineConfig
 
 FERRY_SYSTEMS = {  # system -> (its ingress replicas, its inference replicas)
@@ -90,7 +90,7 @@ def test_the_systems_are_ferrys_placements_and_the_peers():
 def test_the_shipped_system_serves_the_shipped_gpu_config_unchanged():
     """``ferry_shipped`` is serve_config.gpu.yaml as a user runs it, its load on the
     config's own listener: what the README quotes of the shipped form is measured."""
-    with open(os.path.join(ROOT, "serve_config.gpu.yaml")) as f:
+    with open(SHIPPED) as f:
         shipped = yaml.safe_load(f)
     assert _served("ferry_shipped") == shipped
     port = shipped["applications"][0]["args"]["config"]["ingress"]["direct_port"]

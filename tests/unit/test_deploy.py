@@ -42,6 +42,17 @@ def _dockerfile() -> list[str]:
     return out
 
 
+def _extras(command: str) -> set[str]:
+    """The extras a ``pip install '.[a,b]'`` (or ``-e '.[a,b]'``) command names."""
+    return set(re.search(r"'\.\[([^\]]+)\]'", command).group(1).split(","))
+
+
+def _shipped_gpu() -> tuple[dict, PipelineConfig]:
+    """serve_config.gpu.yaml as read, and its application's pipeline config validated."""
+    gpu = yaml.safe_load(_text("serve_config.gpu.yaml"))
+    return gpu, PipelineConfig.model_validate(gpu["applications"][0]["args"]["config"])
+
+
 def test_dockerfile_base_image_is_rays_gpu_image_for_the_pinned_version():
     import ray
 
@@ -64,10 +75,10 @@ def test_dockerfile_copies_files_that_exist_and_installs_real_extras():
         for src in srcs:
             assert os.path.exists(os.path.join(ROOT, src)), src
     (pip,) = [i for i in ins if "pip install" in i]
-    extras = re.search(r"'\.\[([^\]]+)\]'", pip).group(1).split(",")
+    extras = _extras(pip)
     defined = _pyproject()["project"]["optional-dependencies"]
-    assert set(extras) <= set(defined), extras
-    assert {"cuda12", "gpu-decode-cu12"} <= set(extras)
+    assert extras <= set(defined), extras
+    assert {"cuda12", "gpu-decode-cu12"} <= extras
     assert any(d.startswith("nvidia-nvimgcodec-cu12") for d in defined["gpu-decode-cu12"])
     (cmd,) = [i for i in ins if i.startswith("CMD ")]
     for name in re.findall(r"serve_config[\w.]*\.yaml", cmd):
@@ -125,17 +136,11 @@ def test_cluster_yaml_names_cuda_images_and_the_throughput_setting():
     assert "cuda12" in worker_setup and "gpu-decode-cu12" in worker_setup
 
 
-def _extras(command: str) -> set[str]:
-    """The extras a ``pip install '.[a,b]'`` (or ``-e '.[a,b]'``) command names."""
-    return set(re.search(r"'\.\[([^\]]+)\]'", command).group(1).split(","))
-
-
 def test_the_image_and_the_cluster_install_what_the_shipped_gpu_configs_engines_need():
     """A model on the torch engine needs torch (and torchvision for an architecture name);
     the image and cluster.yaml's GPU workers must install that extra, or the shipped config
     fails at its first replica's load."""
-    gpu = yaml.safe_load(_text("serve_config.gpu.yaml"))
-    cfg = PipelineConfig.model_validate(gpu["applications"][0]["args"]["config"])
+    _, cfg = _shipped_gpu()
     need = set()
     for m in cfg.models:
         if m.engine == "torch":
@@ -150,8 +155,7 @@ def test_the_image_and_the_cluster_install_what_the_shipped_gpu_configs_engines_
 
 
 def test_the_gpu_pods_and_the_image_expose_the_shipped_configs_listener_port():
-    gpu = yaml.safe_load(_text("serve_config.gpu.yaml"))
-    cfg = PipelineConfig.model_validate(gpu["applications"][0]["args"]["config"])
+    gpu, cfg = _shipped_gpu()
     port = cfg.ingress.direct_port
     assert port is not None and port != gpu["http_options"]["port"]
     (expose,) = [i for i in _dockerfile() if i.startswith("EXPOSE ")]
